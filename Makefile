@@ -1,0 +1,30 @@
+# Two entry points for a fresh Debian machine (as root): `make demo` and `make test`.
+# Both install what is missing first (scripts/setup.sh), so they are safe to run repeatedly.
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-test demo test lint bench clean
+
+setup:
+	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
+
+demo: setup
+	@$(PY) -m recorder.demo_live
+
+test: setup-test
+	@$(PY) -m ruff check recorder store mcp_server bpf tests benchmarks
+	@$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+lint: setup-test
+	@$(PY) -m ruff check recorder store mcp_server bpf tests benchmarks
+
+bench: setup-test
+	@$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache *.egg-info
+
+-include kernel-patches/check.mk

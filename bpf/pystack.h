@@ -1,0 +1,328 @@
+/* pystack.h: capture the calling thread's CPython stack at a uprobe.
+ *
+ * Included textually (BCC) into a program that has uprobes. A probe finishes its own work and ends
+ * with PYSTACK_CAPTURE(ctx, ts): that stashes (ts, pid, tid) in per-CPU scratch and tail-calls the
+ * walker, which never returns to the probe. The walker finds the thread's PyThreadState by matching
+ * tstate->thread_id (pthread_self(), the fs base on x86-64) against the current task's fs base,
+ * without looking at the GIL (ctypes and PyTorch release it before calling into CUDA), walks up to
+ * PYSTACK_MAX_FRAMES frames and submits one pystack_event to the `pystacks` ring buffer, always:
+ * status says why a record has no (or only part of a) stack. User space (recorder/pyframes.py)
+ * fills pystack_procs per process, wires the walker into pystack_progs and resolves each frame's
+ * (code, instr, checksum) to file, function and executing line.
+ *
+ * Everything version-specific is data in pystack_procs; nothing here depends on kernel headers
+ * (the task's fs base offset comes from the running kernel's BTF, in the same map value).
+ * Keep struct layouts in sync with recorder/pyframes.py (tests/test_pyframes_layout.py checks).
+ */
+#ifndef PYSTACK_H
+#define PYSTACK_H
+
+#include <uapi/linux/ptrace.h>
+
+#ifndef PYSTACK_MAX_FRAMES
+#define PYSTACK_MAX_FRAMES 64
+#endif
+/* frames walked per program; the walker tail-calls itself for the rest (verifier size limits) */
+#define PYSTACK_FRAMES_PER_PROG 32
+#define PYSTACK_MAX_INTERPRETERS 8
+#define PYSTACK_MAX_THREADS 256
+#ifndef PYSTACK_RINGBUF_PAGES
+#define PYSTACK_RINGBUF_PAGES 256
+#endif
+
+/* pystack_progs slots */
+#define PYSTACK_PROG_FIND 0
+#define PYSTACK_PROG_WALK 1
+
+/* pystack_event.status: why the stack is missing or partial */
+#define PYSTACK_OK 0
+#define PYSTACK_TRUNCATED 1       /* deeper than PYSTACK_MAX_FRAMES: the innermost frames are kept */
+#define PYSTACK_NOT_CONFIGURED 2  /* user space has not (yet) configured this process */
+#define PYSTACK_UNSUPPORTED 3     /* configured, but the interpreter cannot be walked */
+#define PYSTACK_NO_THREAD_STATE 4 /* this thread has no PyThreadState (never ran Python) */
+#define PYSTACK_READ_ERROR 5      /* target memory unreadable: frames up to the failure are kept */
+#define PYSTACK_NOT_INSTALLED 6   /* walker not wired into pystack_progs (tail call failed) */
+#define PYSTACK_STATUS_COUNT 7
+
+/* pystack_counts slots after the statuses */
+#define PYSTACK_COUNT_RINGBUF_FULL PYSTACK_STATUS_COUNT
+#define PYSTACK_COUNT_CLOBBERED (PYSTACK_STATUS_COUNT + 1)
+#define PYSTACK_COUNT_SLOTS (PYSTACK_STATUS_COUNT + 2)
+
+/* pystack_proc.flags */
+#define PYSTACK_F_CFRAME 1    /* top frame is tstate->cframe->current_frame (3.11, 3.12) */
+#define PYSTACK_F_LASTI_INT 2 /* frame instr is an int f_lasti (3.10), else a pointer */
+#define PYSTACK_F_NAME_HASH 4 /* mix co_name's cached str hash into the checksum (no co_version) */
+
+struct pystack_frame {
+    u64 code;      /* PyCodeObject address */
+    u64 instr;     /* 3.10: f_lasti (code units); 3.11+: prev_instr / instr_ptr address */
+    u32 checksum;  /* pystack_checksum() of the code object, to spot a reused address */
+    u32 pad;
+};
+
+struct pystack_event {
+    u64 ts;        /* the probe's timestamp: (ts, pid, tid) joins this stack to its event */
+    u32 pid;       /* tgid */
+    u32 tid;
+    u32 nframes;   /* frames[0] is the innermost (the call site) */
+    u32 status;    /* PYSTACK_* */
+    struct pystack_frame frames[PYSTACK_MAX_FRAMES];
+};
+
+/* Per-process walking recipe, filled by PyStackProbe.configure(). Offsets are bytes. */
+struct pystack_proc {
+    u64 runtime;            /* address of _PyRuntime in the target */
+    u64 code_type;          /* address of PyCode_Type: frames whose code is not a code are skipped */
+    u32 status;             /* PYSTACK_OK, or PYSTACK_UNSUPPORTED to emit status records only */
+    u32 flags;              /* PYSTACK_F_* */
+    u32 fsbase;             /* task_struct.thread.fsbase, from the running kernel's BTF */
+    u32 version;            /* PY_VERSION_HEX >> 16, e.g. 0x030c */
+    u16 runtime_interpreters_head;
+    u16 interp_next;
+    u16 interp_threads_head;
+    u16 tstate_next;
+    u16 tstate_thread_id;
+    u16 tstate_frame;       /* frame, cframe or current_frame */
+    u16 cframe_current_frame;
+    u16 frame_code;
+    u16 frame_back;
+    u16 frame_instr;
+    u16 frame_owner;        /* 0: no owner field (3.10) */
+    u16 code_firstlineno;
+    u16 code_version;       /* 0: no co_version (before 3.12) */
+    u16 code_name;
+    u16 str_hash;
+    u16 pad;
+};
+
+/* One per CPU: the record being built, and the recipe copied once so walker steps need no hash
+ * lookup. Tail calls stay on the CPU; `owner` catches another task reusing it after preemption. */
+struct pystack_scratch {
+    struct pystack_event ev;
+    struct pystack_proc cfg;
+    u64 frame;              /* next frame to read */
+    u64 owner;              /* pid_tgid that filled this scratch */
+    u8 fbuf[128];           /* head of the frame being read */
+    u8 cbuf[136];           /* head of its code object */
+};
+
+BPF_RINGBUF_OUTPUT(pystacks, PYSTACK_RINGBUF_PAGES);
+BPF_HASH(pystack_procs, u32, struct pystack_proc, 4096);
+/* tid -> PyThreadState, re-validated on use */
+BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
+BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
+BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
+BPF_PROG_ARRAY(pystack_progs, 2);
+
+static __always_inline void pystack_count(u32 slot)
+{
+    u64 *v = pystack_counts.lookup(&slot);
+    if (v)
+        (*v)++;
+}
+
+static __always_inline void pystack_submit(struct pystack_scratch *st, u32 status)
+{
+    u32 n = st->ev.nframes;
+    if (n > PYSTACK_MAX_FRAMES)
+        n = PYSTACK_MAX_FRAMES;
+    st->ev.status = status;
+    if (status < PYSTACK_STATUS_COUNT)
+        pystack_count(status);
+    /* only the frames filled in: a 5-frame stack costs 144 bytes, not the whole array */
+    u64 size = sizeof(struct pystack_event) - sizeof(st->ev.frames) + n * sizeof(struct pystack_frame);
+    if (pystacks.ringbuf_output(&st->ev, size, 0) != 0)
+        pystack_count(PYSTACK_COUNT_RINGBUF_FULL);
+}
+
+static __always_inline struct pystack_scratch *pystack_own_scratch(void)
+{
+    u32 zero = 0;
+    struct pystack_scratch *st = pystack_scratch.lookup(&zero);
+    if (!st)
+        return 0;
+    if (st->owner != bpf_get_current_pid_tgid()) {
+        pystack_count(PYSTACK_COUNT_CLOBBERED);
+        return 0;
+    }
+    return st;
+}
+
+static __always_inline int pystack_capture(struct pt_regs *ctx, u64 ts)
+{
+    u32 zero = 0;
+    struct pystack_scratch *st = pystack_scratch.lookup(&zero);
+    if (!st)
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    st->owner = id;
+    st->ev.ts = ts;
+    st->ev.pid = id >> 32;
+    st->ev.tid = (u32)id;
+    st->ev.nframes = 0;
+    st->ev.status = PYSTACK_OK;
+    pystack_progs.call(ctx, PYSTACK_PROG_FIND);
+    /* reached only when the tail call failed */
+    pystack_submit(st, PYSTACK_NOT_INSTALLED);
+    return 0;
+}
+
+/* Ends the calling probe: nothing after it runs when the walker is installed. */
+#define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((struct pt_regs *)(ctx), (ts))
+
+static __always_inline u64 pystack_read_ptr(u64 addr, int *err)
+{
+    u64 v = 0;
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0)
+        *err = 1;
+    return v;
+}
+
+/* Slot PYSTACK_PROG_FIND: look up the recipe, find this thread's PyThreadState and its top frame. */
+int pystack_find(struct pt_regs *ctx)
+{
+    struct pystack_scratch *st = pystack_own_scratch();
+    if (!st)
+        return 0;
+    u32 pid = st->ev.pid, tid = st->ev.tid;
+    struct pystack_proc *cfg = pystack_procs.lookup(&pid);
+    if (!cfg) {
+        pystack_submit(st, PYSTACK_NOT_CONFIGURED);
+        return 0;
+    }
+    if (cfg->status != PYSTACK_OK) {
+        pystack_submit(st, PYSTACK_UNSUPPORTED);
+        return 0;
+    }
+    __builtin_memcpy(&st->cfg, cfg, sizeof(st->cfg));
+    struct pystack_proc *c = &st->cfg;
+
+    u64 fsbase = 0;
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    if (bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)((u64)task + c->fsbase)) != 0) {
+        pystack_submit(st, PYSTACK_READ_ERROR);
+        return 0;
+    }
+
+    int err = 0;
+    u64 tstate = 0;
+    u64 *cached = pystack_tstates.lookup(&tid);
+    if (cached && *cached &&
+        pystack_read_ptr(*cached + c->tstate_thread_id, &err) == fsbase && !err) {
+        tstate = *cached;
+    } else {
+        /* walk every interpreter's thread list (3.12+ can have several) as one flat loop:
+         * nested loops multiply the states the verifier has to explore */
+        err = 0;
+        u64 interp = pystack_read_ptr(c->runtime + c->runtime_interpreters_head, &err);
+        u64 t = interp ? pystack_read_ptr(interp + c->interp_threads_head, &err) : 0;
+        int interps = 1;
+#pragma clang loop unroll(disable)
+        for (int i = 0; i < PYSTACK_MAX_THREADS && interp && !err; i++) {
+            if (!t) {
+                if (++interps > PYSTACK_MAX_INTERPRETERS)
+                    break;
+                interp = pystack_read_ptr(interp + c->interp_next, &err);
+                t = interp ? pystack_read_ptr(interp + c->interp_threads_head, &err) : 0;
+                continue;
+            }
+            if (pystack_read_ptr(t + c->tstate_thread_id, &err) == fsbase) {
+                tstate = t;
+                break;
+            }
+            t = pystack_read_ptr(t + c->tstate_next, &err);
+        }
+        if (!tstate) {
+            pystack_submit(st, err ? PYSTACK_READ_ERROR : PYSTACK_NO_THREAD_STATE);
+            return 0;
+        }
+        pystack_tstates.update(&tid, &tstate);
+    }
+
+    err = 0;
+    u64 frame = pystack_read_ptr(tstate + c->tstate_frame, &err);
+    if (!err && frame && (c->flags & PYSTACK_F_CFRAME))
+        frame = pystack_read_ptr(frame + c->cframe_current_frame, &err);
+    if (err) {
+        pystack_submit(st, PYSTACK_READ_ERROR);
+        return 0;
+    }
+    st->frame = frame;
+    pystack_progs.call(ctx, PYSTACK_PROG_WALK);
+    pystack_submit(st, PYSTACK_NOT_INSTALLED);
+    return 0;
+}
+
+/* Slot PYSTACK_PROG_WALK: up to PYSTACK_FRAMES_PER_PROG frames, then itself again or submit. */
+int pystack_walk(struct pt_regs *ctx)
+{
+    struct pystack_scratch *st = pystack_own_scratch();
+    if (!st)
+        return 0;
+    struct pystack_proc *c = &st->cfg;
+    u64 frame = st->frame;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < PYSTACK_FRAMES_PER_PROG; i++) {
+        if (!frame) {
+            pystack_submit(st, PYSTACK_OK);
+            return 0;
+        }
+        u32 n = st->ev.nframes;
+        if (n >= PYSTACK_MAX_FRAMES) {
+            pystack_submit(st, PYSTACK_TRUNCATED);
+            return 0;
+        }
+        /* one read for the frame head (every field used is in its first 104 bytes) ... */
+        if (bpf_probe_read_user(st->fbuf, 104, (void *)frame) != 0) {
+            pystack_submit(st, PYSTACK_READ_ERROR);
+            return 0;
+        }
+        u64 back = *(u64 *)&st->fbuf[c->frame_back & 0x78];
+        u64 code = *(u64 *)&st->fbuf[c->frame_code & 0x78];
+        /* 3.12+: frames owned by the C stack (entry shims) are not Python frames */
+        if (c->frame_owner && st->fbuf[c->frame_owner & 0x7f] == 3) {
+            frame = back;
+            continue;
+        }
+        /* ... and one for the code object head (type, firstlineno, co_version, co_name) */
+        if (!code || bpf_probe_read_user(st->cbuf, 128, (void *)code) != 0) {
+            pystack_submit(st, PYSTACK_READ_ERROR);
+            return 0;
+        }
+        if (*(u64 *)&st->cbuf[8] != c->code_type) {
+            frame = back;    /* e.g. 3.13's None executable in shim frames */
+            continue;
+        }
+        u64 instr;
+        if (c->flags & PYSTACK_F_LASTI_INT)
+            instr = *(u32 *)&st->fbuf[c->frame_instr & 0x7c];
+        else
+            instr = *(u64 *)&st->fbuf[c->frame_instr & 0x78];
+        u32 firstlineno = *(u32 *)&st->cbuf[c->code_firstlineno & 0x7c];
+        u32 sum = firstlineno * 0x9E3779B1u;
+        if (c->code_version)
+            sum ^= *(u32 *)&st->cbuf[c->code_version & 0x7c];
+        if (c->flags & PYSTACK_F_NAME_HASH) {
+            /* no co_version before 3.12: the interned name's cached hash tells code apart */
+            u64 name = *(u64 *)&st->cbuf[c->code_name & 0x78];
+            u64 hash = 0;
+            bpf_probe_read_user(&hash, sizeof(hash), (void *)(name + c->str_hash));
+            sum ^= (u32)hash ^ (u32)(hash >> 32);
+        }
+        struct pystack_frame *f = &st->ev.frames[n & (PYSTACK_MAX_FRAMES - 1)];
+        f->code = code;
+        f->instr = instr;
+        f->checksum = sum;
+        f->pad = 0;
+        st->ev.nframes = n + 1;
+        frame = back;
+    }
+    st->frame = frame;
+    pystack_progs.call(ctx, PYSTACK_PROG_WALK);
+    /* out of tail calls (never at 64 frames) */
+    pystack_submit(st, PYSTACK_TRUNCATED);
+    return 0;
+}
+
+#endif /* PYSTACK_H */

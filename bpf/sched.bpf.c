@@ -1,0 +1,124 @@
+/* sched: off-CPU intervals of every thread of the targets.
+ *
+ * sched_switch opens an interval when a traced thread leaves the CPU (remembering its state, the
+ * task that took the CPU and the syscall it was in) and closes it when the thread comes back,
+ * sending one offcpu_event with the interval's start and duration. sched_waking remembers who woke
+ * a sleeping traced thread. raw_syscalls keep the syscall in progress per traced thread, so user
+ * space can tell a futex wait from a read.
+ */
+#define TASK_DEAD_STATES 0x30 /* X (dead) and Z (zombie): the thread never comes back */
+
+struct offcpu_open_t {
+    u64 ts;
+    u64 cgroup_id;
+    s64 state;
+    u32 pid;
+    u32 cpu;
+    u32 next_tid;
+    s32 syscall;
+    char comm[16];
+    char next_comm[16];
+};
+
+struct waker_t {
+    u32 tid;
+    u32 cpu;
+    char comm[16];
+};
+
+BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
+BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
+BPF_TABLE("lru_hash", u32, s32, in_syscall, 65536);
+BPF_RINGBUF_OUTPUT(offcpu_events, 2048);
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 prev = args->prev_pid;
+    u32 next = args->next_pid;
+
+    struct offcpu_open_t *open = offcpu_open.lookup(&next);
+    if (open) {
+        struct offcpu_event *e = offcpu_events.ringbuf_reserve(sizeof(struct offcpu_event));
+        if (e) {
+            e->ts = open->ts;
+            e->dur = now - open->ts;
+            e->cgroup_id = open->cgroup_id;
+            e->state = open->state;
+            e->pid = open->pid;
+            e->tid = next;
+            e->cpu = open->cpu;
+            e->next_tid = open->next_tid;
+            e->syscall = open->syscall;
+            e->flags = 0;
+            __builtin_memcpy(e->comm, open->comm, 16);
+            __builtin_memcpy(e->next_comm, open->next_comm, 16);
+            struct waker_t *w = offcpu_waker.lookup(&next);
+            if (w) {
+                e->waker_tid = w->tid;
+                e->waker_cpu = w->cpu;
+                __builtin_memcpy(e->waker_comm, w->comm, 16);
+            } else {
+                e->waker_tid = 0;
+                e->waker_cpu = 0;
+                __builtin_memset(e->waker_comm, 0, 16);
+            }
+            offcpu_events.ringbuf_submit(e, 0);
+        } else {
+            count_drop(PROBE_SCHED);
+        }
+        offcpu_open.delete(&next);
+        offcpu_waker.delete(&next);
+    }
+
+    if (prev == 0 || (args->prev_state & TASK_DEAD_STATES))
+        return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_target(tgid))
+        return 0;
+    struct offcpu_open_t st = {};
+    st.ts = now;
+    st.cgroup_id = bpf_get_current_cgroup_id();
+    st.state = args->prev_state;
+    st.pid = tgid;
+    st.cpu = bpf_get_smp_processor_id();
+    st.next_tid = next;
+    s32 *sc = in_syscall.lookup(&prev);
+    st.syscall = sc ? *sc : -1;
+    __builtin_memcpy(st.comm, args->prev_comm, 16);
+    __builtin_memcpy(st.next_comm, args->next_comm, 16);
+    if (offcpu_open.update(&prev, &st))
+        count_drop(PROBE_SCHED_MAP);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_waking)
+{
+    u32 wakee = args->pid;
+    if (!offcpu_open.lookup(&wakee))
+        return 0;
+    struct waker_t w = {};
+    w.tid = (u32)bpf_get_current_pid_tgid();
+    w.cpu = bpf_get_smp_processor_id();
+    bpf_get_current_comm(w.comm, sizeof(w.comm));
+    offcpu_waker.update(&wakee, &w);
+    return 0;
+}
+
+TRACEPOINT_PROBE(raw_syscalls, sys_enter)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    u32 tid = (u32)id;
+    s32 nr = (s32)args->id;
+    in_syscall.update(&tid, &nr);
+    return 0;
+}
+
+TRACEPOINT_PROBE(raw_syscalls, sys_exit)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    in_syscall.delete(&tid);
+    return 0;
+}

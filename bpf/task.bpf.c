@@ -1,0 +1,67 @@
+/* task: follow the targets' children and tell user space when to rescan mapped libraries.
+ *
+ * A fork of a traced process adds the child to `targets` in the kernel, before the child runs, so
+ * nothing it does is missed. exec, exit and every return from dlopen() are sent to user space,
+ * which reads /proc for names and rescans /proc/PID/maps for CUDA and NCCL libraries.
+ */
+BPF_RINGBUF_OUTPUT(task_events, 256);
+
+static __always_inline void task_send(u32 kind, u32 tgid, u32 tid, u32 child)
+{
+    struct task_event *e = task_events.ringbuf_reserve(sizeof(struct task_event));
+    if (!e) {
+        count_drop(PROBE_TASK);
+        return;
+    }
+    e->ts = bpf_ktime_get_ns();
+    e->kind = kind;
+    e->pid = tgid;
+    e->tid = tid;
+    e->child_tid = child;
+    bpf_get_current_comm(e->comm, sizeof(e->comm));
+    task_events.ringbuf_submit(e, 0);
+}
+
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!is_target(tgid))
+        return 0;
+    u32 child = args->child_pid;
+#if TARGET_MODE == MODE_PIDS
+    /* a new thread's tid is harmless in the map; a new process's tid is its tgid */
+    u8 one = 1;
+    targets.update(&child, &one);
+#endif
+    task_send(TASK_FORK, tgid, (u32)id, child);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    task_send(TASK_EXEC, id >> 32, (u32)id, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    task_send(TASK_EXIT, id >> 32, (u32)id, 0);
+    return 0;
+}
+
+/* uretprobe on dlopen/dlmopen in libc: a library may have been mapped */
+int task_dlopen_return(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32) || PT_REGS_RC(ctx) == 0)
+        return 0;
+    task_send(TASK_DLOPEN, id >> 32, (u32)id, 0);
+    return 0;
+}

@@ -1,0 +1,158 @@
+"""CUDA runtime and driver APIs the recorder traces, and the BPF programs generated for them.
+
+Each API has an argument layout (which registers or stack slots hold size, stream, kernel function,
+...). One small entry and one return program is generated per exported symbol name, so the API is a
+compile-time constant and nothing has to be looked up per call. Variants (`_v2`, `_ptsz`, `_ptds`)
+are separate exported functions and are listed explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Argument layouts. Registers follow the x86-64 System V ABI: PARM1..PARM6 = rdi, rsi, rdx, rcx,
+# r8, r9; a dim3 passed by value (12 bytes) takes two registers; further arguments are on the
+# stack at sp+8, sp+16, ... at the first instruction of the callee.
+ARG_LAYOUTS = {
+    "none": "",
+    "malloc": "e.out_ptr = PT_REGS_PARM1(ctx); e.size = PT_REGS_PARM2(ctx);",
+    "malloc_async": (
+        "e.out_ptr = PT_REGS_PARM1(ctx); e.size = PT_REGS_PARM2(ctx); e.stream = PT_REGS_PARM3(ctx);"
+    ),
+    "free": "e.pointer = PT_REGS_PARM1(ctx);",
+    "free_async": "e.pointer = PT_REGS_PARM1(ctx); e.stream = PT_REGS_PARM2(ctx);",
+    "memcpy": "e.size = PT_REGS_PARM3(ctx); e.memcpy_kind = (s32)PT_REGS_PARM4(ctx);",
+    "memcpy_async": (
+        "e.size = PT_REGS_PARM3(ctx); e.memcpy_kind = (s32)PT_REGS_PARM4(ctx);"
+        " e.stream = PT_REGS_PARM5(ctx);"
+    ),
+    # cuMemcpyHtoD(dst, src, n), cuMemcpyDtoH(dst, src, n), cuMemcpy(dst, src, n)
+    "memcpy_drv": "e.size = PT_REGS_PARM3(ctx);",
+    "memcpy_drv_async": "e.size = PT_REGS_PARM3(ctx); e.stream = PT_REGS_PARM4(ctx);",
+    "stream": "e.stream = PT_REGS_PARM1(ctx);",
+    "event": "e.handle = PT_REGS_PARM1(ctx);",
+    # cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
+    "launch_rt": (
+        "e.function = PT_REGS_PARM1(ctx);"
+        " e.grid_x = (u32)PT_REGS_PARM2(ctx); e.grid_y = (u32)(PT_REGS_PARM2(ctx) >> 32);"
+        " e.grid_z = (u32)PT_REGS_PARM3(ctx);"
+        " e.block_x = (u32)PT_REGS_PARM4(ctx); e.block_y = (u32)(PT_REGS_PARM4(ctx) >> 32);"
+        " e.block_z = (u32)PT_REGS_PARM5(ctx);"
+        " { u64 st[2] = {}; bpf_probe_read_user(st, sizeof(st), (void *)(PT_REGS_SP(ctx) + 8));"
+        "   e.shared_mem = (u32)st[0]; e.stream = st[1]; }"
+    ),
+    # cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
+    "launch_drv": (
+        "e.function = PT_REGS_PARM1(ctx);"
+        " e.grid_x = (u32)PT_REGS_PARM2(ctx); e.grid_y = (u32)PT_REGS_PARM3(ctx);"
+        " e.grid_z = (u32)PT_REGS_PARM4(ctx); e.block_x = (u32)PT_REGS_PARM5(ctx);"
+        " e.block_y = (u32)PT_REGS_PARM6(ctx);"
+        " { u64 st[3] = {}; bpf_probe_read_user(st, sizeof(st), (void *)(PT_REGS_SP(ctx) + 8));"
+        "   e.block_z = (u32)st[0]; e.shared_mem = (u32)st[1]; e.stream = st[2]; }"
+    ),
+    # cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, ...): c = {gridDimX..blockDimZ,
+    # sharedMemBytes (u32 each), hStream at offset 32}
+    "launch_drv_ex": (
+        "e.function = PT_REGS_PARM2(ctx);"
+        " { u32 c[10] = {}; bpf_probe_read_user(c, sizeof(c), (void *)PT_REGS_PARM1(ctx));"
+        "   e.grid_x = c[0]; e.grid_y = c[1]; e.grid_z = c[2]; e.block_x = c[3];"
+        "   e.block_y = c[4]; e.block_z = c[5]; e.shared_mem = c[6];"
+        "   e.stream = ((u64)c[9] << 32) | c[8]; }"
+    ),
+    # cudaLaunchKernelExC(const cudaLaunchConfig_t *c, const void *func, void **args): c = {dim3
+    # grid, dim3 block, size_t dynamicSmemBytes at 24, cudaStream_t stream at 32}
+    "launch_rt_ex": (
+        "e.function = PT_REGS_PARM2(ctx);"
+        " { u32 c[10] = {}; bpf_probe_read_user(c, sizeof(c), (void *)PT_REGS_PARM1(ctx));"
+        "   e.grid_x = c[0]; e.grid_y = c[1]; e.grid_z = c[2]; e.block_x = c[3];"
+        "   e.block_y = c[4]; e.block_z = c[5]; e.shared_mem = c[6];"
+        "   e.stream = ((u64)c[9] << 32) | c[8]; }"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Api:
+    name: str  # the exported symbol
+    family: str  # the API without variant suffix, used for baselines (cudaMemcpy_ptds -> cudaMemcpy)
+    library: str  # "runtime" (libcudart) or "driver" (libcuda)
+    layout: str
+
+
+def _apis() -> tuple[Api, ...]:
+    runtime = {
+        "cudaMalloc": "malloc",
+        "cudaMallocHost": "malloc",
+        "cudaMallocManaged": "malloc",
+        "cudaHostAlloc": "malloc",
+        "cudaMallocAsync": "malloc_async",
+        "cudaFree": "free",
+        "cudaFreeHost": "free",
+        "cudaFreeAsync": "free_async",
+        "cudaLaunchKernel": "launch_rt",
+        "cudaLaunchKernelExC": "launch_rt_ex",
+        "cudaMemcpy": "memcpy",
+        "cudaMemcpyAsync": "memcpy_async",
+        "cudaStreamSynchronize": "stream",
+        "cudaDeviceSynchronize": "none",
+        "cudaEventSynchronize": "event",
+    }
+    driver = {
+        "cuLaunchKernel": "launch_drv",
+        "cuLaunchKernelEx": "launch_drv_ex",
+        "cuMemAlloc": "malloc",
+        "cuMemAllocAsync": "malloc_async",
+        "cuMemAllocHost": "malloc",
+        "cuMemFree": "free",
+        "cuMemcpy": "memcpy_drv",
+        "cuMemcpyAsync": "memcpy_drv_async",
+        "cuMemcpyHtoD": "memcpy_drv",
+        "cuMemcpyDtoH": "memcpy_drv",
+        "cuMemcpyHtoDAsync": "memcpy_drv_async",
+        "cuMemcpyDtoHAsync": "memcpy_drv_async",
+        "cuStreamSynchronize": "stream",
+        "cuCtxSynchronize": "none",
+        "cuEventSynchronize": "event",
+    }
+    # Per-thread default stream variants: the runtime exports _ptds (synchronous calls) and _ptsz
+    # (calls taking a stream); the driver exports _v2 generations and both suffixes on those.
+    out: list[Api] = []
+    for base, layout in runtime.items():
+        for suffix in ("", "_ptds", "_ptsz"):
+            out.append(Api(base + suffix, base, "runtime", layout))
+    for base, layout in driver.items():
+        for suffix in ("", "_v2", "_ptds", "_ptsz", "_v2_ptds", "_v2_ptsz"):
+            out.append(Api(base + suffix, base, "driver", layout))
+    return tuple(out)
+
+
+APIS: tuple[Api, ...] = _apis()
+API_INDEX: dict[str, int] = {api.name: i for i, api in enumerate(APIS)}
+
+
+def bpf_programs(names: list[str] | None = None) -> str:
+    """C text with an entry and a return program per API symbol (all known ones by default)."""
+    chosen = APIS if names is None else tuple(APIS[API_INDEX[n]] for n in names)
+    parts = []
+    for api in chosen:
+        i = API_INDEX[api.name]
+        parts.append(
+            f"int cuda_entry_{i}(struct pt_regs *ctx) {{\n"
+            f"    struct cuda_inflight e = {{}};\n"
+            f"    if (!cuda_begin(&e, {i})) return 0;\n"
+            f"    {ARG_LAYOUTS[api.layout]}\n"
+            f"    return cuda_save(&e, {i});\n"
+            f"}}\n"
+            f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}); }}\n"
+        )
+    return "\n".join(parts)
+
+
+def library_kind(path: str) -> str | None:
+    """'runtime', 'driver' or None for a mapped file name (handles versioned and hashed copies)."""
+    base = path.rsplit("/", 1)[-1]
+    if base.startswith("libcudart"):
+        return "runtime"
+    if base.startswith("libcuda.so") or base.startswith("libcuda-"):
+        return "driver"
+    return None

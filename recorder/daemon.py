@@ -1,0 +1,156 @@
+"""Running a session in the background (`recorder start`) or around a command (`recorder record`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from recorder.errors import UserError
+from recorder.probes import TargetSpec
+from recorder.session import Session, install_stop_signals, log_path, running_recorder, status_path
+
+
+def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str) -> dict:
+    """Fork a detached recorder; return its attach summary once the probes are attached."""
+    holder = running_recorder(db)
+    if holder:
+        raise UserError(
+            f"a recorder (pid {holder}) is already recording into {db}: "
+            f"stop it with 'recorder stop --db {db}' or pass another --db"
+        )
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_fd)
+        with os.fdopen(read_fd) as r:
+            text = r.read()
+        os.waitpid(pid, 0)
+        if not text:
+            raise UserError(f"the recorder exited before attaching: see {log_path(db)}")
+        reply = json.loads(text)
+        if "error" in reply:
+            raise UserError(reply["error"])
+        return reply
+    # first child: new session, then a grandchild that is the daemon
+    os.close(read_fd)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    log = os.open(log_path(db), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    status = 0
+    try:
+        session = Session(db, target, cuda_libs, command)
+        install_stop_signals(session)
+        summary = session.begin()
+        os.write(write_fd, json.dumps(summary).encode())
+        os.close(write_fd)
+        session.run(lambda: False)
+        print(json.dumps(session.finish()), flush=True)
+    except UserError as e:
+        _reply_error(write_fd, str(e))
+        status = 2
+    except BaseException as e:  # the parent must hear of any failure, not hang
+        _reply_error(write_fd, f"recorder failed: {type(e).__name__}: {e} (see {log_path(db)})")
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    finally:
+        sys.stdout.flush()
+        os._exit(status)
+
+
+def _reply_error(fd: int, message: str) -> None:
+    try:
+        os.write(fd, json.dumps({"error": message}).encode())
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
+    """Signal the recorder on `db` to stop and wait until it has released the database."""
+    holder = running_recorder(db)
+    if not holder:
+        raise UserError(f"no recorder is running on {db}: start one with 'recorder start --db {db}'")
+    os.kill(holder, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while running_recorder(db):
+        if time.monotonic() > deadline:
+            raise UserError(f"recorder pid {holder} did not stop within {timeout_s:.0f} s: see {log_path(db)}")
+        time.sleep(0.05)
+    from recorder.session import session_summary
+    from store.db import open_store
+
+    with open_store(db) as store:
+        sid = store.one("SELECT max(id) AS id FROM session")["id"]
+        return session_summary(store, sid)
+
+
+def read_status(db: Path) -> dict:
+    holder = running_recorder(db)
+    if not holder:
+        raise UserError(f"no recorder is running on {db}: start one with 'recorder start --db {db}'")
+    try:
+        status = json.loads(status_path(db).read_text())
+    except (OSError, ValueError):
+        status = {"recorder_pid": holder, "note": "starting"}
+    status["age_s"] = round(time.time() - status.get("updated_unix", time.time()), 1)
+    return status
+
+
+def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], command: str) -> tuple[int, dict]:
+    """Run argv under recording (children included); return (its exit status, session summary)."""
+    holder = running_recorder(db)
+    if holder:
+        raise UserError(
+            f"a recorder (pid {holder}) is already recording into {db}: "
+            f"stop it with 'recorder stop --db {db}' or pass another --db"
+        )
+    go_r, go_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(go_w)
+        ok = os.read(go_r, 1)
+        if ok != b"1":
+            os._exit(127)
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as e:
+            print(f"recorder: cannot run {argv[0]}: {e.strerror}", file=sys.stderr)
+            os._exit(127)
+    os.close(go_r)
+    session = Session(db, TargetSpec(pids=(child,)), cuda_libs, command,
+                      described_target="command " + " ".join(argv))
+    try:
+        session.begin()
+    except BaseException:
+        os.close(go_w)
+        os.waitpid(child, 0)
+        raise
+    # Ctrl-C reaches the command (same process group); the recorder keeps recording until it exits.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))
+    os.write(go_w, b"1")
+    os.close(go_w)
+    exit_status: list[int] = []
+
+    def child_done() -> bool:
+        if not exit_status:
+            pid, st = os.waitpid(child, os.WNOHANG)
+            if pid:
+                exit_status.append(os.waitstatus_to_exitcode(st))
+        return bool(exit_status)
+
+    session.run(child_done)
+    summary = session.finish()
+    code = exit_status[0] if exit_status else 0
+    return (128 - code if code < 0 else code), summary

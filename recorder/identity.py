@@ -1,0 +1,124 @@
+"""Surrogate keys for processes and threads, read from /proc when first seen.
+
+A thread row is (session, tid, first seen); when a thread exits its key is retired, so a reused tid
+gets a new row and two threads are never merged. Ids are allocated here and rows are queued on the
+writer, so resolving a new thread costs no database round trip.
+"""
+
+from __future__ import annotations
+
+from store.db import Store, Writer
+
+PROCESS_COLUMNS = ("id", "session_id", "pid", "start_ticks", "parent_pid", "name", "cmdline", "first_ts")
+CMDLINE_MAX = 1024
+THREAD_COLUMNS = ("id", "session_id", "tid", "process_id", "name", "first_ts", "traced")
+
+
+def read_proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(comm, ppid, starttime ticks) of a task, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    close = data.rfind(b")")
+    comm = data[data.find(b"(") + 1 : close].decode("utf-8", "replace")
+    fields = data[close + 2 :].split()
+    return comm, int(fields[1]), int(fields[19])
+
+
+def read_cmdline(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # capped: a command line can carry a whole environment as arguments
+    text = raw[:CMDLINE_MAX].rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    return text or None
+
+
+def read_tgid(tid: int) -> int | None:
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class Identity:
+    def __init__(self, store: Store, writer: Writer, session_id: int) -> None:
+        self.session_id = session_id
+        self.writer = writer
+        writer.table("process", PROCESS_COLUMNS)
+        writer.table("thread", THREAD_COLUMNS)
+        self._next_process = (store.one("SELECT max(id) AS m FROM process")["m"] or 0) + 1
+        self._next_thread = (store.one("SELECT max(id) AS m FROM thread")["m"] or 0) + 1
+        self.processes: dict[int, int] = {}  # pid -> process.id
+        self.threads: dict[int, int] = {}  # tid -> thread.id
+        self.exited: list[tuple[str, int, int]] = []  # (table, id, ts) to update at flush
+
+    def process(self, pid: int, ts: int) -> int:
+        pid_id = self.processes.get(pid)
+        if pid_id is not None:
+            return pid_id
+        pid_id = self._next_process
+        self._next_process += 1
+        stat = read_proc_stat(pid)
+        comm, ppid, start = stat if stat else (None, None, None)
+        self.writer.add(
+            "process", (pid_id, self.session_id, pid, start, ppid, comm, read_cmdline(pid), ts)
+        )
+        self.processes[pid] = pid_id
+        return pid_id
+
+    def thread(self, tid: int, pid: int | None, name: str | bytes | None, ts: int,
+               traced: bool = True) -> int:
+        """The thread row for tid, creating it (and its process) when first seen."""
+        tid_id = self.threads.get(tid)
+        if tid_id is not None:
+            return tid_id
+        if pid is None:
+            pid = read_tgid(tid)
+        process_id = self.process(pid, ts) if pid else None
+        if isinstance(name, bytes):
+            name = name.split(b"\0", 1)[0].decode("utf-8", "replace")
+        if not name:
+            stat = read_proc_stat(tid)
+            name = stat[0] if stat else None
+        tid_id = self._next_thread
+        self._next_thread += 1
+        self.writer.add(
+            "thread", (tid_id, self.session_id, tid, process_id, name, ts, 1 if traced else 0)
+        )
+        self.threads[tid] = tid_id
+        return tid_id
+
+    def thread_exited(self, tid: int, pid: int, ts: int) -> None:
+        tid_id = self.threads.pop(tid, None)
+        if tid_id is not None:
+            self.exited.append(("thread", tid_id, ts))
+        if tid == pid:
+            pid_id = self.processes.pop(pid, None)
+            if pid_id is not None:
+                self.exited.append(("process", pid_id, ts))
+
+    def process_exec(self, pid: int, ts: int) -> None:
+        """After exec the process has a new name and command line: start a new process row."""
+        old = self.processes.pop(pid, None)
+        if old is not None:
+            self.exited.append(("process-exec", old, ts))
+        self.threads.pop(pid, None)
+        self.process(pid, ts)
+
+    def flush_exits(self) -> None:
+        conn = self.writer.store.conn
+        for table, row_id, ts in self.exited:
+            if table == "process-exec":
+                conn.execute("UPDATE process SET exit_ts = ? WHERE id = ?", (ts, row_id))
+            else:
+                conn.execute(f"UPDATE {table} SET exit_ts = ? WHERE id = ?", (ts, row_id))
+        self.exited.clear()

@@ -1,0 +1,78 @@
+"""Finding CUDA and NCCL libraries mapped by a process, and the API symbols they export."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from recorder.cuda import library_kind
+
+
+def mapped_files(pid: int) -> list[str]:
+    """Distinct file paths mapped executable by a process, in maps order; [] if it is gone."""
+    out: list[str] = []
+    seen = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or "x" not in parts[1]:
+                    continue
+                path = parts[5].strip()
+                if path.startswith("/") and path not in seen:
+                    seen.add(path)
+                    out.append(path)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    return out
+
+
+def resolve(pid: int, path: str) -> str:
+    """A path that opens the mapped file from here, also when the target is in another mount ns."""
+    if path.endswith(" (deleted)"):
+        path = path[: -len(" (deleted)")]
+    if os.path.exists(path):
+        return path
+    via_root = f"/proc/{pid}/root{path}"
+    return via_root if os.path.exists(via_root) else path
+
+
+def gpu_libraries(pid: int) -> list[tuple[str, str]]:
+    """(path, kind) of CUDA runtime/driver libraries mapped by pid."""
+    out = []
+    for path in mapped_files(pid):
+        kind = library_kind(path)
+        if kind:
+            out.append((path, kind))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def exported_functions(path: str) -> frozenset[str]:
+    """Names of the functions a shared object defines in its dynamic symbol table."""
+    names = set()
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            dynsym = elf.get_section_by_name(".dynsym")
+            if dynsym is None:
+                return frozenset()
+            for sym in dynsym.iter_symbols():
+                if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] != "SHN_UNDEF":
+                    names.add(sym.name.split("@", 1)[0])
+    except (OSError, ELFError):
+        return frozenset()
+    return frozenset(names)
+
+
+def find_libc(pid: int | None = None) -> str | None:
+    """The C library of pid (or of this process), where dlopen lives."""
+    for path in mapped_files(pid or os.getpid()):
+        base = Path(path).name
+        if base.startswith("libc.so") or base.startswith("libc-"):
+            return path
+    return None

@@ -1,0 +1,251 @@
+"""Loading the BPF programs with BCC and attaching them: tracepoints, CUDA uprobes, dlopen.
+
+Every decision is recorded as a Capability (attached / absent / failed, with the reason), which the
+session stores in the `capability` table and `recorder doctor` prints.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import bpf
+from recorder import cuda, events, kheaders
+from recorder.errors import NotPrivileged, ProbeError
+from recorder.libraries import exported_functions, find_libc
+
+TRACEFS = Path("/sys/kernel/tracing")
+
+# Tracepoints each BPF source needs; a source whose tracepoints are missing is left out and
+# recorded as absent instead of failing the whole compile.
+LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sched": (
+        "sched.bpf.c",
+        ("sched:sched_switch", "sched:sched_waking", "raw_syscalls:sys_enter", "raw_syscalls:sys_exit"),
+    ),
+    "task": (
+        "task.bpf.c",
+        ("sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"),
+    ),
+    "cuda": ("cuda.bpf.c", ()),
+}
+
+
+@dataclass(frozen=True)
+class Capability:
+    layer: str
+    probe: str
+    status: str  # 'attached', 'absent', 'failed'
+    detail: str = ""
+    target: str = ""
+    ts: int = 0
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What to record: processes (and their descendants), a cgroup v2 subtree, or everything."""
+
+    pids: tuple[int, ...] = ()
+    cgroup: str | None = None
+    everything: bool = False
+
+    @property
+    def mode(self) -> int:
+        if self.everything:
+            return events.CONSTANTS["MODE_ALL"]
+        if self.cgroup:
+            return events.CONSTANTS["MODE_CGROUP"]
+        return events.CONSTANTS["MODE_PIDS"]
+
+    def describe(self) -> str:
+        if self.everything:
+            return "all"
+        if self.cgroup:
+            return f"cgroup {self.cgroup}"
+        return "pids " + ",".join(str(p) for p in self.pids)
+
+
+def now_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def ensure_tracefs() -> bool:
+    """Mount tracefs when it is not mounted (as the recorder needs it); True when usable."""
+    if (TRACEFS / "events").is_dir():
+        return True
+    if os.geteuid() != 0:
+        return False
+    os.system(f"mount -t tracefs nodev {TRACEFS} >/dev/null 2>&1")
+    return (TRACEFS / "events").is_dir()
+
+
+def tracepoint_exists(name: str) -> bool:
+    system, event = name.split(":", 1)
+    return (TRACEFS / "events" / system / event / "format").exists()
+
+
+def cgroup_identity(path: str) -> tuple[int, int]:
+    """(cgroup v2 id, level) of a cgroup v2 folder: the id is the folder's inode number."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ProbeError(f"cgroup {path} does not exist: pass a cgroup v2 folder, e.g. /sys/fs/cgroup/unified/job")
+    root = p
+    while root.parent != root and (root.parent / "cgroup.procs").exists():
+        root = root.parent
+    level = len(p.relative_to(root).parts)
+    return os.stat(p).st_ino, level
+
+
+def check_privileges() -> None:
+    if os.geteuid() != 0:
+        raise NotPrivileged(
+            "recording needs root (or CAP_BPF and CAP_PERFMON): run with sudo, "
+            "or 'recorder doctor' to see what is missing"
+        )
+
+
+class Probes:
+    """The session's BPF object and everything attached to it."""
+
+    def __init__(self, target: TargetSpec, extra_source: str = "") -> None:
+        check_privileges()
+        if not ensure_tracefs():
+            raise ProbeError("tracefs is not mounted and could not be: mount -t tracefs nodev /sys/kernel/tracing")
+        headers = kheaders.locate()
+        if headers.path is None:
+            raise ProbeError(headers.detail)
+        try:
+            from bcc import BPF
+        except ImportError:
+            raise ProbeError(
+                "the bcc Python module is missing: apt-get install python3-bpfcc (run 'make demo' "
+                "or scripts/setup.sh to set everything up)"
+            ) from None
+        self.BPF = BPF
+        self.target = target
+        self.capabilities: list[Capability] = []
+        self.layers: list[str] = []
+        text = self._source(extra_source)
+        try:
+            self.bpf = BPF(text=text, cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
+        except Exception as e:  # BCC raises bare Exception for compile and load failures
+            raise ProbeError(f"BPF programs failed to load ({e}): run 'recorder doctor'") from None
+        for layer in self.layers:
+            for tp in LAYER_SOURCES[layer][1]:
+                self._cap(layer, tp, "attached")
+        self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
+        self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
+
+    def _cap(self, layer: str, probe: str, status: str, detail: str = "", target: str = "") -> None:
+        self.capabilities.append(Capability(layer, probe, status, detail, target, now_ns()))
+
+    def _source(self, extra: str) -> str:
+        t = self.target
+        cg_id, cg_level = cgroup_identity(t.cgroup) if t.cgroup else (0, 0)
+        parts = [
+            events.c_definitions(),
+            f"#define TARGET_MODE {t.mode}",
+            f"#define TARGET_CGROUP_ID {cg_id}ull",
+            f"#define TARGET_CGROUP_LEVEL {cg_level}",
+            f"#define SELF_TGID {os.getpid()}",
+            bpf.source("common.h"),
+        ]
+        for layer, (filename, tracepoints) in LAYER_SOURCES.items():
+            missing = [tp for tp in tracepoints if not tracepoint_exists(tp)]
+            if missing:
+                for tp in missing:
+                    self._cap(layer, tp, "absent", "tracepoint not in this kernel")
+                continue
+            self.layers.append(layer)
+            parts.append(bpf.source(filename))
+        parts.append(cuda.bpf_programs())
+        parts.append(extra)
+        return "\n".join(parts)
+
+    # -- targets ----------------------------------------------------------------------------------
+    def add_pid(self, pid: int) -> None:
+        self.bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+
+    # -- uprobes ----------------------------------------------------------------------------------
+    def attach_library(self, path: str, kind: str) -> int:
+        """Attach entry and return probes to every traced API the library exports."""
+        real = os.path.realpath(path)
+        if real in self.attached_libraries:
+            return 0
+        names = exported_functions(real)
+        wanted = [api for api in cuda.APIS if api.library == kind and api.name in names]
+        if not wanted:
+            self._cap("cuda", f"{kind} library", "absent", "exports no traced CUDA API", path)
+            self.attached_libraries[real] = 0
+            return 0
+        count = 0
+        for api in wanted:
+            i = cuda.API_INDEX[api.name]
+            try:
+                self.bpf.attach_uprobe(name=real, sym=api.name, fn_name=f"cuda_entry_{i}")
+                self.bpf.attach_uretprobe(name=real, sym=api.name, fn_name=f"cuda_return_{i}")
+                self._cap("cuda", api.name, "attached", "", path)
+                count += 1
+            except Exception as e:
+                self._cap("cuda", api.name, "failed", str(e).splitlines()[0][:200], path)
+        self.attached_libraries[real] = count
+        return count
+
+    def attach_dlopen(self) -> None:
+        libc = find_libc()
+        if libc is None:
+            self._cap("task", "dlopen", "absent", "no C library mapped by the recorder")
+            return
+        names = exported_functions(os.path.realpath(libc))
+        for sym in ("dlopen", "dlmopen"):
+            if sym not in names:
+                continue
+            try:
+                self.bpf.attach_uretprobe(name=libc, sym=sym, fn_name="task_dlopen_return")
+                self._cap("task", sym, "attached", "", libc)
+            except Exception as e:
+                self._cap("task", sym, "failed", str(e).splitlines()[0][:200], libc)
+
+    # -- consumption ------------------------------------------------------------------------------
+    def open_rings(self, sinks: dict[str, Callable[[bytes], None]]) -> None:
+        """Register one sink per ring buffer name; each gets every record's raw bytes."""
+        for name, sink in sinks.items():
+            try:
+                table = self.bpf[name]
+            except KeyError:  # its layer was left out
+                continue
+
+            def callback(ctx, data, size, _sink=sink):
+                _sink(ctypes.string_at(data, size))
+                return 0
+
+            table.open_ring_buffer(callback)
+
+    def poll(self, timeout_ms: int) -> None:
+        self.bpf.ring_buffer_poll(timeout_ms)
+
+    def consume(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    def read_drops(self) -> list[int]:
+        """Per-probe events lost since the last call."""
+        table = self.bpf["drops"]
+        deltas = []
+        for i in range(events.CONSTANTS["PROBE_COUNT"]):
+            total = sum(table[ctypes.c_int(i)])
+            deltas.append(total - self.drop_counts[i])
+            self.drop_counts[i] = total
+        return deltas
+
+    def open_offcpu(self) -> list[tuple[int, object]]:
+        """Off-CPU intervals still open (tid, record), to close at stop."""
+        if "sched" not in self.layers:
+            return []
+        return [(k.value, v) for k, v in self.bpf["offcpu_open"].items()]
+
+    def cleanup(self) -> None:
+        self.bpf.cleanup()

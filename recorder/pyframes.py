@@ -1,0 +1,660 @@
+"""CPython stacks at uprobes: target detection, the BPF walker's configuration, frame resolution.
+
+The BPF side (bpf/pystack.h) records, for each traced call, (code object address, instruction,
+checksum) per frame. This module:
+
+- `detect(pid)` finds the interpreter in a process and how to walk it (offsets per version),
+- `PyStackProbe(bpf)` wires the walker programs and fills the per-process map,
+- `StackResolver` turns recorded frames into file, qualified name and the *executing* line,
+- `parse_pystack_event(data)` reads one `pystack_event` from the `pystacks` ring buffer.
+
+Layouts here mirror structs in bpf/pystack.h; tests/test_pyframes_layout.py compiles the header
+with gcc and fails if the two drift.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HEADER = Path(__file__).resolve().parent.parent / "bpf" / "pystack.h"
+
+MAX_FRAMES = 64
+
+# pystack_event.status, as #defined in bpf/pystack.h
+STATUS_OK = 0
+STATUS_TRUNCATED = 1
+STATUS_NOT_CONFIGURED = 2
+STATUS_UNSUPPORTED = 3
+STATUS_NO_THREAD_STATE = 4
+STATUS_READ_ERROR = 5
+STATUS_NOT_INSTALLED = 6
+STATUS_NAMES: dict[int, str] = {
+    STATUS_OK: "ok",
+    STATUS_TRUNCATED: "truncated",
+    STATUS_NOT_CONFIGURED: "not configured",
+    STATUS_UNSUPPORTED: "unsupported interpreter",
+    STATUS_NO_THREAD_STATE: "no python thread state",
+    STATUS_READ_ERROR: "read error",
+    STATUS_NOT_INSTALLED: "walker not installed",
+}
+# pystack_counts slots after the statuses
+COUNT_NAMES: dict[int, str] = {
+    **STATUS_NAMES,
+    len(STATUS_NAMES): "ringbuf full",
+    len(STATUS_NAMES) + 1: "scratch clobbered",
+}
+
+# pystack_proc.flags
+F_CFRAME = 1
+F_LASTI_INT = 2
+F_NAME_HASH = 4
+
+PROG_FIND = 0
+PROG_WALK = 1
+
+# The Python mirrors of the C structs: (field, struct format) in declaration order.
+EVENT_HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("ts", "Q"), ("pid", "I"), ("tid", "I"), ("nframes", "I"), ("status", "I"),
+)
+FRAME_FIELDS: tuple[tuple[str, str], ...] = (
+    ("code", "Q"), ("instr", "Q"), ("checksum", "I"), ("pad", "I"),
+)
+PROC_FIELDS: tuple[tuple[str, str], ...] = (
+    ("runtime", "Q"), ("code_type", "Q"),
+    ("status", "I"), ("flags", "I"), ("fsbase", "I"), ("version", "I"),
+    ("runtime_interpreters_head", "H"), ("interp_next", "H"), ("interp_threads_head", "H"),
+    ("tstate_next", "H"), ("tstate_thread_id", "H"), ("tstate_frame", "H"),
+    ("cframe_current_frame", "H"), ("frame_code", "H"), ("frame_back", "H"),
+    ("frame_instr", "H"), ("frame_owner", "H"), ("code_firstlineno", "H"),
+    ("code_version", "H"), ("code_name", "H"), ("str_hash", "H"), ("pad", "H"),
+)
+_EVENT_HEADER = struct.Struct("=" + "".join(f for _, f in EVENT_HEADER_FIELDS))
+_FRAME = struct.Struct("=" + "".join(f for _, f in FRAME_FIELDS))
+_PROC = struct.Struct("=" + "".join(f for _, f in PROC_FIELDS))
+EVENT_SIZE = _EVENT_HEADER.size + MAX_FRAMES * _FRAME.size
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+
+
+@dataclass(frozen=True)
+class PyStackEvent:
+    ts: int  # ns CLOCK_MONOTONIC, the probe's own timestamp (join key with pid, tid)
+    pid: int
+    tid: int
+    status: int
+    frames: tuple[tuple[int, int, int], ...]  # (code address, instr, checksum), innermost first
+
+    @property
+    def status_name(self) -> str:
+        return STATUS_NAMES.get(self.status, f"status {self.status}")
+
+
+def parse_pystack_event(data: bytes) -> PyStackEvent:
+    """One record from the `pystacks` ring buffer (only the filled frames are sent)."""
+    ts, pid, tid, nframes, status = _EVENT_HEADER.unpack_from(data, 0)
+    nframes = min(nframes, MAX_FRAMES, (len(data) - _EVENT_HEADER.size) // _FRAME.size)
+    frames = tuple(
+        (code, instr, checksum)
+        for code, instr, checksum, _pad in (
+            _FRAME.unpack_from(data, _EVENT_HEADER.size + i * _FRAME.size) for i in range(nframes)
+        )
+    )
+    return PyStackEvent(ts, pid, tid, status, frames)
+
+
+# ---------------------------------------------------------------------------------------------
+# Offsets
+
+
+@dataclass(frozen=True)
+class PyOffsets:
+    """Byte offsets of what the walker and the resolver read, for one CPython minor version."""
+
+    runtime_interpreters_head: int
+    interp_next: int
+    interp_threads_head: int
+    tstate_next: int
+    tstate_thread_id: int
+    tstate_frame: int
+    cframe_current_frame: int | None  # None: tstate_frame is the top frame itself
+    frame_code: int
+    frame_back: int
+    frame_instr: int
+    frame_owner: int | None
+    code_filename: int
+    code_name: int
+    code_qualname: int | None  # None before 3.11: co_name is the best name there is
+    code_firstlineno: int
+    code_linetable: int
+    code_adaptive: int | None  # None in 3.10: the instruction is f_lasti, not a pointer
+    code_version: int | None  # co_version (3.12+): unique per code object
+    str_hash: int = 24
+    str_length: int = 16
+    str_state: int = 32
+    str_ascii_size: int = 40
+    str_compact_size: int = 56
+    bytes_size: int = 16
+    bytes_data: int = 32
+
+
+# x86-64 release builds, offsetof() against the installed headers (tests/pyframes/offsets.c
+# re-measures them for every interpreter on the machine). 3.13+ come from _Py_DebugOffsets.
+OFFSETS: dict[tuple[int, int], PyOffsets] = {
+    (3, 10): PyOffsets(
+        runtime_interpreters_head=32, interp_next=0, interp_threads_head=8, tstate_next=8,
+        tstate_thread_id=176, tstate_frame=24, cframe_current_frame=None, frame_code=32,
+        frame_back=24, frame_instr=96, frame_owner=None, code_filename=104, code_name=112,
+        code_qualname=None, code_firstlineno=40, code_linetable=120, code_adaptive=None,
+        code_version=None, str_ascii_size=48, str_compact_size=72,
+    ),
+    (3, 11): PyOffsets(
+        runtime_interpreters_head=40, interp_next=0, interp_threads_head=16, tstate_next=8,
+        tstate_thread_id=152, tstate_frame=56, cframe_current_frame=8, frame_code=32,
+        frame_back=48, frame_instr=56, frame_owner=69, code_filename=112, code_name=120,
+        code_qualname=128, code_firstlineno=72, code_linetable=136, code_adaptive=184,
+        code_version=None, str_ascii_size=48, str_compact_size=72,
+    ),
+    (3, 12): PyOffsets(
+        runtime_interpreters_head=40, interp_next=0, interp_threads_head=72, tstate_next=8,
+        tstate_thread_id=136, tstate_frame=56, cframe_current_frame=0, frame_code=0,
+        frame_back=8, frame_instr=56, frame_owner=70, code_filename=112, code_name=120,
+        code_qualname=128, code_firstlineno=68, code_linetable=136, code_adaptive=192,
+        code_version=92,
+    ),
+}
+# co_version is not in _Py_DebugOffsets; offsetof(PyCodeObject, co_version) per minor.
+CODE_VERSION_OFFSET: dict[tuple[int, int], int] = {(3, 13): 92}
+SUPPORTED = "CPython 3.10-3.13 (x86-64, GIL builds)"
+
+
+def _debug_offsets_313(raw: bytes) -> tuple[PyOffsets, bool]:
+    """(offsets, free_threaded) from a 3.13 `_Py_DebugOffsets` (Include/internal/pycore_runtime.h)."""
+    v = struct.unpack_from("<" + "Q" * (len(raw) // 8), raw[: len(raw) // 8 * 8])
+    # cookie(1) version(2) free_threaded(3), then struct by struct; each starts with its size
+    free_threaded = bool(v[2])
+    rt = 3  # runtime_state: size, finalizing, interpreters_head
+    it = rt + 3  # interpreter_state: size, id, next, threads_head, gc, ... (13 fields)
+    th = it + 13  # thread_state: size, prev, next, interp, current_frame, thread_id, ... (9)
+    fr = th + 9  # interpreter_frame: size, previous, executable, instr_ptr, localsplus, owner
+    co = fr + 6  # code_object: size, filename, name, qualname, linetable, firstlineno, ...(10)
+    ob = co + 10  # pyobject (2), type_object (4), tuple (3), list (3), dict (3), float (2),
+    uni = ob + 2 + 4 + 3 + 3 + 3 + 2 + 3 + 3  # long (3), bytes (3), then unicode_object
+    by = uni - 3  # bytes_object: size, ob_size, ob_sval
+    offsets = PyOffsets(
+        runtime_interpreters_head=v[rt + 2], interp_next=v[it + 2], interp_threads_head=v[it + 3],
+        tstate_next=v[th + 2], tstate_thread_id=v[th + 5], tstate_frame=v[th + 4],
+        cframe_current_frame=None, frame_code=v[fr + 2], frame_back=v[fr + 1],
+        frame_instr=v[fr + 3], frame_owner=v[fr + 5], code_filename=v[co + 1],
+        code_name=v[co + 2], code_qualname=v[co + 3], code_firstlineno=v[co + 5],
+        code_linetable=v[co + 4], code_adaptive=v[co + 9],
+        code_version=CODE_VERSION_OFFSET[(3, 13)], str_state=v[uni + 1], str_length=v[uni + 2],
+        str_ascii_size=v[uni + 3], str_compact_size=v[uni + 3] + 16, bytes_size=v[by + 1],
+        bytes_data=v[by + 2],
+    )
+    return offsets, free_threaded
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A process whose Python stacks cannot be read, and why (stored in the capability table)."""
+
+    pid: int
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class PythonTarget:
+    pid: int
+    elf_path: str  # the object defining _PyRuntime (executable or libpython), as mapped
+    version: tuple[int, int, int]
+    runtime: int  # run-time address of _PyRuntime
+    code_type: int  # run-time address of PyCode_Type
+    load_bias: int
+    offsets: PyOffsets = field(repr=False)
+
+    @property
+    def version_text(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    start: int
+    offset: int
+    path: str
+
+
+def _maps(pid: int) -> list[_Mapping]:
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                out.append(_Mapping(int(parts[0].split("-")[0], 16), int(parts[2], 16),
+                                    parts[5].rstrip("\n")))
+    return out
+
+
+def _read_mem(pid: int, addr: int, size: int) -> bytes:
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as f:
+        return os.pread(f.fileno(), size, addr)
+
+
+@dataclass(frozen=True)
+class _ElfFacts:
+    elf_type: str
+    first_load_vaddr: int
+    symbols: dict[str, int]  # defined symbols we care about -> st_value
+    pyruntime_section: int | None
+
+
+_WANTED = ("_PyRuntime", "Py_Version", "PyCode_Type")
+
+
+def _elf_facts(path: str) -> _ElfFacts:
+    from elftools.elf.elffile import ELFFile  # deferred: only detection needs it
+
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        if elf["e_machine"] != "EM_X86_64":
+            raise ValueError(f"{elf['e_machine']} binaries are not supported (x86-64 only)")
+        loads = [s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        symbols: dict[str, int] = {}
+        for name in (".dynsym", ".symtab"):
+            sec = elf.get_section_by_name(name)
+            if sec is None:
+                continue
+            for wanted in _WANTED:
+                if wanted in symbols:
+                    continue
+                for sym in sec.get_symbol_by_name(wanted) or []:
+                    # extension modules reference _PyRuntime too: only a definition counts
+                    if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
+                        symbols[wanted] = sym["st_value"]
+                        break
+        sec = elf.get_section_by_name(".PyRuntime")
+        return _ElfFacts(elf["e_type"], min(loads) if loads else 0, symbols,
+                         sec["sh_addr"] if sec is not None else None)
+
+
+_VERSION_IN_NAME = re.compile(r"python(\d)\.(\d+)(t?)")
+
+
+def detect(pid: int) -> PythonTarget | Unsupported:
+    """How to walk the Python stacks of `pid`, or why they cannot be walked. Never raises."""
+    try:
+        return _detect(pid)
+    except (OSError, ValueError, KeyError, struct.error) as e:
+        return Unsupported(pid, f"cannot inspect process: {e}")
+    except Exception as e:  # pyelftools raises its own types on corrupt files
+        return Unsupported(pid, f"cannot inspect process: {type(e).__name__}: {e}")
+
+
+def _detect(pid: int) -> PythonTarget | Unsupported:
+    maps = _maps(pid)
+    exe = os.readlink(f"/proc/{pid}/exe")
+    # the executable first (static builds), then any libpython (shared builds, embedders)
+    paths = [exe] + sorted({m.path for m in maps if "libpython" in os.path.basename(m.path)})
+    for path in paths:
+        mapped = [m for m in maps if m.path == path]
+        if not mapped:
+            continue
+        facts = _elf_facts(f"/proc/{pid}/root{path}")
+        runtime = facts.symbols.get("_PyRuntime", facts.pyruntime_section)
+        if runtime is None:
+            continue
+        if facts.elf_type == "ET_EXEC":
+            bias = 0
+        else:
+            base = [m for m in mapped if m.offset == 0]
+            if not base:
+                return Unsupported(pid, f"{path}: no mapping at file offset 0")
+            bias = base[0].start - (facts.first_load_vaddr & ~0xFFF)
+        return _target(pid, path, facts, runtime + bias, bias)
+    if any(_VERSION_IN_NAME.search(os.path.basename(p)) for p in paths):
+        return Unsupported(pid, f"{exe}: no _PyRuntime symbol (stripped, or older than 3.7)")
+    return Unsupported(pid, f"not a CPython process ({exe}: no _PyRuntime)")
+
+
+def _target(pid: int, path: str, facts: _ElfFacts, runtime: int, bias: int) -> PythonTarget | Unsupported:
+    name = _VERSION_IN_NAME.search(os.path.basename(path))
+    if "Py_Version" in facts.symbols:
+        (hexversion,) = struct.unpack("<I", _read_mem(pid, facts.symbols["Py_Version"] + bias, 4))
+        version = (hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
+    elif name:
+        version = (int(name.group(1)), int(name.group(2)), 0)
+    else:
+        return Unsupported(pid, f"{path}: CPython version unknown (no Py_Version, name gives none)")
+    minor = version[:2]
+    text = ".".join(map(str, version[:2]))
+    if "PyCode_Type" not in facts.symbols:
+        return Unsupported(pid, f"{path}: no PyCode_Type symbol")
+    code_type = facts.symbols["PyCode_Type"] + bias
+    if name and name.group(3) == "t":
+        return Unsupported(pid, f"CPython {text} free-threaded build: not supported")
+    if minor in OFFSETS:
+        offsets = OFFSETS[minor]
+    elif minor == (3, 13):
+        raw = _read_mem(pid, runtime, 1024)
+        if raw[:8] != b"xdebugpy":
+            return Unsupported(pid, f"CPython {text}: _Py_DebugOffsets cookie missing")
+        offsets, free_threaded = _debug_offsets_313(raw)
+        if free_threaded:
+            return Unsupported(pid, f"CPython {text} free-threaded build: not supported")
+    else:
+        return Unsupported(pid, f"CPython {text} is not supported ({SUPPORTED})")
+    return PythonTarget(pid, path, version, runtime, code_type, bias, offsets)
+
+
+# ---------------------------------------------------------------------------------------------
+# The BPF side
+
+
+def proc_config(target: PythonTarget | Unsupported, fsbase_offset: int) -> dict[str, int]:
+    """The pystack_proc map value for a target (an Unsupported one gets status records only)."""
+    values = {name: 0 for name, _ in PROC_FIELDS}
+    values["fsbase"] = fsbase_offset
+    if isinstance(target, Unsupported):
+        values["status"] = STATUS_UNSUPPORTED
+        return values
+    o = target.offsets
+    flags = 0
+    if o.cframe_current_frame is not None:
+        flags |= F_CFRAME
+    if o.code_adaptive is None:
+        flags |= F_LASTI_INT
+    if o.code_version is None:
+        flags |= F_NAME_HASH
+    values.update(
+        runtime=target.runtime, code_type=target.code_type, status=STATUS_OK, flags=flags,
+        version=(target.version[0] << 8) | target.version[1],
+        runtime_interpreters_head=o.runtime_interpreters_head, interp_next=o.interp_next,
+        interp_threads_head=o.interp_threads_head, tstate_next=o.tstate_next,
+        tstate_thread_id=o.tstate_thread_id, tstate_frame=o.tstate_frame,
+        cframe_current_frame=o.cframe_current_frame or 0, frame_code=o.frame_code,
+        frame_back=o.frame_back, frame_instr=o.frame_instr, frame_owner=o.frame_owner or 0,
+        code_firstlineno=o.code_firstlineno, code_version=o.code_version or 0,
+        code_name=o.code_name, str_hash=o.str_hash,
+    )
+    return values
+
+
+def checksum(firstlineno: int, co_version: int | None, name_hash: int | None) -> int:
+    """The walker's per-frame checksum (pystack_walk in bpf/pystack.h), recomputed from memory."""
+    s = ((firstlineno & 0xFFFFFFFF) * 0x9E3779B1) & 0xFFFFFFFF
+    if co_version is not None:
+        s ^= co_version & 0xFFFFFFFF
+    if name_hash is not None:
+        h = name_hash & 0xFFFFFFFFFFFFFFFF
+        s ^= (h & 0xFFFFFFFF) ^ (h >> 32)
+    return s
+
+
+class PyStackProbe:
+    """Wires bpf/pystack.h's walker into a loaded BCC program and configures target processes.
+
+        bpf = BPF(text='#include "pystack.h"\\n' + probes, cflags=[f"-I{BPF_DIR}"])
+        probe = PyStackProbe(bpf); probe.install(); probe.configure(pid)
+    """
+
+    def __init__(self, bpf: Any) -> None:
+        self.bpf = bpf
+        self._fsbase: int | None = None
+        self.targets: dict[int, PythonTarget | Unsupported] = {}
+
+    def install(self) -> None:
+        from bcc import BPF  # deferred: importing bcc needs the distribution's package
+
+        progs = self.bpf.get_table("pystack_progs")
+        for slot, name in ((PROG_FIND, "pystack_find"), (PROG_WALK, "pystack_walk")):
+            fn = self.bpf.load_func(name, BPF.KPROBE)
+            progs[ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
+
+    def _fsbase_offset(self) -> int:
+        if self._fsbase is None:
+            from recorder.btf import member_offset
+
+            self._fsbase = member_offset("task_struct.thread.fsbase")
+        return self._fsbase
+
+    def configure(self, pid: int) -> PythonTarget | Unsupported:
+        """Detect `pid` and tell the walker how to read it; an Unsupported target still gets
+        records (status "unsupported interpreter") so its calls are counted, not lost."""
+        target = detect(pid)
+        table = self.bpf.get_table("pystack_procs")
+        leaf = table.Leaf()
+        for name, value in proc_config(target, self._fsbase_offset()).items():
+            setattr(leaf, name, value)
+        table[table.Key(pid)] = leaf
+        self.targets[pid] = target
+        return target
+
+    def forget(self, pid: int) -> None:
+        table = self.bpf.get_table("pystack_procs")
+        try:
+            del table[table.Key(pid)]
+        except KeyError:
+            pass
+        self.targets.pop(pid, None)
+
+    def counts(self) -> dict[str, int]:
+        """Records per status plus losses (ring buffer full, scratch clobbered), all CPUs."""
+        table = self.bpf.get_table("pystack_counts")
+        return {COUNT_NAMES[k.value]: int(sum(v)) for k, v in table.items() if k.value in COUNT_NAMES}
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution
+
+
+@dataclass(frozen=True)
+class PyFrame:
+    filename: str
+    qualname: str
+    line: int | None  # the executing line (the call site), None if the code has none there
+    code_addr: int
+    error: str | None = None  # set when the frame could not be resolved; names are then empty
+
+    @property
+    def available(self) -> bool:
+        return self.error is None
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"<unavailable: {self.error}>"
+        return f"{self.qualname}() at {self.filename}:{self.line}"
+
+
+@dataclass(frozen=True)
+class _Code:
+    filename: str
+    qualname: str
+    firstlineno: int
+    linetable: bytes
+
+
+def _varint(t: bytes, i: int) -> tuple[int, int]:
+    b = t[i]
+    val, shift = b & 63, 0
+    while b & 64:
+        i += 1
+        b = t[i]
+        shift += 6
+        val |= (b & 63) << shift
+    return val, i + 1
+
+
+def line_310(table: bytes, firstlineno: int, addr: int) -> int | None:
+    """3.10 co_linetable: (byte delta, signed line delta) pairs; mirrors _PyCode_CheckLineNumber."""
+    if addr < 0:
+        return firstlineno
+    line, ar_line, end, i = firstlineno, None, 0, 0
+    while end <= addr:
+        if i + 1 >= len(table):
+            return None
+        while True:
+            start = end
+            end += table[i]
+            delta = table[i + 1] - 256 if table[i + 1] > 127 else table[i + 1]
+            i += 2
+            if delta == -128:
+                ar_line = None
+            else:
+                line += delta
+                ar_line = line
+            if start != end or i + 1 >= len(table):
+                break
+    return ar_line
+
+
+def line_311(table: bytes, firstlineno: int, addr: int) -> int | None:
+    """3.11+ location table (Objects/locations.md); `addr` in bytes from the first instruction."""
+    if addr < 0:
+        return firstlineno
+    line, start, i = firstlineno, 0, 0
+    while i < len(table):
+        head = table[i]
+        code = (head >> 3) & 15
+        end = start + ((head & 7) + 1) * 2
+        i += 1
+        if code in (13, 14):
+            raw, i = _varint(table, i)
+            line += -(raw >> 1) if raw & 1 else raw >> 1
+        elif code in (10, 11, 12):
+            line += code - 10
+        if start <= addr < end:
+            return None if code == 15 else line
+        while i < len(table) and not table[i] & 128:  # skip the rest of the entry
+            i += 1
+        start = end
+    return None
+
+
+class StackResolver:
+    """(pid, frames) -> PyFrames, reading /proc/PID/mem. Cached by (pid, code address, checksum):
+    the checksum is recomputed from memory before anything is cached, so a code address freed and
+    reused by another code object is reported unavailable rather than misattributed."""
+
+    def __init__(self, targets: dict[int, PythonTarget | Unsupported] | None = None) -> None:
+        self.targets: dict[int, PythonTarget | Unsupported] = targets if targets is not None else {}
+        self._codes: dict[tuple[int, int, int], _Code] = {}
+        self._mem: dict[int, int] = {}
+        self.failures: dict[str, int] = {}  # reason -> frames, for the loss table
+
+    def close(self) -> None:
+        for fd in self._mem.values():
+            os.close(fd)
+        self._mem.clear()
+
+    def forget(self, pid: int) -> None:
+        """Drop a process (after it exited): its memory can no longer be read."""
+        fd = self._mem.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+        self._codes = {k: v for k, v in self._codes.items() if k[0] != pid}
+
+    def _read(self, pid: int, addr: int, size: int) -> bytes:
+        fd = self._mem.get(pid)
+        if fd is None:
+            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+            self._mem[pid] = fd
+        data = os.pread(fd, size, addr)
+        if len(data) != size:
+            raise OSError(f"short read at {addr:#x}")
+        return data
+
+    def resolve(self, pid: int, frames: Iterable[tuple[int, int, int]]) -> list[PyFrame]:
+        target = self.targets.get(pid)
+        if target is None:
+            target = self.targets[pid] = detect(pid)
+        out = []
+        for code, instr, csum in frames:
+            if isinstance(target, Unsupported):
+                out.append(self._failed(code, f"unsupported: {target.reason}"))
+                continue
+            try:
+                out.append(self._resolve_one(target, code, instr, csum))
+            except (OSError, ValueError, IndexError, UnicodeDecodeError, struct.error) as e:
+                out.append(self._failed(code, f"unreadable: {e}"))
+        return out
+
+    def _failed(self, code: int, reason: str) -> PyFrame:
+        key = reason.split(":")[0]
+        self.failures[key] = self.failures.get(key, 0) + 1
+        return PyFrame("", "", None, code, reason)
+
+    def _resolve_one(self, t: PythonTarget, code: int, instr: int, csum: int) -> PyFrame:
+        key = (t.pid, code, csum)
+        info = self._codes.get(key)
+        if info is None:
+            info = self._load_code(t, code, csum)
+            if info is None:
+                return self._failed(code, "code object freed or replaced before it was resolved")
+            self._codes[key] = info
+        o = t.offsets
+        if o.code_adaptive is None:
+            lasti = instr - (1 << 32) if instr >= 1 << 31 else instr
+            line = line_310(info.linetable, info.firstlineno, lasti * 2)
+        else:
+            line = line_311(info.linetable, info.firstlineno, instr - (code + o.code_adaptive))
+        return PyFrame(info.filename, info.qualname, line, code)
+
+    def _load_code(self, t: PythonTarget, code: int, csum: int) -> _Code | None:
+        o = t.offsets
+        head = self._read(t.pid, code, 144)
+        if struct.unpack_from("<Q", head, 8)[0] != t.code_type:
+            return None
+        firstlineno = struct.unpack_from("<i", head, o.code_firstlineno)[0]
+        version = name_hash = None
+        name = struct.unpack_from("<Q", head, o.code_name)[0]
+        if o.code_version is not None:
+            version = struct.unpack_from("<I", head, o.code_version)[0]
+        else:
+            name_hash = struct.unpack_from("<q", self._read(t.pid, name + o.str_hash, 8))[0]
+        if checksum(firstlineno, version, name_hash) != csum:
+            return None
+        qual = struct.unpack_from("<Q", head, o.code_qualname)[0] if o.code_qualname else name
+        filename = struct.unpack_from("<Q", head, o.code_filename)[0]
+        table = struct.unpack_from("<Q", head, o.code_linetable)[0]
+        return _Code(self._str(t, filename), self._str(t, qual), firstlineno, self._bytes(t, table))
+
+    def _str(self, t: PythonTarget, addr: int) -> str:
+        o = t.offsets
+        head = self._read(t.pid, addr, o.str_compact_size)
+        length = struct.unpack_from("<q", head, o.str_length)[0]
+        state = struct.unpack_from("<I", head, o.str_state)[0]
+        kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+        if not compact or kind not in (1, 2, 4) or not 0 <= length <= 65536:
+            raise ValueError(f"str at {addr:#x} is not a compact string")
+        start = addr + (o.str_ascii_size if ascii_ else o.str_compact_size)
+        data = self._read(t.pid, start, length * kind) if length else b""
+        if ascii_:
+            return data.decode("ascii")
+        return data.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind])
+
+    def _bytes(self, t: PythonTarget, addr: int) -> bytes:
+        o = t.offsets
+        size = struct.unpack_from("<q", self._read(t.pid, addr + o.bytes_size, 8))[0]
+        if not 0 <= size <= 1 << 24:
+            raise ValueError(f"bytes at {addr:#x} has size {size}")
+        return self._read(t.pid, addr + o.bytes_data, size) if size else b""
+
+
+def format_stack(frames: Sequence[PyFrame]) -> str:
+    return "\n".join(str(f) for f in frames)

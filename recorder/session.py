@@ -1,0 +1,442 @@
+"""One recording session: open the store, attach the probes, move events into SQLite, stop cleanly.
+
+The loop polls the BPF ring buffers, keeps the raw records of each kind in a list (a callback does
+no more than copy bytes), and every 100 ms turns them into rows and writes them in one transaction.
+Once a second it stores what was dropped, rescans the targets for newly mapped libraries and
+refreshes the status file `recorder status` reads. A SIGKILL at any moment leaves a valid database
+(WAL) whose session reads as incomplete.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recorder import cuda, events
+from recorder.errors import TargetError, UserError
+from recorder.identity import Identity
+from recorder.libraries import gpu_libraries, resolve
+from recorder.probes import Probes, TargetSpec, now_ns
+from store.db import Store, Writer, open_store
+
+VERSION = "0.1.0"
+FLUSH_INTERVAL_S = 0.1
+HOUSEKEEPING_INTERVAL_S = 1.0
+
+OFFCPU_COLUMNS = (
+    "session_id", "ts", "dur", "thread_id", "cpu", "state", "syscall", "next_thread_id",
+    "waker_thread_id", "waker_cpu", "cgroup_id", "open",
+)
+CUDA_COLUMNS = (
+    "session_id", "ts", "dur", "thread_id", "api", "family", "library", "ret", "size_bytes",
+    "size_class", "stream", "function", "pointer", "event_handle", "memcpy_kind", "grid", "block",
+    "shared_mem_bytes", "cgroup_id",
+)
+CAPABILITY_COLUMNS = ("session_id", "layer", "probe", "target", "status", "detail", "ts")
+
+# Which cuda_event fields mean something for each argument layout; others are stored as NULL.
+_LAYOUT_FIELDS = {
+    "none": set(),
+    "malloc": {"size", "pointer"},
+    "malloc_async": {"size", "pointer", "stream"},
+    "free": {"pointer"},
+    "free_async": {"pointer", "stream"},
+    "memcpy": {"size", "memcpy_kind"},
+    "memcpy_async": {"size", "memcpy_kind", "stream"},
+    "memcpy_drv": {"size"},
+    "memcpy_drv_async": {"size", "stream"},
+    "stream": {"stream"},
+    "event": {"handle"},
+    "launch_rt": {"function", "launch", "stream"},
+    "launch_drv": {"function", "launch", "stream"},
+    "launch_drv_ex": {"function", "launch", "stream"},
+    "launch_rt_ex": {"function", "launch", "stream"},
+}
+_API_META = [
+    (api.name, api.family, api.library, _LAYOUT_FIELDS[api.layout]) for api in cuda.APIS
+]
+
+
+def lock_path(db: Path) -> Path:
+    return db.with_name(db.name + ".lock")
+
+
+def status_path(db: Path) -> Path:
+    return db.with_name(db.name + ".status.json")
+
+
+def log_path(db: Path) -> Path:
+    return db.with_name(db.name + ".log")
+
+
+def running_recorder(db: Path) -> int | None:
+    """pid of the recorder holding the database's lock, or None."""
+    path = lock_path(db)
+    if not path.exists():
+        return None
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            text = f.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+@dataclass
+class Counters:
+    started: float = field(default_factory=time.monotonic)
+    events: dict[str, int] = field(default_factory=lambda: {"offcpu": 0, "cuda": 0, "task": 0})
+    last_events: dict[str, int] = field(default_factory=dict)
+    rate: dict[str, float] = field(default_factory=dict)
+    dropped: int = 0
+    last_tick: float = field(default_factory=time.monotonic)
+
+
+class Session:
+    """A recording in progress. Use `Session.begin(...)`, then `run()` and `finish()`."""
+
+    def __init__(self, db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
+                 described_target: str | None = None) -> None:
+        self.db_path = db
+        self.target = target
+        self.cuda_libs = cuda_libs
+        self.command = command
+        self.described_target = described_target or target.describe()
+        self.store: Store | None = None
+        self.probes: Probes | None = None
+        self._lock_file = None
+        self.counters = Counters()
+        self.raw: dict[str, list[bytes]] = {"offcpu": [], "cuda": [], "task": []}
+        self.known_pids: set[int] = set()
+        self.stopping = False
+
+    # -- start ------------------------------------------------------------------------------------
+    def begin(self) -> dict:
+        """Lock, create the session, attach everything; returns the attach summary."""
+        self._take_lock()
+        for pid in self.target.pids:
+            if not Path(f"/proc/{pid}").exists():
+                raise TargetError(f"no process with pid {pid}: check the pid with 'ps -p {pid}'")
+        self.store = open_store(self.db_path, create=True)
+        started = now_ns()
+        wall = time.time_ns() - started
+        uname = os.uname()
+        self.session_id = self.store.db["session"].insert({
+            "started_ts": started, "wall_offset_ns": wall, "status": "recording",
+            "recorder_pid": os.getpid(), "hostname": socket.gethostname(),
+            "kernel_release": uname.release, "boot_id": _boot_id(), "cpu_count": os.cpu_count() or 0,
+            "target": self.described_target, "command": self.command, "tool_version": VERSION,
+        }).last_pk
+        self.store.conn.commit()
+        self.started_ts = started
+        self.writer = Writer(self.store)
+        self.writer.table("offcpu_interval", OFFCPU_COLUMNS)
+        self.writer.table("cuda_call", CUDA_COLUMNS)
+        self.writer.table("capability", CAPABILITY_COLUMNS)
+        self.writer.table("loss", ("session_id", "ts", "probe", "dropped"))
+        self.writer.table("library", ("session_id", "path", "kind", "first_ts", "found_by"))
+        self.identity = Identity(self.store, self.writer, self.session_id)
+        try:
+            self.probes = Probes(self.target)
+        except UserError:
+            self._abandon()
+            raise
+        for pid in self.target.pids:
+            self.probes.add_pid(pid)
+        self.probes.attach_dlopen()
+        for path in self.cuda_libs:
+            if not Path(path).exists():
+                raise TargetError(f"--cuda-lib {path} does not exist: pass the path of libcudart.so or libcuda.so")
+            kind = cuda.library_kind(path) or "runtime"
+            self._attach(path, kind, "option")
+        self.probes.open_rings({
+            "offcpu_events": self.raw["offcpu"].append,
+            "cuda_events": self.raw["cuda"].append,
+            "task_events": self.raw["task"].append,
+        })
+        for pid in self.target.pids:
+            self._scan_process(pid, "maps", started)
+        self._store_capabilities()
+        self.writer.flush()
+        return self.summary_at_start()
+
+    def _take_lock(self) -> None:
+        path = lock_path(self.db_path)
+        try:
+            f = path.open("a+")
+        except OSError as e:
+            raise UserError(f"cannot create {path} ({e.strerror}): pass a writable --db path") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise UserError(
+                f"a recorder (pid {holder}) is already recording into {self.db_path}: "
+                f"stop it with 'recorder stop --db {self.db_path}' or pass another --db"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._lock_file = f
+
+    def _abandon(self) -> None:
+        """Startup failed after the session row was written: keep it, marked with no data."""
+        if self.store:
+            self.store.conn.execute(
+                "UPDATE session SET status = 'failed', stopped_ts = ? WHERE id = ?",
+                (now_ns(), self.session_id),
+            )
+            self.store.conn.commit()
+
+    def summary_at_start(self) -> dict:
+        caps = self.probes.capabilities if self.probes else []
+        attached = [c for c in caps if c.status == "attached"]
+        return {
+            "session_id": self.session_id,
+            "db": str(self.db_path),
+            "target": self.described_target,
+            "recorder_pid": os.getpid(),
+            "attached": sorted({f"{c.layer}:{c.probe}" for c in attached}),
+            "libraries": sorted(p for p, n in self.probes.attached_libraries.items() if n),
+            "not_attached": sorted({f"{c.layer}:{c.probe} ({c.status}: {c.detail})"
+                                    for c in caps if c.status != "attached"}),
+        }
+
+    # -- libraries --------------------------------------------------------------------------------
+    def _attach(self, path: str, kind: str, found_by: str) -> None:
+        before = len(self.probes.attached_libraries)
+        self.probes.attach_library(path, kind)
+        if len(self.probes.attached_libraries) > before:
+            self.writer.add("library", (self.session_id, path, kind, now_ns(), found_by))
+
+    def _scan_process(self, pid: int, found_by: str, ts: int) -> None:
+        self.identity.process(pid, ts)
+        self.known_pids.add(pid)
+        for path, kind in gpu_libraries(pid):
+            self._attach(resolve(pid, path), kind, found_by)
+
+    def _store_capabilities(self) -> None:
+        caps = self.probes.capabilities
+        start = getattr(self, "_caps_stored", 0)
+        for c in caps[start:]:
+            self.writer.add("capability", (self.session_id, c.layer, c.probe, c.target, c.status,
+                                           c.detail, c.ts))
+        self._caps_stored = len(caps)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        last_flush = last_house = time.monotonic()
+        while not should_stop() and not self.stopping:
+            self.probes.poll(50)
+            now = time.monotonic()
+            # exec and dlopen may have mapped a CUDA library: attach before the next call
+            if self.raw["task"] or now - last_flush >= FLUSH_INTERVAL_S:
+                self.flush()
+                last_flush = now
+            if now - last_house >= HOUSEKEEPING_INTERVAL_S:
+                self.housekeeping()
+                last_house = now
+
+    def flush(self) -> None:
+        """Turn the raw records collected so far into rows and write them in one transaction."""
+        sid = self.session_id
+        ident = self.identity
+        raw_off, raw_cuda, raw_task = self.raw["offcpu"], self.raw["cuda"], self.raw["task"]
+        self.counters.events["offcpu"] += len(raw_off)
+        self.counters.events["cuda"] += len(raw_cuda)
+        self.counters.events["task"] += len(raw_task)
+        if raw_off:
+            rows = []
+            threads = ident.threads
+            for rec in events.OFFCPU.iter_unpack(b"".join(raw_off)):
+                (ts, dur, cg, state, pid, tid, cpu, next_tid, waker_tid, waker_cpu, syscall, flags,
+                 comm, next_comm, waker_comm) = rec
+                th = threads.get(tid) or ident.thread(tid, pid, comm, ts)
+                nxt = (threads.get(next_tid) or ident.thread(next_tid, None, next_comm, ts, False)
+                       ) if next_tid else None
+                wk = (threads.get(waker_tid) or ident.thread(waker_tid, None, waker_comm, ts, False)
+                      ) if waker_tid else None
+                rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
+                             wk, waker_cpu if waker_tid else None, cg, flags & 1))
+            raw_off.clear()
+            self.writer.extend("offcpu_interval", rows)
+        if raw_cuda:
+            self.writer.extend("cuda_call", self._cuda_rows(b"".join(raw_cuda)))
+            raw_cuda.clear()
+        if raw_task:
+            for rec in events.TASK.iter_unpack(b"".join(raw_task)):
+                self._task_event(*rec)
+            raw_task.clear()
+        self._store_capabilities()
+        self.writer.flush()
+        if ident.exited:
+            ident.flush_exits()
+            self.store.conn.commit()
+
+    def _cuda_rows(self, joined: bytes) -> list[tuple]:
+        sid = self.session_id
+        ident = self.identity
+        threads = ident.threads
+        rows = []
+        for rec in events.CUDA.iter_unpack(joined):
+            (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
+             gx, gy, gz, bx, by, bz, shmem, flags) = rec
+            name, family, library, meaningful = _API_META[api]
+            th = threads.get(tid) or ident.thread(tid, pid, None, ts)
+            launch = "launch" in meaningful
+            rows.append((
+                sid, ts, dur, th, name, family, library, ret,
+                size if "size" in meaningful else None,
+                size.bit_length() if "size" in meaningful else None,
+                stream if "stream" in meaningful else None,
+                function if launch else None,
+                pointer if "pointer" in meaningful and not flags & 1 else None,
+                handle if "handle" in meaningful else None,
+                kind if "memcpy_kind" in meaningful else None,
+                f"{gx},{gy},{gz}" if launch else None,
+                f"{bx},{by},{bz}" if launch else None,
+                shmem if launch else None,
+                cg,
+            ))
+        return rows
+
+    def _task_event(self, ts: int, kind: int, pid: int, tid: int, child: int, comm: bytes) -> None:
+        c = events.CONSTANTS
+        if kind == c["TASK_FORK"]:
+            child_pid = _tgid_or(child, pid)
+            if child_pid != pid and child_pid not in self.known_pids:
+                self._scan_process(child_pid, "fork", ts)
+            self.identity.thread(child, child_pid, None, ts)
+        elif kind == c["TASK_EXEC"]:
+            self.identity.process_exec(pid, ts)
+            self.identity.thread(tid, pid, comm, ts)
+            self._scan_process(pid, "exec", ts)
+        elif kind == c["TASK_EXIT"]:
+            self.identity.thread_exited(tid, pid, ts)
+            if tid == pid:
+                self.known_pids.discard(pid)
+        elif kind == c["TASK_DLOPEN"]:
+            for path, lib_kind in gpu_libraries(pid):
+                self._attach(resolve(pid, path), lib_kind, "dlopen")
+
+    def housekeeping(self) -> None:
+        ts = now_ns()
+        second = ts - ts % 1_000_000_000
+        for probe, dropped in enumerate(self.probes.read_drops()):
+            if dropped:
+                self.counters.dropped += dropped
+                self.writer.add("loss", (self.session_id, second, events.PROBE_NAMES[probe], dropped))
+        for pid in list(self.known_pids):
+            if not Path(f"/proc/{pid}").exists():
+                self.known_pids.discard(pid)
+                continue
+            for path, kind in gpu_libraries(pid):
+                self._attach(resolve(pid, path), kind, "rescan")
+        self._write_status()
+
+    def _write_status(self) -> None:
+        c = self.counters
+        now = time.monotonic()
+        span = max(now - c.last_tick, 1e-3)
+        c.rate = {k: (v - c.last_events.get(k, 0)) / span for k, v in c.events.items()}
+        c.last_events = dict(c.events)
+        c.last_tick = now
+        status = {
+            "session_id": self.session_id, "recorder_pid": os.getpid(), "db": str(self.db_path),
+            "target": self.described_target, "running_s": round(now - c.started, 1),
+            "events": c.events, "events_per_s": {k: round(v, 1) for k, v in c.rate.items()},
+            "dropped": c.dropped, "db_bytes": _db_bytes(self.db_path),
+            "libraries": sorted(p for p, n in self.probes.attached_libraries.items() if n),
+            "updated_unix": time.time(),
+        }
+        tmp = status_path(self.db_path).with_suffix(".tmp")
+        tmp.write_text(json.dumps(status, indent=1))
+        tmp.replace(status_path(self.db_path))
+
+    # -- stop -------------------------------------------------------------------------------------
+    def finish(self) -> dict:
+        """Drain the buffers, close open intervals, mark the session complete, build indexes."""
+        self.probes.consume()
+        self.flush()
+        self.housekeeping()
+        stop = now_ns()
+        for tid, rec in self.probes.open_offcpu():
+            ident = self.identity
+            th = ident.thread(tid, rec.pid, bytes(rec.comm), rec.ts)
+            self.writer.add("offcpu_interval", (
+                self.session_id, rec.ts, stop - rec.ts, th, rec.cpu, rec.state,
+                rec.syscall if rec.syscall >= 0 else None, None, None, None, rec.cgroup_id, 1))
+        self.writer.flush()
+        self.probes.cleanup()
+        self.store.conn.execute(
+            "UPDATE session SET status = 'complete', stopped_ts = ? WHERE id = ?",
+            (stop, self.session_id),
+        )
+        self.store.conn.commit()
+        self.store.build_indexes()
+        self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        summary = session_summary(self.store, self.session_id)
+        self.store.close()
+        status_path(self.db_path).unlink(missing_ok=True)
+        if self._lock_file:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+        return summary
+
+
+def session_summary(store: Store, session_id: int) -> dict:
+    s = store.one("SELECT * FROM session WHERE id = ?", (session_id,))
+    counts = {
+        table: store.one(f"SELECT count(*) AS n FROM {table} WHERE session_id = ?", (session_id,))["n"]
+        for table in ("offcpu_interval", "cuda_call", "thread", "process", "library")
+    }
+    lost = store.one("SELECT coalesce(sum(dropped), 0) AS n FROM loss WHERE session_id = ?",
+                     (session_id,))["n"]
+    dur = ((s["stopped_ts"] or s["started_ts"]) - s["started_ts"]) / 1e9
+    return {"session_id": session_id, "status": s["status"], "duration_s": round(dur, 3),
+            "rows": counts, "dropped": lost, "db": str(store.path),
+            "db_bytes": _db_bytes(store.path)}
+
+
+def _tgid_or(tid: int, default: int) -> int:
+    from recorder.identity import read_tgid
+
+    return read_tgid(tid) or default
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _db_bytes(db: Path) -> int:
+    total = 0
+    for p in (db, db.with_name(db.name + "-wal")):
+        try:
+            total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def install_stop_signals(session: Session) -> None:
+    def handler(signum, frame):
+        session.stopping = True
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

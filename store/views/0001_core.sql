@@ -1,0 +1,141 @@
+-- Views v1: names for threads, off-CPU intervals with their reason, CUDA call baselines, and the
+-- causal links from a slow CUDA call to the off-CPU time inside it. Plain SQL: usable from the
+-- sqlite3 shell. ts and dur are ns of CLOCK_MONOTONIC throughout.
+
+-- view: thread_info
+-- Every thread with its process.
+CREATE VIEW thread_info AS
+SELECT
+    t.id AS thread_id,                  -- thread.id
+    t.session_id,
+    t.tid,                              -- kernel task id
+    p.pid,                              -- process id (NULL if unknown)
+    t.name AS thread_name,              -- comm of the thread
+    coalesce(p.name, t.name) AS process_name, -- comm of the process's main thread
+    p.cmdline,                          -- command line of the process
+    t.traced                            -- 1 for threads of the targets
+FROM thread t
+LEFT JOIN process p ON p.id = t.process_id;
+
+-- view: offcpu
+-- Off-CPU intervals with the reason they happened and who was involved.
+--   reason: 'preempted' (runnable, another task took the CPU), 'futex', 'sleep', 'poll', 'io'
+--   (waiting inside a file or block syscall), 'net', 'uninterruptible' (D state elsewhere, e.g.
+--   page faults or reclaim), 'blocked' (other sleeps), 'yield', 'stopped'.
+CREATE VIEW offcpu AS
+SELECT
+    o.id, o.session_id, o.ts, o.dur, o.thread_id, o.cpu, o.state, o.open,
+    s.letter AS state_letter,           -- R+, S, D, ... as ps prints it
+    CASE
+        WHEN o.state = 0 AND o.syscall = 24 THEN 'yield'
+        -- runnable when switched out: involuntary preemption (R+), or rescheduled on the way back
+        -- to user space (R), which is a preemption too from the thread's point of view
+        WHEN o.state IN (0, 256) THEN 'preempted'
+        WHEN o.state IN (4, 8) THEN 'stopped'
+        WHEN sc.class = 'futex' THEN 'futex'
+        WHEN sc.class = 'sleep' THEN 'sleep'
+        WHEN sc.class = 'poll' THEN 'poll'
+        WHEN sc.class = 'net' THEN 'net'
+        WHEN sc.class = 'io' THEN 'io'
+        WHEN o.state = 2 THEN 'uninterruptible'
+        ELSE 'blocked'
+    END AS reason,
+    o.syscall,                          -- syscall number in progress, NULL if none
+    sc.name AS syscall_name,            -- its name where known
+    n.tid AS next_tid,                  -- task that took the CPU
+    n.pid AS next_pid,                  -- its process
+    n.thread_name AS next_name,         -- its comm
+    n.process_name AS next_process_name,
+    w.tid AS waker_tid,                 -- task that woke it
+    w.pid AS waker_pid,
+    w.thread_name AS waker_name,
+    o.waker_cpu
+FROM offcpu_interval o
+LEFT JOIN task_state s ON s.state = o.state
+LEFT JOIN syscall_name sc ON sc.nr = o.syscall
+LEFT JOIN thread_info n ON n.thread_id = o.next_thread_id
+LEFT JOIN thread_info w ON w.thread_id = o.waker_thread_id;
+
+-- view: cuda_baseline
+-- The expected duration of a CUDA call: the median of the same API family and size class
+-- (power-of-two bucket of size_bytes, -1 for calls without a size) over the session.
+CREATE VIEW cuda_baseline AS
+WITH ranked AS (
+    SELECT session_id, family, coalesce(size_class, -1) AS size_class, dur,
+           row_number() OVER (PARTITION BY session_id, family, coalesce(size_class, -1)
+                              ORDER BY dur) AS rn,
+           count(*) OVER (PARTITION BY session_id, family, coalesce(size_class, -1)) AS n
+    FROM cuda_call
+)
+SELECT
+    session_id,
+    family,                             -- API family, e.g. 'cudaMalloc'
+    size_class,                         -- bit length of size_bytes, -1 without size
+    max(n) AS calls,                    -- calls in the baseline
+    CAST(avg(dur) AS INTEGER) AS median_dur -- ns, median duration (mean of the middle two for even counts)
+FROM ranked
+WHERE rn IN ((n + 1) / 2, (n + 2) / 2)
+GROUP BY session_id, family, size_class;
+
+-- view: cuda_call_offcpu
+-- Causal link: a CUDA call -> each off-CPU interval of the same thread inside it. A thread is on
+-- the CPU when it enters a call, so every overlapping interval starts inside the call.
+CREATE VIEW cuda_call_offcpu AS
+SELECT
+    c.id AS cuda_call_id,
+    o.id AS offcpu_id,
+    min(c.ts + c.dur, o.ts + o.dur) - o.ts AS overlap_dur -- ns of the call spent in this interval
+FROM cuda_call c
+JOIN offcpu_interval o ON o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur;
+
+-- view: cuda_call_detail
+-- Every CUDA call with its thread, its baseline and the off-CPU time inside it by reason.
+CREATE VIEW cuda_call_detail AS
+SELECT
+    c.id, c.session_id, c.ts, c.dur, c.api, c.family, c.library, c.ret, c.size_bytes, c.stream,
+    c.function, c.pointer, c.thread_id,
+    t.tid, t.pid, t.thread_name, t.process_name,
+    b.median_dur AS expected_dur,       -- ns, baseline of the family and size class
+    b.calls AS baseline_calls,          -- calls the baseline is taken over
+    c.dur - b.median_dur AS excess_dur, -- ns above the baseline
+    coalesce(x.offcpu_dur, 0) AS offcpu_dur,       -- ns of the call spent off-CPU
+    coalesce(x.preempted_dur, 0) AS preempted_dur, -- of which runnable but preempted
+    coalesce(x.blocked_dur, 0) AS blocked_dur,     -- of which blocked (sleeping, I/O, futex)
+    coalesce(x.preemptions, 0) AS preemptions      -- off-CPU intervals that were preemptions
+FROM cuda_call c
+JOIN thread_info t ON t.thread_id = c.thread_id
+LEFT JOIN cuda_baseline b
+    ON b.session_id = c.session_id AND b.family = c.family
+   AND b.size_class = coalesce(c.size_class, -1)
+LEFT JOIN (
+    SELECT l.cuda_call_id,
+           sum(l.overlap_dur) AS offcpu_dur,
+           sum(CASE WHEN o.reason = 'preempted' THEN l.overlap_dur ELSE 0 END) AS preempted_dur,
+           sum(CASE WHEN o.reason != 'preempted' THEN l.overlap_dur ELSE 0 END) AS blocked_dur,
+           sum(o.reason = 'preempted') AS preemptions
+    FROM cuda_call_offcpu l JOIN offcpu o ON o.id = l.offcpu_id
+    GROUP BY l.cuda_call_id
+) x ON x.cuda_call_id = c.id;
+
+-- view: slow_cuda_call
+-- CUDA calls that took at least twice their baseline and at least 200 us more, over a baseline of
+-- at least 3 calls. Thresholds are here, in one place, so a report can quote them.
+CREATE VIEW slow_cuda_call AS
+SELECT *
+FROM cuda_call_detail
+WHERE baseline_calls >= 3 AND dur >= 2 * expected_dur AND excess_dur >= 200000;
+
+-- view: cuda_call_preemptor
+-- For each CUDA call, the processes that preempted it: how often, for how long, on which CPUs.
+CREATE VIEW cuda_call_preemptor AS
+SELECT
+    l.cuda_call_id,
+    o.next_pid AS preemptor_pid,        -- process that took the CPU
+    coalesce(o.next_process_name, o.next_name) AS preemptor_name,
+    count(*) AS preemptions,            -- times it took the CPU from the calling thread
+    sum(l.overlap_dur) AS preempted_dur, -- ns the call waited for the CPU
+    group_concat(DISTINCT o.cpu) AS cpus -- CPUs where it happened
+FROM cuda_call_offcpu l
+JOIN offcpu o ON o.id = l.offcpu_id
+WHERE o.reason = 'preempted'
+GROUP BY l.cuda_call_id, o.next_pid, coalesce(o.next_process_name, o.next_name);

@@ -1,0 +1,74 @@
+"""Builds the stand-in CUDA libraries and the GIL-holding extension with gcc.
+
+    python tests/native/build.py [OUTDIR]            # libcudart.so.12, libcuda.so.1
+    build_gil_extension(python_exe, outdir)           # _gilcall for one interpreter
+
+Outputs are rebuilt only when a source is newer. Used by the tests, the benchmarks and `make demo`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE.parent.parent / "build" / "native"
+
+LIBRARIES = {
+    # output name: (source, soname)
+    "libcudart.so.12": ("cudart.c", "libcudart.so.12"),
+    "libcuda.so.1": ("cuda.c", "libcuda.so.1"),
+}
+
+
+def _stale(target: Path, sources: list[Path]) -> bool:
+    return not target.exists() or any(s.stat().st_mtime > target.stat().st_mtime for s in sources)
+
+
+def _gcc(args: list[str]) -> None:
+    result = subprocess.run(["gcc", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"gcc {' '.join(args)} failed:\n{result.stderr}")
+
+
+def build_libraries(out: Path = DEFAULT_OUT) -> dict[str, Path]:
+    """Build every stand-in library; return {name: path}."""
+    out.mkdir(parents=True, exist_ok=True)
+    built = {}
+    for name, (source, soname) in LIBRARIES.items():
+        target = out / name
+        sources = [HERE / source, HERE / "standin.h"]
+        if _stale(target, sources):
+            tmp = target.with_suffix(".tmp")
+            _gcc(["-O1", "-g", "-fPIC", "-shared", f"-Wl,-soname,{soname}", "-o", str(tmp),
+                  str(HERE / source)])
+            tmp.replace(target)  # atomic: a running process keeps its old mapping
+        built[name] = target
+    return built
+
+
+def build_gil_extension(python: str = sys.executable, out: Path = DEFAULT_OUT) -> Path:
+    """Build _gilcall for the given interpreter; return the folder to put on sys.path."""
+    info = subprocess.run(
+        [python, "-c", "import sysconfig as s; print(s.get_paths()['include']);"
+         "print(s.get_config_var('EXT_SUFFIX'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split("\n")
+    include, suffix = info[0], info[1]
+    folder = out / ("ext-" + suffix.strip(".").replace(".so", ""))
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"_gilcall{suffix}"
+    if _stale(target, [HERE / "gilcall.c"]):
+        tmp = target.with_suffix(".tmp")
+        _gcc(["-O1", "-g", "-fPIC", "-shared", f"-I{include}", "-o", str(tmp),
+              str(HERE / "gilcall.c"), "-ldl"])
+        tmp.replace(target)
+    return folder
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
+    for name, path in build_libraries(out).items():
+        print(f"{name}: {path}")
+    print(f"_gilcall: {build_gil_extension(sys.executable, out)}")

@@ -1,0 +1,166 @@
+"""Shared by the pystack tests and benchmark: the BPF program the recorder would build around
+bpf/pystack.h (a uprobe that emits its own call record, then PYSTACK_CAPTURE), and helpers to run
+tests/pyframes/workload.py under a given interpreter."""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BPF_DIR = ROOT / "bpf"
+WORKLOAD = Path(__file__).resolve().parent / "workload.py"
+
+INTERPRETERS: dict[str, str] = {
+    "3.10": "/root/.pyenv/versions/3.10.13/bin/python3.10",
+    "3.11": "/root/.pyenv/versions/3.11.7/bin/python3.11",
+    "3.12": "/root/.pyenv/versions/3.12.1/bin/python3.12",
+    "3.13": "/root/.pyenv/versions/3.13.0/bin/python3.13",
+    "debian-3.11": "/usr/bin/python3.11",
+}
+
+# The probe a recorder layer would write: its own record first, the stack capture last. BCC
+# rewrites map syntax (map.lookup(), .call()) only in the main text, so the loader pastes
+# pystack.h's text in front rather than #include-ing it; so do we.
+PROBE_TEXT = r"""
+
+struct call_event {
+    u64 ts;
+    u64 seq;     /* cudaMalloc's size argument: the workload's sequence number */
+    u32 pid;
+    u32 tid;
+};
+BPF_RINGBUF_OUTPUT(calls, 64);
+
+int on_call(struct pt_regs *ctx)
+{
+    u64 ts = bpf_ktime_get_ns();
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_event *e = calls.ringbuf_reserve(sizeof(*e));
+    if (e) {
+        e->ts = ts;
+        e->seq = PT_REGS_PARM2(ctx);
+        e->pid = id >> 32;
+        e->tid = (u32)id;
+        calls.ringbuf_submit(e, 0);
+    }
+    PYSTACK_CAPTURE(ctx, ts);
+}
+
+int on_call_empty(struct pt_regs *ctx) { return 0; }
+int on_return_empty(struct pt_regs *ctx) { return 0; }
+"""
+
+
+class CallEvent(ctypes.Structure):
+    _fields_ = [("ts", ctypes.c_uint64), ("seq", ctypes.c_uint64), ("pid", ctypes.c_uint32),
+                ("tid", ctypes.c_uint32)]
+
+
+def ensure_kernel_headers() -> None:
+    """BCC needs one header tree; build a symlink farm from Debian's split packages if unset."""
+    if os.environ.get("BCC_KERNEL_SOURCE"):
+        return
+    try:
+        from recorder import kheaders  # the recorder's own helper, when present
+
+        kheaders.locate(prepare=True)
+        if os.environ.get("BCC_KERNEL_SOURCE"):
+            return
+    except (ImportError, AttributeError, OSError):
+        pass
+    common = sorted(glob.glob("/usr/src/linux-headers-*-common"))
+    if not common:
+        return
+    arch = [d for d in glob.glob(common[-1].replace("-common", "-*")) if d != common[-1]]
+    tree = Path(tempfile.gettempdir()) / "pystack-khdr"
+    if not (tree / "include").exists():
+        tree.mkdir(exist_ok=True)
+        subprocess.run(["cp", "-rs", f"{common[-1]}/.", f"{tree}/"], check=True)
+        if arch:
+            subprocess.run(["cp", "-rsf", f"{arch[0]}/.", f"{tree}/"], check=True)
+    os.environ["BCC_KERNEL_SOURCE"] = str(tree)
+
+
+def bpf_unavailable() -> str | None:
+    """Why real-probe tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root for BPF"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "bcc not importable (install python3-bpfcc; use a --system-site-packages venv)"
+    if not Path("/sys/kernel/btf/vmlinux").exists():
+        return "kernel has no BTF (/sys/kernel/btf/vmlinux)"
+    return None
+
+
+def load_probe(lib: Path, empty_pair: bool = False) -> Any:
+    """Compile PROBE_TEXT with bpf/pystack.h and attach it to lib's cudaMalloc."""
+    from bcc import BPF
+
+    ensure_kernel_headers()
+    text = (BPF_DIR / "pystack.h").read_text() + PROBE_TEXT
+    bpf = BPF(text=text, cflags=["-Wno-unused-function"])
+    if empty_pair:
+        bpf.attach_uprobe(name=str(lib), sym="cudaMalloc", fn_name="on_call_empty")
+        bpf.attach_uretprobe(name=str(lib), sym="cudaMalloc", fn_name="on_return_empty")
+    else:
+        bpf.attach_uprobe(name=str(lib), sym="cudaMalloc", fn_name="on_call")
+    return bpf
+
+
+def build_native(out: Path, python: str) -> tuple[Path, Path]:
+    """(libcudart.so.12, folder holding _gilcall for `python`) from tests/native/build.py."""
+    sys.path.insert(0, str(ROOT / "tests" / "native"))  # not a package
+    try:
+        import build  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    libs = build.build_libraries(out)
+    return libs["libcudart.so.12"], build.build_gil_extension(python, out)
+
+
+@dataclass
+class Workload:
+    proc: subprocess.Popen[str]
+    truth_path: Path
+    truth: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def wait_line(self, expected: str, timeout: float = 60) -> None:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if line != expected:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise RuntimeError(f"workload said {line!r}, expected {expected!r}: {err}")
+
+    def finish(self) -> None:
+        self.go()
+        self.proc.wait(timeout=30)
+
+
+def start_workload(python: str, lib: Path, gildir: Path, out: Path, mode: str) -> Workload:
+    truth = out / f"truth-{mode}-{os.getpid()}-{Path(python).name}.json"
+    proc = subprocess.Popen(
+        [python, str(WORKLOAD), str(lib), str(gildir), str(truth), mode],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    w = Workload(proc, truth)
+    w.wait_line("ready")
+    return w
