@@ -39,6 +39,7 @@ __all__ = [
     "DmarFaultStatus",
     "DmarIntrRemapFault",
     "KernelEvent",
+    "ClockOffset",
     "KernelLogEntry",
     "KmsgReader",
     "KmsgRecord",
@@ -96,8 +97,10 @@ class KmsgRecord:
 
     @property
     def ts_ns(self) -> int | None:
-        # printk stamps records with local_clock(), which is CLOCK_MONOTONIC (what
-        # bpf_ktime_get_ns returns) on any machine with a stable clock source, at 1 us resolution.
+        """The record's own stamp in ns. printk stamps with local_clock() (sched_clock), which
+        runs at CLOCK_MONOTONIC's rate but is not the same clock: on the development VM it was
+        ~0.4 ms ahead of clock_gettime(CLOCK_MONOTONIC), and NTP slewing lets the two drift.
+        `KmsgReader.calibrate()` measures the offset; `KernelLogEntry.ts_ns` applies it."""
         return None if self.usec is None else self.usec * 1000
 
 
@@ -1035,11 +1038,22 @@ class KernelLogEntry:
     record: KmsgRecord
     event: ParsedEvent | UnknownSubsystemLine | None
     read_ts_ns: int  # CLOCK_MONOTONIC ns at read time; stands in for ts when the header had none
+    clock_offset_ns: int = 0  # printk clock minus CLOCK_MONOTONIC, from KmsgReader.calibrate()
 
     @property
     def ts_ns(self) -> int:
+        """CLOCK_MONOTONIC ns (the clock of bpf_ktime_get_ns) of the record."""
         ts = self.record.ts_ns
-        return self.read_ts_ns if ts is None else ts
+        return self.read_ts_ns if ts is None else ts - self.clock_offset_ns
+
+
+@dataclass(slots=True, frozen=True)
+class ClockOffset:
+    """printk clock (local_clock) minus CLOCK_MONOTONIC, measured by writing a record."""
+
+    offset_ns: int
+    uncertainty_ns: int  # half the width of the interval the offset is known to lie in
+    samples: int
 
 
 @dataclass(slots=True)
@@ -1076,6 +1090,7 @@ class KmsgReader:
         self._fd: int | None = None
         self._next_seq: int | None = None
         self._started = start_ns is None
+        self.clock_offset: ClockOffset | None = None  # set by calibrate()
 
     def open(self) -> KmsgReader:
         # O_RDONLY: writing is not needed, and each open of /dev/kmsg has its own read position,
@@ -1139,6 +1154,43 @@ class KmsgReader:
         while True:
             yield from self.poll(None)
 
+    def calibrate(self, samples: int = 5, timeout: float = 1.0) -> ClockOffset:
+        """Measure the printk clock against CLOCK_MONOTONIC and apply it to what this reader
+        yields from now on. Writes `samples` debug-level records (`stall-recorder: clock sync`)
+        to /dev/kmsg, so it needs root; each is stamped by the kernel between two
+        clock_gettime() calls, and the narrowest bracket wins. Call it again now and then over
+        a long session: the two clocks can drift apart under NTP slewing."""
+        nonce = os.urandom(6).hex()
+        probe = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        best: tuple[int, int] | None = None
+        try:
+            os.lseek(probe, 0, os.SEEK_END)
+            for i in range(samples):
+                text = f"stall-recorder: clock sync {nonce} {i}"
+                # A fresh open per write dodges the per-open ratelimit of printk_devkmsg.
+                out = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                    os.write(out, f"<7>{text}\n".encode())
+                    t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                finally:
+                    os.close(out)
+                ts = _find_stamp(probe, text, timeout)
+                if ts is None:
+                    continue
+                # The stamp is truncated to whole microseconds: the true one is in [ts, ts+999].
+                lo, hi = ts - t1, ts + 999 - t0
+                if best is None or hi - lo < best[1] - best[0]:
+                    best = (lo, hi)
+        finally:
+            os.close(probe)
+        if best is None:
+            raise RuntimeError(f"clock sync records written to {self.path} never came back")
+        self.clock_offset = ClockOffset(offset_ns=(best[0] + best[1]) // 2,
+                                        uncertainty_ns=(best[1] - best[0] + 1) // 2,
+                                        samples=samples)
+        return self.clock_offset
+
     def _entry(self, raw: bytes) -> KernelLogEntry | None:
         stats = self.stats
         stats.records_read += 1
@@ -1148,6 +1200,8 @@ class KmsgReader:
                 stats.lost += record.seq - self._next_seq
             self._next_seq = record.seq + 1
         ts = record.ts_ns
+        if ts is not None and self.clock_offset is not None:
+            ts -= self.clock_offset.offset_ns
         if not self._started:
             if ts is not None and ts < self.start_ns:  # type: ignore[operator]
                 stats.skipped_before_start += 1
@@ -1161,8 +1215,32 @@ class KmsgReader:
         elif event is not None:
             key = _event_key(event)
             stats.parsed[key] = stats.parsed.get(key, 0) + 1
-        return KernelLogEntry(record=record, event=event,
+        offset = self.clock_offset.offset_ns if self.clock_offset is not None else 0
+        return KernelLogEntry(record=record, event=event, clock_offset_ns=offset,
                               read_ts_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+
+
+def _find_stamp(fd: int, text: str, timeout: float) -> int | None:
+    """Read records from fd until the one with this text; its printk stamp in ns."""
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        try:
+            raw = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            poller.poll(int(left * 1000) + 1)
+            continue
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                continue
+            raise
+        record = parse_record(raw)
+        if record.text == text:
+            return record.ts_ns
 
 
 # --------------------------------------------------------------------------------------------
@@ -1216,6 +1294,7 @@ def rows_for(entry: KernelLogEntry, session_id: int) -> list[tuple[str, dict[str
     log_row: dict[str, Any] = {
         "session_id": session_id,
         "ts": entry.ts_ns,
+        "printk_ts": record.ts_ns,
         "seq": _sql_value(record.seq),
         "level": record.level,
         "facility": _sql_value(record.facility),

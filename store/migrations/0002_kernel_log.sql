@@ -10,7 +10,8 @@
 CREATE TABLE kernel_log (
   id INTEGER PRIMARY KEY,                              -- row id
   session_id INTEGER NOT NULL REFERENCES session(id), -- recording session that read the record
-  ts INTEGER NOT NULL,                                 -- ns CLOCK_MONOTONIC: the record's printk time (us resolution); read time if the header had none
+  ts INTEGER NOT NULL,                                 -- ns CLOCK_MONOTONIC: the record's printk time (us resolution) corrected by the measured printk clock offset; read time if the header had none
+  printk_ts INTEGER,                                   -- ns of the kernel's own stamp (local_clock, usec * 1000) as printed, uncorrected; NULL if the header had none
   seq INTEGER,                                         -- kernel sequence number of the record (NULL if malformed); gaps are records lost to overwrite
   level INTEGER,                                       -- syslog level 0 emerg .. 7 debug (prio & 7)
   facility INTEGER,                                    -- syslog facility (prio >> 3): 0 kernel, 1 user (records written to /dev/kmsg)
