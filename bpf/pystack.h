@@ -17,12 +17,17 @@
 #ifndef PYSTACK_H
 #define PYSTACK_H
 
+#ifndef PYSTACK_LAYOUT_ONLY /* defined by the layout test, which compiles the structs with gcc */
 #include <uapi/linux/ptrace.h>
+#endif
 
 #ifndef PYSTACK_MAX_FRAMES
 #define PYSTACK_MAX_FRAMES 64
 #endif
 /* frames walked per program; the walker tail-calls itself for the rest (verifier size limits) */
+#if PYSTACK_MAX_FRAMES & (PYSTACK_MAX_FRAMES - 1)
+#error "PYSTACK_MAX_FRAMES must be a power of two (frames[] is indexed with a mask)"
+#endif
 #define PYSTACK_FRAMES_PER_PROG 32
 #define PYSTACK_MAX_INTERPRETERS 8
 #define PYSTACK_MAX_THREADS 256
@@ -33,6 +38,7 @@
 /* pystack_progs slots */
 #define PYSTACK_PROG_FIND 0
 #define PYSTACK_PROG_WALK 1
+#define PYSTACK_PROG_SCAN 2
 
 /* pystack_event.status: why the stack is missing or partial */
 #define PYSTACK_OK 0
@@ -102,18 +108,23 @@ struct pystack_scratch {
     struct pystack_event ev;
     struct pystack_proc cfg;
     u64 frame;              /* next frame to read */
+    u64 fsbase;             /* this thread's fs base: tstate->thread_id to look for */
+    u64 interp;             /* interpreter whose thread list is scanned next */
+    u32 interps;            /* interpreters scanned so far */
+    u32 pad;
     u64 owner;              /* pid_tgid that filled this scratch */
     u8 fbuf[128];           /* head of the frame being read */
     u8 cbuf[136];           /* head of its code object */
 };
 
+#ifndef PYSTACK_LAYOUT_ONLY
 BPF_RINGBUF_OUTPUT(pystacks, PYSTACK_RINGBUF_PAGES);
 BPF_HASH(pystack_procs, u32, struct pystack_proc, 4096);
 /* tid -> PyThreadState, re-validated on use */
 BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
-BPF_PROG_ARRAY(pystack_progs, 2);
+BPF_PROG_ARRAY(pystack_progs, 3);
 
 static __always_inline void pystack_count(u32 slot)
 {
@@ -179,7 +190,26 @@ static __always_inline u64 pystack_read_ptr(u64 addr, int *err)
     return v;
 }
 
-/* Slot PYSTACK_PROG_FIND: look up the recipe, find this thread's PyThreadState and its top frame. */
+/* Read the thread's top frame into st->frame and continue with the walk. */
+static __always_inline int pystack_start_walk(struct pt_regs *ctx, struct pystack_scratch *st,
+                                              u64 tstate)
+{
+    struct pystack_proc *c = &st->cfg;
+    int err = 0;
+    u64 frame = pystack_read_ptr(tstate + c->tstate_frame, &err);
+    if (!err && frame && (c->flags & PYSTACK_F_CFRAME))
+        frame = pystack_read_ptr(frame + c->cframe_current_frame, &err);
+    if (err) {
+        pystack_submit(st, PYSTACK_READ_ERROR);
+        return 0;
+    }
+    st->frame = frame;
+    pystack_progs.call(ctx, PYSTACK_PROG_WALK);
+    pystack_submit(st, PYSTACK_NOT_INSTALLED);
+    return 0;
+}
+
+/* Slot PYSTACK_PROG_FIND: look up the recipe and the thread's cached PyThreadState. */
 int pystack_find(struct pt_regs *ctx)
 {
     struct pystack_scratch *st = pystack_own_scratch();
@@ -204,52 +234,63 @@ int pystack_find(struct pt_regs *ctx)
         pystack_submit(st, PYSTACK_READ_ERROR);
         return 0;
     }
+    st->fsbase = fsbase;
 
+    /* a cached tstate is trusted only while its thread_id still is this thread's */
     int err = 0;
-    u64 tstate = 0;
     u64 *cached = pystack_tstates.lookup(&tid);
     if (cached && *cached &&
-        pystack_read_ptr(*cached + c->tstate_thread_id, &err) == fsbase && !err) {
-        tstate = *cached;
-    } else {
-        /* walk every interpreter's thread list (3.12+ can have several) as one flat loop:
-         * nested loops multiply the states the verifier has to explore */
-        err = 0;
-        u64 interp = pystack_read_ptr(c->runtime + c->runtime_interpreters_head, &err);
-        u64 t = interp ? pystack_read_ptr(interp + c->interp_threads_head, &err) : 0;
-        int interps = 1;
-#pragma clang loop unroll(disable)
-        for (int i = 0; i < PYSTACK_MAX_THREADS && interp && !err; i++) {
-            if (!t) {
-                if (++interps > PYSTACK_MAX_INTERPRETERS)
-                    break;
-                interp = pystack_read_ptr(interp + c->interp_next, &err);
-                t = interp ? pystack_read_ptr(interp + c->interp_threads_head, &err) : 0;
-                continue;
-            }
-            if (pystack_read_ptr(t + c->tstate_thread_id, &err) == fsbase) {
-                tstate = t;
-                break;
-            }
-            t = pystack_read_ptr(t + c->tstate_next, &err);
-        }
-        if (!tstate) {
-            pystack_submit(st, err ? PYSTACK_READ_ERROR : PYSTACK_NO_THREAD_STATE);
-            return 0;
-        }
-        pystack_tstates.update(&tid, &tstate);
-    }
+        pystack_read_ptr(*cached + c->tstate_thread_id, &err) == fsbase && !err)
+        return pystack_start_walk(ctx, st, *cached);
 
-    err = 0;
-    u64 frame = pystack_read_ptr(tstate + c->tstate_frame, &err);
-    if (!err && frame && (c->flags & PYSTACK_F_CFRAME))
-        frame = pystack_read_ptr(frame + c->cframe_current_frame, &err);
+    st->interp = pystack_read_ptr(c->runtime + c->runtime_interpreters_head, &err);
+    st->interps = 0;
+    if (err || !st->interp) {
+        pystack_submit(st, PYSTACK_READ_ERROR);
+        return 0;
+    }
+    pystack_progs.call(ctx, PYSTACK_PROG_SCAN);
+    pystack_submit(st, PYSTACK_NOT_INSTALLED);
+    return 0;
+}
+
+/* Slot PYSTACK_PROG_SCAN: one interpreter's thread list per program (3.12+ can have several).
+ * One loop per program keeps the verifier linear: a flat loop over (interpreter, thread) made it
+ * explore every interleaving and give up at 1M instructions. */
+int pystack_scan(struct pt_regs *ctx)
+{
+    struct pystack_scratch *st = pystack_own_scratch();
+    if (!st)
+        return 0;
+    struct pystack_proc *c = &st->cfg;
+    u64 fsbase = st->fsbase, interp = st->interp, found = 0;
+    int err = 0;
+    u64 t = pystack_read_ptr(interp + c->interp_threads_head, &err);
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < PYSTACK_MAX_THREADS; i++) {
+        if (!t || err)
+            break;
+        if (pystack_read_ptr(t + c->tstate_thread_id, &err) == fsbase && !err) {
+            found = t;
+            break;
+        }
+        t = pystack_read_ptr(t + c->tstate_next, &err);
+    }
+    if (found) {
+        u32 tid = st->ev.tid;
+        pystack_tstates.update(&tid, &found);
+        return pystack_start_walk(ctx, st, found);
+    }
     if (err) {
         pystack_submit(st, PYSTACK_READ_ERROR);
         return 0;
     }
-    st->frame = frame;
-    pystack_progs.call(ctx, PYSTACK_PROG_WALK);
+    st->interp = pystack_read_ptr(interp + c->interp_next, &err);
+    if (!st->interp || err || ++st->interps >= PYSTACK_MAX_INTERPRETERS) {
+        pystack_submit(st, err ? PYSTACK_READ_ERROR : PYSTACK_NO_THREAD_STATE);
+        return 0;
+    }
+    pystack_progs.call(ctx, PYSTACK_PROG_SCAN);
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
 }
@@ -325,4 +366,5 @@ int pystack_walk(struct pt_regs *ctx)
     return 0;
 }
 
+#endif /* PYSTACK_LAYOUT_ONLY */
 #endif /* PYSTACK_H */

@@ -98,10 +98,8 @@ class BTF:
                     m_name, m_type, m_off = struct.unpack_from("<III", blob, pos)
                     pos += 12
                     # With kind_flag set the offset word packs the bitfield size in its top byte.
-                    if kind_flag:
-                        out.append(Member(self._name(m_name), m_type, m_off & 0xFFFFFF, m_off >> 24))
-                    else:
-                        out.append(Member(self._name(m_name), m_type, m_off, 0))
+                    bits, size = (m_off & 0xFFFFFF, m_off >> 24) if kind_flag else (m_off, 0)
+                    out.append(Member(self._name(m_name), m_type, bits, size))
                 members = tuple(out)
             elif kind == KIND_INT or kind == KIND_VAR or kind == KIND_DECL_TAG:
                 pos += 4

@@ -58,6 +58,7 @@ F_NAME_HASH = 4
 
 PROG_FIND = 0
 PROG_WALK = 1
+PROG_SCAN = 2
 
 # The Python mirrors of the C structs: (field, struct format) in declaration order.
 EVENT_HEADER_FIELDS: tuple[tuple[str, str], ...] = (
@@ -177,7 +178,7 @@ SUPPORTED = "CPython 3.10-3.13 (x86-64, GIL builds)"
 
 
 def _debug_offsets_313(raw: bytes) -> tuple[PyOffsets, bool]:
-    """(offsets, free_threaded) from a 3.13 `_Py_DebugOffsets` (Include/internal/pycore_runtime.h)."""
+    """(offsets, free_threaded) from 3.13's `_Py_DebugOffsets` (internal/pycore_runtime.h)."""
     v = struct.unpack_from("<" + "Q" * (len(raw) // 8), raw[: len(raw) // 8 * 8])
     # cookie(1) version(2) free_threaded(3), then struct by struct; each starts with its size
     free_threaded = bool(v[2])
@@ -332,7 +333,9 @@ def _detect(pid: int) -> PythonTarget | Unsupported:
     return Unsupported(pid, f"not a CPython process ({exe}: no _PyRuntime)")
 
 
-def _target(pid: int, path: str, facts: _ElfFacts, runtime: int, bias: int) -> PythonTarget | Unsupported:
+def _target(
+    pid: int, path: str, facts: _ElfFacts, runtime: int, bias: int
+) -> PythonTarget | Unsupported:
     name = _VERSION_IN_NAME.search(os.path.basename(path))
     if "Py_Version" in facts.symbols:
         (hexversion,) = struct.unpack("<I", _read_mem(pid, facts.symbols["Py_Version"] + bias, 4))
@@ -422,7 +425,9 @@ class PyStackProbe:
         from bcc import BPF  # deferred: importing bcc needs the distribution's package
 
         progs = self.bpf.get_table("pystack_progs")
-        for slot, name in ((PROG_FIND, "pystack_find"), (PROG_WALK, "pystack_walk")):
+        slots = ((PROG_FIND, "pystack_find"), (PROG_WALK, "pystack_walk"),
+                 (PROG_SCAN, "pystack_scan"))
+        for slot, name in slots:
             fn = self.bpf.load_func(name, BPF.KPROBE)
             progs[ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
 
@@ -456,7 +461,9 @@ class PyStackProbe:
     def counts(self) -> dict[str, int]:
         """Records per status plus losses (ring buffer full, scratch clobbered), all CPUs."""
         table = self.bpf.get_table("pystack_counts")
-        return {COUNT_NAMES[k.value]: int(sum(v)) for k, v in table.items() if k.value in COUNT_NAMES}
+        return {
+            COUNT_NAMES[k.value]: int(sum(v)) for k, v in table.items() if k.value in COUNT_NAMES
+        }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,438 @@
+"""CPython stacks captured in BPF at a uprobe (bpf/pystack.h + recorder/pyframes.py), checked
+against the ground truth each workload records itself, frame by frame, for every event, under every
+installed interpreter. Real probes: needs root, BCC and BTF (skipped with the reason otherwise)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "pyframes"))  # not a package
+import harness  # noqa: E402
+
+from recorder import pyframes  # noqa: E402
+from recorder.pyframes import (  # noqa: E402
+    MAX_FRAMES,
+    PyStackEvent,
+    PyStackProbe,
+    StackResolver,
+    Unsupported,
+    detect,
+    parse_pystack_event,
+)
+
+INSTALLED = {k: v for k, v in harness.INTERPRETERS.items() if os.access(v, os.X_OK)}
+NO_BPF = harness.bpf_unavailable()
+bpf_only = pytest.mark.skipif(NO_BPF is not None, reason=NO_BPF or "")
+
+
+class Recording:
+    """The probe loaded once for the module; events collected per run."""
+
+    def __init__(self, bpf: Any, probe: PyStackProbe) -> None:
+        self.bpf = bpf
+        self.probe = probe
+        self.stacks: list[PyStackEvent] = []
+        self.calls: list[tuple[int, int, int, int]] = []  # (ts, pid, tid, seq)
+
+        def on_stack(_cpu: int, data: int, size: int) -> None:
+            self.stacks.append(parse_pystack_event(ctypes.string_at(data, size)))
+
+        def on_call(_cpu: int, data: int, _size: int) -> None:
+            e = ctypes.cast(data, ctypes.POINTER(harness.CallEvent)).contents
+            self.calls.append((e.ts, e.pid, e.tid, e.seq))
+
+        bpf["pystacks"].open_ring_buffer(on_stack)
+        bpf["calls"].open_ring_buffer(on_call)
+
+    def drain(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    def for_pid(self, pid: int) -> tuple[list[PyStackEvent], list[tuple[int, int, int, int]]]:
+        self.drain()
+        return ([s for s in self.stacks if s.pid == pid], [c for c in self.calls if c[1] == pid])
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    out = tmp_path_factory.mktemp("native")
+
+    def build(python: str) -> tuple[Path, Path]:
+        return harness.build_native(out, python)
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def recording(native: Callable[[str], tuple[Path, Path]]) -> Iterator[Recording]:
+    lib, _ = native(sys.executable)
+    bpf = harness.load_probe(lib)
+    probe = PyStackProbe(bpf)
+    probe.install()
+    yield Recording(bpf, probe)
+    bpf.cleanup()
+
+
+def _truth_key(frames: list[list[Any]]) -> list[tuple[str, str, int | None]]:
+    return [(f[0], f[1], f[2]) for f in frames]
+
+
+def _run(recording: Recording, native: Callable[[str], tuple[Path, Path]], python: str,
+         mode: str, tmp_path: Path, poll: Callable[[Recording, int], None] | None = None,
+         ) -> tuple[harness.Workload, StackResolver]:
+    lib, gildir = native(python)
+    w = harness.start_workload(python, lib, gildir, tmp_path, mode)
+    try:
+        target = recording.probe.configure(w.pid)
+        assert not isinstance(target, Unsupported), target
+        resolver = StackResolver(recording.probe.targets)
+        w.go()
+        if poll is not None:
+            poll(recording, w.pid)
+        w.wait_line("done")
+        w.truth = json.loads(w.truth_path.read_text())
+        return w, resolver
+    except BaseException:
+        w.proc.kill()
+        raise
+
+
+@bpf_only
+@pytest.mark.bpf
+@pytest.mark.parametrize("interp", sorted(INSTALLED))
+def test_stacks_equal_ground_truth(recording: Recording, native: Callable[[str], tuple[Path, Path]],
+                                   interp: str, tmp_path: Path) -> None:
+    w, resolver = _run(recording, native, INSTALLED[interp], "stacks", tmp_path)
+    try:
+        stacks, calls = recording.for_pid(w.pid)
+        by_key = {(s.ts, s.pid, s.tid): s for s in stacks}
+        by_seq = {c[3]: c for c in calls}
+        assert len(w.truth) > 100 and len(calls) == len(w.truth) == len(stacks)
+        vias = set()
+        truncated = 0
+        for t in w.truth:
+            call = by_seq[t["seq"]]
+            assert call[2] == t["tid"], "call attributed to another thread"
+            ev = by_key[call[:3]]  # joined on (ts, pid, tid), as the store joins them
+            expected = _truth_key(t["frames"])
+            if len(expected) > MAX_FRAMES:
+                assert ev.status == pyframes.STATUS_TRUNCATED
+                expected = expected[:MAX_FRAMES]
+                truncated += 1
+            else:
+                assert ev.status == pyframes.STATUS_OK, ev.status_name
+            got = [(f.filename, f.qualname, f.line) for f in resolver.resolve(w.pid, ev.frames)]
+            assert got == expected, f"seq {t['seq']} via {t['via']}"
+            vias.add(t["via"])
+        assert vias == {"ctypes", "gil"} and truncated == 1
+    finally:
+        w.finish()
+    # after exit: frames come back marked unavailable, nothing raises
+    gone = StackResolver().resolve(w.pid, stacks[0].frames)
+    assert gone and all(not f.available and f.error for f in gone)
+
+
+@bpf_only
+@pytest.mark.bpf
+@pytest.mark.parametrize("interp", sorted(INSTALLED))
+def test_generated_code_never_misattributed(recording: Recording,
+                                            native: Callable[[str], tuple[Path, Path]],
+                                            interp: str, tmp_path: Path) -> None:
+    """exec/compile in a loop: addresses of freed code objects are reused by code with other
+    names and lines. Every frame resolves to its own code object or is marked unavailable."""
+    resolved: dict[int, list[pyframes.PyFrame]] = {}  # seq -> frames, resolved while live
+    stop = threading.Event()
+
+    def poll(rec: Recording, pid: int) -> None:
+        resolver = StackResolver(rec.probe.targets)
+        seen = 0
+
+        def loop() -> None:
+            nonlocal seen
+            while not stop.is_set():
+                rec.drain()
+                stacks = [s for s in rec.stacks[seen:] if s.pid == pid]
+                seen = len(rec.stacks)
+                for s in stacks:
+                    resolved[s.ts] = resolver.resolve(pid, s.frames)
+                time.sleep(0.001)
+
+        threading.Thread(target=loop, daemon=True).start()
+
+    w, _ = _run(recording, native, INSTALLED[interp], "exec", tmp_path, poll)
+    try:
+        time.sleep(0.05)
+        stop.set()
+        _, calls = recording.for_pid(w.pid)
+        by_seq = {c[3]: c for c in calls}
+        right = unavailable = 0
+        for t in w.truth:
+            frames = resolved.get(by_seq[t["seq"]][0])
+            assert frames is not None
+            top, expected = frames[0], _truth_key(t["frames"])[0]
+            if top.available:
+                assert (top.filename, top.qualname, top.line) == expected, f"seq {t['seq']}"
+                right += 1
+            else:
+                unavailable += 1
+        # most are resolved while alive; the rest are honest about it
+        assert right > len(w.truth) // 2, (right, unavailable)
+    finally:
+        w.finish()
+
+
+def _stripped_copy(tmp_path: Path) -> Path | None:
+    """A 3.12 executable and libpython whose _PyRuntime symbol is gone, as if stripped by a
+    packager that also dropped dynamic symbols (plain `strip` keeps .dynsym, which we read)."""
+    src = Path("/root/.pyenv/versions/3.12.1")
+    if not src.exists():
+        return None
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    blob = (src / "lib" / "libpython3.12.so.1.0").read_bytes()
+    assert blob.count(b"\0_PyRuntime\0") >= 1
+    (lib / "libpython3.12.so.1.0").write_bytes(blob.replace(b"\0_PyRuntime\0", b"\0_XyRuntime\0"))
+    exe = tmp_path / "python3.12"
+    shutil.copy(src / "bin" / "python3.12", exe)
+    subprocess.run(["strip", "--strip-all", str(lib / "libpython3.12.so.1.0"), str(exe)],
+                   check=True)
+    return exe
+
+
+@bpf_only
+@pytest.mark.bpf
+def test_unsupported_targets_still_get_status_records(
+        recording: Recording, native: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:
+    lib, _ = native(sys.executable)
+    cprog = tmp_path / "caller.c"
+    cprog.write_text(
+        "#include <stdio.h>\n#include <dlfcn.h>\n"
+        "int main(int c, char **v) { int (*f)(void **, unsigned long) = "
+        "(int (*)(void **, unsigned long))dlsym(dlopen(v[1], RTLD_NOW), \"cudaMalloc\");\n"
+        "  char b[8]; void *p; puts(\"ready\"); fflush(stdout);\n"
+        "  for (int i = 0; i < 2; i++) { fgets(b, 8, stdin); f(&p, 1000 + i); "
+        "puts(\"done\"); fflush(stdout); }\n  fgets(b, 8, stdin); return 0; }\n")
+    exe = tmp_path / "caller"
+    subprocess.run(["gcc", "-o", str(exe), str(cprog), "-ldl"], check=True)
+    snippet = ("import ctypes,sys;f=ctypes.CDLL(sys.argv[1]).cudaMalloc;p=ctypes.c_void_p();"
+               "print('ready');sys.stdout.flush()\nfor i in range(2):\n sys.stdin.readline();"
+               "f(ctypes.byref(p),ctypes.c_size_t(1000+i));print('done');sys.stdout.flush()\n"
+               "sys.stdin.readline()\n")
+    cases: list[tuple[str, list[str], dict[str, str]]] = [("C program", [str(exe), str(lib)], {})]
+    for old in ("2.7.18", "3.9.18"):
+        py = f"/root/.pyenv/versions/{old}/bin/python{old.rsplit('.', 1)[0]}"
+        if os.access(py, os.X_OK):
+            cases.append((f"python {old}", [py, "-c", snippet, str(lib)], {}))
+    stripped = _stripped_copy(tmp_path)
+    if stripped is not None:
+        cases.append(("stripped 3.12", [str(stripped), "-c", snippet, str(lib)],
+                      {"LD_LIBRARY_PATH": str(stripped.parent / "lib"),
+                       "PYTHONHOME": "/root/.pyenv/versions/3.12.1"}))
+    for name, argv, env in cases:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **env})
+        w = harness.Workload(proc, tmp_path / "unused")
+        try:
+            w.wait_line("ready")
+            w.go()  # first call before the recorder has looked at the process
+            w.wait_line("done")
+            target = recording.probe.configure(proc.pid)
+            assert isinstance(target, Unsupported) and target.reason, name
+            w.go()
+            w.wait_line("done")
+            stacks, _ = recording.for_pid(proc.pid)
+            assert [s.status for s in stacks] == [
+                pyframes.STATUS_NOT_CONFIGURED, pyframes.STATUS_UNSUPPORTED], name
+            assert all(not s.frames for s in stacks)
+            assert not any(f.available for f in StackResolver().resolve(proc.pid, [(1, 2, 3)]))
+            print(f"{name}: {target.reason}")
+        finally:
+            proc.kill()
+            proc.wait()
+            recording.probe.forget(proc.pid)
+
+
+@bpf_only
+def test_counts_and_forget(recording: Recording) -> None:
+    counts = recording.probe.counts()
+    assert set(counts) == set(pyframes.COUNT_NAMES.values())
+    recording.probe.forget(1)  # never configured: no error
+
+
+def test_detect_non_python_and_dead_processes() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.05)
+        result = detect(sleeper.pid)
+        assert isinstance(result, Unsupported) and "not a CPython process" in result.reason
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    dead = detect(sleeper.pid)
+    assert isinstance(dead, Unsupported) and dead.reason.startswith("cannot inspect")
+
+
+@pytest.mark.parametrize("interp", sorted(INSTALLED))
+def test_detect_finds_version_and_build(interp: str) -> None:
+    proc = subprocess.Popen([INSTALLED[interp], "-c", "import sys;sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            target = detect(proc.pid)
+            if not isinstance(target, Unsupported):
+                break
+            time.sleep(0.05)
+        assert not isinstance(target, Unsupported), target
+        out = subprocess.run([INSTALLED[interp], "-c", "import sys;print(sys.version_info[:3])"],
+                             capture_output=True, text=True, check=True).stdout
+        if interp == "3.10":  # no Py_Version before 3.11: the file name gives major.minor only
+            assert target.version == (3, 10, 0)
+        else:
+            assert str(target.version) == out.strip()
+        if interp == "debian-3.11":
+            assert target.load_bias == 0 and target.elf_path == "/usr/bin/python3.11"
+        else:
+            assert target.load_bias > 0 and "libpython" in target.elf_path
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _measured_offsets(python: str, tmp_path: Path) -> dict[str, int]:
+    inc = subprocess.run([python, "-c", "import sysconfig;print(sysconfig.get_paths()['include'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    exe = tmp_path / "offsets"
+    src = Path(harness.__file__).parent / "offsets.c"
+    subprocess.run(["gcc", f"-I{inc}", f"-I{inc}/internal", "-o", str(exe), str(src)], check=True)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in lines.splitlines())}
+
+
+@pytest.mark.parametrize("interp", ["3.10", "3.11", "3.12", "3.13"])
+def test_offsets_match_interpreter_headers(interp: str, tmp_path: Path) -> None:
+    if interp not in INSTALLED:
+        pytest.skip(f"CPython {interp} not installed")
+    measured = _measured_offsets(INSTALLED[interp], tmp_path)
+    minor = (3, int(interp.split(".")[1]))
+    if minor in pyframes.OFFSETS:
+        table = pyframes.OFFSETS[minor]
+    else:  # 3.13+: what detect() parsed out of a live interpreter's _Py_DebugOffsets
+        proc = subprocess.Popen([INSTALLED[interp], "-c", "import sys;sys.stdin.read()"],
+                                stdin=subprocess.PIPE)
+        try:
+            time.sleep(0.3)
+            target = detect(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert not isinstance(target, Unsupported), target
+        table = target.offsets
+    for name, value in measured.items():
+        assert getattr(table, name) == value, name
+
+
+def test_layout_matches_c_header(tmp_path: Path) -> None:
+    """sizeof/offsetof of the header's structs, compiled with gcc, equal the Python mirror."""
+    lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <stdint.h>",
+             "typedef uint64_t u64; typedef uint32_t u32; typedef uint16_t u16; "
+             "typedef uint8_t u8;", "#define PYSTACK_LAYOUT_ONLY",
+             f'#include "{harness.BPF_DIR / "pystack.h"}"', "int main(void) {"]
+    mirrors = {
+        "pystack_event": pyframes.EVENT_HEADER_FIELDS,
+        "pystack_frame": pyframes.FRAME_FIELDS,
+        "pystack_proc": pyframes.PROC_FIELDS,
+    }
+    for struct_name, fields in mirrors.items():
+        lines.append(f'printf("{struct_name} size %zu\\n", sizeof(struct {struct_name}));')
+        for name, _ in fields:
+            lines.append(f'printf("{struct_name} {name} %zu\\n", '
+                         f"offsetof(struct {struct_name}, {name}));")
+    consts = {f"STATUS_{n}": getattr(pyframes, f"STATUS_{n}") for n in
+              ("OK", "TRUNCATED", "NOT_CONFIGURED", "UNSUPPORTED", "NO_THREAD_STATE",
+               "READ_ERROR", "NOT_INSTALLED")}
+    consts |= {"F_CFRAME": pyframes.F_CFRAME, "F_LASTI_INT": pyframes.F_LASTI_INT,
+               "F_NAME_HASH": pyframes.F_NAME_HASH, "PROG_FIND": pyframes.PROG_FIND,
+               "PROG_WALK": pyframes.PROG_WALK, "PROG_SCAN": pyframes.PROG_SCAN,
+               "MAX_FRAMES": pyframes.MAX_FRAMES}
+    for name in consts:
+        c_name = "PYSTACK_" + name.removeprefix("STATUS_")
+        lines.append(f'printf("const {name} %d\\n", (int){c_name});')
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    subprocess.run(["gcc", "-Wall", "-o", str(tmp_path / "layout"), str(src)], check=True)
+    out = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    got = {tuple(line.split()[:2]): int(line.split()[2]) for line in out if line}
+    for struct_name, fields in mirrors.items():
+        import struct as st
+
+        at = 0
+        for name, fmt in fields:
+            assert got[(struct_name, name)] == at, (struct_name, name)
+            at += st.calcsize("=" + fmt)
+        expected = at if struct_name != "pystack_event" else pyframes.EVENT_SIZE
+        assert got[(struct_name, "size")] == expected, struct_name
+    for name, value in consts.items():
+        assert got[("const", name)] == value, name
+
+
+def test_parse_event_reads_only_sent_frames() -> None:
+    import struct as st
+
+    head = st.pack("=QIIII", 123, 4, 5, 2, pyframes.STATUS_READ_ERROR)
+    frames = st.pack("=QQII", 0x1000, 0x2000, 7, 0) + st.pack("=QQII", 0x3000, 9, 8, 0)
+    ev = parse_pystack_event(head + frames)
+    assert (ev.ts, ev.pid, ev.tid, ev.status_name) == (123, 4, 5, "read error")
+    assert ev.frames == ((0x1000, 0x2000, 7), (0x3000, 9, 8))
+    # a record cut short never yields frames that were not sent
+    assert parse_pystack_event(head + frames[:30]).frames == ((0x1000, 0x2000, 7),)
+
+
+def _sample_code() -> Any:
+    ns: dict[str, Any] = {}
+    exec(compile(_sample_src(), "<sample>", "exec"), ns)
+    return ns["f"].__code__
+
+
+@pytest.mark.skipif(sys.version_info[:2] < (3, 11), reason="location table is 3.11+")
+def test_location_table_decoder_matches_co_lines() -> None:
+    code = _sample_code()
+    for start, end, line in code.co_lines():
+        for addr in range(start, end, 2):
+            assert pyframes.line_311(code.co_linetable, code.co_firstlineno, addr) == line
+
+
+@pytest.mark.parametrize("interp", [k for k in ("3.10", "3.12", "3.13") if k in INSTALLED])
+def test_line_decoders_match_each_interpreter(interp: str) -> None:
+    """Every instruction offset of a sample under that interpreter, decoded here."""
+    script = (
+        "import json,sys\n" + f"src={_sample_src()!r}\n" +
+        "ns={};exec(compile(src,'<s>','exec'),ns);c=ns['f'].__code__\n"
+        "print(json.dumps([list(c.co_linetable),c.co_firstlineno,"
+        "[[s,e,l] for s,e,l in c.co_lines()]]))\n"
+    )
+    out = subprocess.run([INSTALLED[interp], "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    table, first, ranges = json.loads(out)
+    decode = pyframes.line_310 if interp == "3.10" else pyframes.line_311
+    for start, end, line in ranges:
+        for addr in range(start, end, 2):
+            assert decode(bytes(table), first, addr) == line, (addr, line)
+
+
+def _sample_src() -> str:
+    return ("def f(a):\n    x = [i\n         for i in a]\n\n    if x:\n        return g(\n  x)\n"
+            "    while a:\n        a = a[1:]\n    return None\n")
