@@ -193,21 +193,37 @@ def test_generated_code_never_misattributed(recording: Recording,
 
 
 def _stripped_copy(tmp_path: Path) -> Path | None:
-    """A 3.12 executable and libpython whose _PyRuntime symbol is gone, as if stripped by a
-    packager that also dropped dynamic symbols (plain `strip` keeps .dynsym, which we read)."""
+    """A `strip --strip-all` copy of pyenv's 3.12 executable and libpython."""
     src = Path("/root/.pyenv/versions/3.12.1")
-    if not src.exists():
+    if not src.exists() or shutil.which("strip") is None:
         return None
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    blob = (src / "lib" / "libpython3.12.so.1.0").read_bytes()
-    assert blob.count(b"\0_PyRuntime\0") >= 1
-    (lib / "libpython3.12.so.1.0").write_bytes(blob.replace(b"\0_PyRuntime\0", b"\0_XyRuntime\0"))
+    (tmp_path / "lib").mkdir()
+    lib = tmp_path / "lib" / "libpython3.12.so.1.0"
     exe = tmp_path / "python3.12"
+    shutil.copy(src / "lib" / lib.name, lib)
     shutil.copy(src / "bin" / "python3.12", exe)
-    subprocess.run(["strip", "--strip-all", str(lib / "libpython3.12.so.1.0"), str(exe)],
-                   check=True)
+    subprocess.run(["strip", "--strip-all", str(lib), str(exe)], check=True)
     return exe
+
+
+def test_stripped_interpreter_is_still_walkable(tmp_path: Path) -> None:
+    """Stripping removes .symtab, not .dynsym: libpython must export _PyRuntime to its own
+    relocations and to extension modules, so a stripped build is still detected (renaming the
+    symbol to simulate its absence makes the interpreter itself fail to load)."""
+    exe = _stripped_copy(tmp_path)
+    if exe is None:
+        pytest.skip("pyenv 3.12.1 or strip not available")
+    proc = subprocess.Popen([str(exe), "-c", "import sys;sys.stdin.read()"], stdin=subprocess.PIPE,
+                            env={**os.environ, "LD_LIBRARY_PATH": str(exe.parent / "lib"),
+                                 "PYTHONHOME": "/root/.pyenv/versions/3.12.1"})
+    try:
+        time.sleep(0.3)
+        target = detect(proc.pid)
+        assert not isinstance(target, Unsupported), target
+        assert target.version == (3, 12, 1) and target.elf_path.startswith(str(tmp_path))
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @bpf_only
@@ -234,11 +250,6 @@ def test_unsupported_targets_still_get_status_records(
         py = f"/root/.pyenv/versions/{old}/bin/python{old.rsplit('.', 1)[0]}"
         if os.access(py, os.X_OK):
             cases.append((f"python {old}", [py, "-c", snippet, str(lib)], {}))
-    stripped = _stripped_copy(tmp_path)
-    if stripped is not None:
-        cases.append(("stripped 3.12", [str(stripped), "-c", snippet, str(lib)],
-                      {"LD_LIBRARY_PATH": str(stripped.parent / "lib"),
-                       "PYTHONHOME": "/root/.pyenv/versions/3.12.1"}))
     for name, argv, env in cases:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, **env})
