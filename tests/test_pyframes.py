@@ -447,3 +447,40 @@ def test_line_decoders_match_each_interpreter(interp: str) -> None:
 def _sample_src() -> str:
     return ("def f(a):\n    x = [i\n         for i in a]\n\n    if x:\n        return g(\n  x)\n"
             "    while a:\n        a = a[1:]\n    return None\n")
+
+
+@bpf_only
+@pytest.mark.bpf
+def test_thread_without_python_gets_no_thread_state(
+        recording: Recording, native: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:
+    lib, _ = native(sys.executable)
+    helper = tmp_path / "libnopy.so"
+    src = Path(harness.__file__).parent / "nopython_thread.c"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(helper), str(src), "-lpthread"],
+                   check=True)
+    snippet = ("import ctypes,sys;c=ctypes.CDLL(sys.argv[1]);h=ctypes.CDLL(sys.argv[2]);"
+               "print('ready',flush=True);sys.stdin.readline()\n"
+               "h.call_from_new_thread(ctypes.cast(c.cudaMalloc,ctypes.c_void_p))\n"
+               "c.cudaMalloc(ctypes.byref(ctypes.c_void_p()),ctypes.c_size_t(1))\n"
+               "print('done',flush=True);sys.stdin.readline()\n")
+    proc = subprocess.Popen([sys.executable, "-c", snippet, str(lib), str(helper)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = harness.Workload(proc, tmp_path / "unused")
+    try:
+        w.wait_line("ready")
+        assert not isinstance(recording.probe.configure(proc.pid), Unsupported)
+        w.go()
+        w.wait_line("done")
+        stacks, calls = recording.for_pid(proc.pid)
+        seq_of = {c[:3]: c[3] for c in calls}
+        by_seq = {seq_of[(s.ts, s.pid, s.tid)]: s for s in stacks}
+        assert by_seq[4242].status == pyframes.STATUS_NO_THREAD_STATE
+        assert by_seq[4242].tid != proc.pid and not by_seq[4242].frames
+        main = by_seq[1]  # the main thread right after: its own stack, found again
+        assert main.status == pyframes.STATUS_OK and main.tid == proc.pid
+        frames = StackResolver(recording.probe.targets).resolve(proc.pid, main.frames)
+        assert [(f.filename, f.qualname, f.line) for f in frames] == [("<string>", "<module>", 3)]
+    finally:
+        proc.kill()
+        proc.wait()
+        recording.probe.forget(proc.pid)
