@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "pyframes"))  # the probe the tests use
 import harness  # noqa: E402
 
-from recorder.pyframes import PyStackProbe, parse_pystack_event  # noqa: E402
+from recorder.pyframes import PyStackProbe, bpf_source, parse_pystack_event  # noqa: E402
 
 BATCH = 1000
 
@@ -57,7 +57,7 @@ def main() -> int:
     from bcc import BPF
 
     harness.ensure_kernel_headers()
-    text = (harness.BPF_DIR / "pystack.h").read_text() + harness.PROBE_TEXT
+    text = bpf_source() + harness.PROBE_TEXT
     bpf = BPF(text=text, cflags=["-Wno-unused-function"])
     probe = PyStackProbe(bpf)
     probe.install()

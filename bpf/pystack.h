@@ -1,6 +1,8 @@
 /* pystack.h: capture the calling thread's CPython stack at a uprobe.
  *
- * Included textually (BCC) into a program that has uprobes. A probe finishes its own work and ends
+ * Pasted as text (recorder.pyframes.bpf_source()) in front of a program that has uprobes: BCC
+ * rewrites map syntax (map.lookup(), prog_array.call()) only in the main text, not in #included
+ * files. A probe finishes its own work and ends
  * with PYSTACK_CAPTURE(ctx, ts): that stashes (ts, pid, tid) in per-CPU scratch and tail-calls the
  * walker, which never returns to the probe. The walker finds the thread's PyThreadState by matching
  * tstate->thread_id (pthread_self(), the fs base on x86-64) against the current task's fs base,
@@ -229,8 +231,9 @@ int pystack_find(struct pt_regs *ctx)
     struct pystack_proc *c = &st->cfg;
 
     u64 fsbase = 0;
-    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-    if (bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)((u64)task + c->fsbase)) != 0) {
+    /* a plain integer, not a struct pointer: no layout from the compile-time headers is used */
+    u64 task = bpf_get_current_task();
+    if (bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)(task + c->fsbase)) != 0) {
         pystack_submit(st, PYSTACK_READ_ERROR);
         return 0;
     }

@@ -369,6 +369,12 @@ def _target(
 # The BPF side
 
 
+def bpf_source() -> str:
+    """bpf/pystack.h's text, to paste before the probes that use PYSTACK_CAPTURE (BCC rewrites
+    map syntax only in the main text, so the header cannot simply be #included)."""
+    return HEADER.read_text()
+
+
 def proc_config(target: PythonTarget | Unsupported, fsbase_offset: int) -> dict[str, int]:
     """The pystack_proc map value for a target (an Unsupported one gets status records only)."""
     values = {name: 0 for name, _ in PROC_FIELDS}
@@ -412,7 +418,7 @@ def checksum(firstlineno: int, co_version: int | None, name_hash: int | None) ->
 class PyStackProbe:
     """Wires bpf/pystack.h's walker into a loaded BCC program and configures target processes.
 
-        bpf = BPF(text='#include "pystack.h"\\n' + probes, cflags=[f"-I{BPF_DIR}"])
+        bpf = BPF(text=bpf_source() + probes)   # probes end with PYSTACK_CAPTURE(ctx, ts)
         probe = PyStackProbe(bpf); probe.install(); probe.configure(pid)
     """
 

@@ -107,7 +107,9 @@ def load_probe(lib: Path, empty_pair: bool = False) -> Any:
     from bcc import BPF
 
     ensure_kernel_headers()
-    text = (BPF_DIR / "pystack.h").read_text() + PROBE_TEXT
+    from recorder.pyframes import bpf_source
+
+    text = bpf_source() + PROBE_TEXT
     bpf = BPF(text=text, cflags=["-Wno-unused-function"])
     if empty_pair:
         bpf.attach_uprobe(name=str(lib), sym="cudaMalloc", fn_name="on_call_empty")
