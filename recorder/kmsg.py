@@ -811,9 +811,18 @@ _AMD_HEX = re.compile(r"0x([0-9a-fA-F]{1,16})")
 _AMD_DEV = re.compile(r"(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 
 
+# Event types drivers/iommu/amd/iommu.c prints (iommu_print_event); others are not AMD-Vi lines.
+AMD_VI_EVENT_TYPES = frozenset({
+    "ILLEGAL_DEV_TABLE_ENTRY", "IO_PAGE_FAULT", "DEV_TAB_HARDWARE_ERROR",
+    "PAGE_TAB_HARDWARE_ERROR", "ILLEGAL_COMMAND_ERROR", "COMMAND_HARDWARE_ERROR",
+    "IOTLB_INV_TIMEOUT", "INVALID_DEVICE_REQUEST", "INVALID_PPR_REQUEST", "RMP_PAGE_FAULT",
+    "RMP_HW_ERROR", "UNKNOWN",
+})
+
+
 def _parse_amd(text: str) -> ParsedEvent | None:
     m = _AMD_EVENT.fullmatch(text)
-    if m is None:
+    if m is None or m[3] not in AMD_VI_EVENT_TYPES:
         return None
     values: dict[str, int] = {}
     device = m[2]
@@ -1016,6 +1025,16 @@ _PARSERS = {
 }
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def classify(text: str) -> ParsedEvent | UnknownSubsystemLine | None:
     """The typed event for one kernel log line; UnknownSubsystemLine for a line of a watched
     subsystem that no parser knows; None for a line of any other subsystem."""
@@ -1023,7 +1042,18 @@ def classify(text: str) -> ParsedEvent | UnknownSubsystemLine | None:
     if subsystem is None:
         return None
     event = _PARSERS[subsystem](text)
-    return event if event is not None else UnknownSubsystemLine(subsystem=subsystem, text=text)
+    if event is None or not _fits_64_bits(event):
+        return UnknownSubsystemLine(subsystem=subsystem, text=text)
+    return event
+
+
+def _fits_64_bits(event: KernelEvent) -> bool:
+    # The kernel prints no number beyond 64 bits; a line that has one is not what it looks like.
+    for name in _field_names(type(event)):
+        value = getattr(event, name)
+        if type(value) is int and not -(2**63) <= value < 2**64:
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -1138,7 +1168,7 @@ class KmsgReader:
                 raise
             if not raw:
                 break
-            entry = self._entry(raw)
+            entry = self.ingest(raw)
             if entry is not None:
                 entries.append(entry)
         return entries
@@ -1191,7 +1221,9 @@ class KmsgReader:
                                         samples=samples)
         return self.clock_offset
 
-    def _entry(self, raw: bytes) -> KernelLogEntry | None:
+    def ingest(self, raw: bytes) -> KernelLogEntry | None:
+        """Parse and count one raw record as if it had just been read (also for replaying a
+        saved dump); None when it precedes the start time."""
         stats = self.stats
         stats.records_read += 1
         record = parse_record(raw)
@@ -1262,15 +1294,9 @@ def _sql_value(value: Any) -> Any:
     return value
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
 def _event_row(event: KernelEvent) -> dict[str, Any]:
     cls = type(event)
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-    row = {name: _sql_value(getattr(event, name)) for name in names}
+    row = {name: _sql_value(getattr(event, name)) for name in _field_names(cls)}
     row["kind"] = event.kind
     vendor = getattr(cls, "vendor", None)
     if vendor is not None:

@@ -443,9 +443,11 @@ def test_rows_for_large_numbers_fit_sqlite(tmp_path: Path) -> None:
         b"address=0xfffffffffffff000 flags=0x0070]\n"))
     insert_entry(db, entry_for(
         b"3,2,1,-;I/O error, dev sda, sector 99999999999999999999\n"))
-    # two's complement above 2^63; a number beyond 64 bits stays only in kernel_log.text
+    # two's complement above 2^63; a number beyond 64 bits is no kernel line: kept as unknown
     assert db.execute("SELECT address FROM iommu_fault").fetchone() == (-0x1000,)
-    assert db.execute("SELECT sector FROM block_error").fetchone() == (None,)
+    assert db.execute("SELECT count(*) FROM block_error").fetchone() == (0,)
+    assert db.execute("SELECT event_kind FROM kernel_log WHERE seq = 2").fetchone() == (
+        "unknown",)
 
 
 # ---- the reader ----------------------------------------------------------------------------
