@@ -3,7 +3,11 @@
  * sched_switch opens an interval when a traced thread leaves the CPU (remembering its state, the
  * task that took the CPU and the syscall it was in) and closes it when the thread comes back,
  * sending one offcpu_event with the interval's start and duration. sched_waking remembers who woke
- * a sleeping traced thread. raw_syscalls keep the syscall in progress per traced thread, so user
+ * a sleeping traced thread and when, so user space can split the interval into the time it was
+ * blocked and the time it then waited for a CPU. Each CPU keeps its last CPU_SLICES run slices (who
+ * ran, from when to when) so that, when a traced thread comes back, the task that ran longest on
+ * that CPU while it was runnable is named as the contender: the preemptor, or the task it waited
+ * behind after waking up. raw_syscalls keep the syscall in progress per traced thread, so user
  * space can tell a futex wait from a read.
  */
 #define TASK_DEAD_STATES 0x30 /* X (dead) and Z (zombie): the thread never comes back */
@@ -21,11 +25,28 @@ struct offcpu_open_t {
 };
 
 struct waker_t {
+    u64 ts;
     u32 tid;
     u32 cpu;
     char comm[16];
 };
 
+#define CPU_SLICES 16
+struct run_slice_t {
+    u64 start;
+    u64 end;
+    u32 tid;
+    u32 pad;
+    char comm[16];
+};
+struct cpu_runs_t {
+    u64 since; /* when the current task got this CPU */
+    u32 head;
+    u32 pad;
+    struct run_slice_t slices[CPU_SLICES];
+};
+
+BPF_PERCPU_ARRAY(cpu_runs, struct cpu_runs_t, 1);
 BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
 BPF_TABLE("lru_hash", u32, s32, in_syscall, 65536);
@@ -36,6 +57,18 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u64 now = bpf_ktime_get_ns();
     u32 prev = args->prev_pid;
     u32 next = args->next_pid;
+    u32 zero = 0;
+    struct cpu_runs_t *runs = cpu_runs.lookup(&zero);
+    if (runs) {
+        /* close prev's run slice on this CPU */
+        u32 h = runs->head % CPU_SLICES;
+        runs->slices[h].start = runs->since;
+        runs->slices[h].end = now;
+        runs->slices[h].tid = prev;
+        __builtin_memcpy(runs->slices[h].comm, args->prev_comm, 16);
+        runs->head = h + 1;
+        runs->since = now;
+    }
 
     struct offcpu_open_t *open = offcpu_open.lookup(&next);
     if (open) {
@@ -51,17 +84,43 @@ TRACEPOINT_PROBE(sched, sched_switch)
             e->next_tid = open->next_tid;
             e->syscall = open->syscall;
             e->flags = 0;
+            e->in_cpu = bpf_get_smp_processor_id();
+            e->contender_tid = 0;
+            e->contender_run = 0;
+            __builtin_memset(e->contender_comm, 0, 16);
             __builtin_memcpy(e->comm, open->comm, 16);
             __builtin_memcpy(e->next_comm, open->next_comm, 16);
             struct waker_t *w = offcpu_waker.lookup(&next);
             if (w) {
+                e->wakeup_ts = w->ts;
                 e->waker_tid = w->tid;
                 e->waker_cpu = w->cpu;
                 __builtin_memcpy(e->waker_comm, w->comm, 16);
             } else {
+                e->wakeup_ts = 0;
                 e->waker_tid = 0;
                 e->waker_cpu = 0;
                 __builtin_memset(e->waker_comm, 0, 16);
+            }
+            /* runnable from the wakeup (or the switch-out, when preempted) until now */
+            u64 from = e->wakeup_ts ? e->wakeup_ts : e->ts;
+            if (runs) {
+                u32 best = CPU_SLICES;
+                u64 best_run = 0;
+#pragma unroll
+                for (u32 i = 0; i < CPU_SLICES; i++) {
+                    struct run_slice_t *sl = &runs->slices[i];
+                    u64 a = sl->start > from ? sl->start : from;
+                    if (sl->tid != 0 && sl->tid != next && sl->end > a && sl->end - a > best_run) {
+                        best_run = sl->end - a;
+                        best = i;
+                    }
+                }
+                if (best < CPU_SLICES) {
+                    e->contender_tid = runs->slices[best].tid;
+                    e->contender_run = best_run;
+                    __builtin_memcpy(e->contender_comm, runs->slices[best].comm, 16);
+                }
             }
             offcpu_events.ringbuf_submit(e, 0);
         } else {
@@ -98,6 +157,7 @@ TRACEPOINT_PROBE(sched, sched_waking)
     if (!offcpu_open.lookup(&wakee))
         return 0;
     struct waker_t w = {};
+    w.ts = bpf_ktime_get_ns();
     w.tid = (u32)bpf_get_current_pid_tgid();
     w.cpu = bpf_get_smp_processor_id();
     bpf_get_current_comm(w.comm, sizeof(w.comm));

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from recorder.errors import UserError
@@ -107,8 +108,12 @@ def read_status(db: Path) -> dict:
     return status
 
 
-def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], command: str) -> tuple[int, dict]:
-    """Run argv under recording (children included); return (its exit status, session summary)."""
+def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], command: str,
+                   on_started: Callable[[int], None] | None = None) -> tuple[int, dict]:
+    """Run argv under recording (children included); return (its exit status, session summary).
+
+    `on_started(pid)` is called once the probes are attached and the command runs.
+    """
     holder = running_recorder(db)
     if holder:
         raise UserError(
@@ -141,6 +146,8 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
     signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))
     os.write(go_w, b"1")
     os.close(go_w)
+    if on_started:
+        on_started(child)
     exit_status: list[int] = []
 
     def child_done() -> bool:

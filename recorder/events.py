@@ -77,6 +77,8 @@ OFFCPU = Layout(
         ("dur", "u64"),  # until switch-in, ns
         ("cgroup_id", "u64"),
         ("state", "s64"),  # sched_switch prev_state as the tracepoint reports it
+        ("wakeup_ts", "u64"),  # when it was woken (became runnable again), 0 if never asleep
+        ("contender_run", "u64"),  # ns the contender ran on in_cpu while this thread was runnable
         ("pid", "u32"),
         ("tid", "u32"),
         ("cpu", "u32"),  # cpu it left
@@ -85,9 +87,12 @@ OFFCPU = Layout(
         ("waker_cpu", "u32"),
         ("syscall", "s32"),  # syscall in progress at switch-out, -1 none
         ("flags", "u32"),  # OFFCPU_FLAG_*
+        ("in_cpu", "u32"),  # cpu it came back on
+        ("contender_tid", "u32"),  # task that ran longest on in_cpu while this one was runnable
         ("comm", "char16"),
         ("next_comm", "char16"),
         ("waker_comm", "char16"),
+        ("contender_comm", "char16"),
     ),
     "one off-CPU interval of a traced thread, sent at switch-in",
 )

@@ -58,6 +58,7 @@ __all__ = [
     "OomVictimSelected",
     "ParsedEvent",
     "SwiotlbFull",
+    "TABLE_COLUMNS",
     "UnknownSubsystemLine",
     "XidError",
     "classify",
@@ -70,6 +71,8 @@ __all__ = [
 KMSG_PATH = "/dev/kmsg"
 # A record is at most CONSOLE_EXT_LOG_MAX (8 KiB); a smaller buffer makes read() fail with EINVAL.
 READ_SIZE = 16384
+
+_INT64_MAX = 2**63 - 1
 
 LEVEL_NAMES = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
 
@@ -149,6 +152,16 @@ def parse_record(raw: bytes) -> KmsgRecord:
     prio, seq, usec = (_header_int(p) for p in parts[:3])
     if prio is None or seq is None or usec is None:
         problems.append("prio, seq or usec is not a decimal number")
+    # Out of range for the kernel's own types (u64 seq, ns in s64): not a real header.
+    if seq is not None and seq >= 2**64:
+        problems.append("seq beyond 64 bits")
+        seq = None
+    if usec is not None and usec * 1000 > _INT64_MAX:
+        problems.append("usec beyond 64-bit nanoseconds")
+        usec = None
+    if prio is not None and prio >= 2**11:  # facility is a u8, level 3 bits
+        problems.append("prio beyond facility 255")
+        prio = None
     flag = parts[3].decode("ascii", "backslashreplace")
     if len(flag) != 1:
         problems.append("flag is not one character")
@@ -1279,9 +1292,6 @@ def _find_stamp(fd: int, text: str, timeout: float) -> int | None:
 # Rows for the store
 # --------------------------------------------------------------------------------------------
 
-_INT64_MAX = 2**63 - 1
-
-
 def _sql_value(value: Any) -> Any:
     # SQLite integers are signed 64-bit: addresses >= 2^63 are stored two's-complement (as
     # Perfetto does); a number too large even for that is left NULL (the text keeps it).
@@ -1304,10 +1314,13 @@ def _event_row(event: KernelEvent) -> dict[str, Any]:
     return row
 
 
-def rows_for(entry: KernelLogEntry, session_id: int) -> list[tuple[str, dict[str, Any]]]:
+def rows_for(entry: KernelLogEntry, session_id: int,
+             kernel_log_id: int | None = None) -> list[tuple[str, dict[str, Any]]]:
     """Rows to insert for one entry: always the `kernel_log` row first, then the typed row when
-    the line parsed. The typed row's `kernel_log_id` is None: the writer sets it to the id of the
-    `kernel_log` row it inserted just before (`cursor.lastrowid`)."""
+    the line parsed. A batched writer passes `kernel_log_id` (the id it assigns to the
+    `kernel_log` row, which the typed row then references); without it the typed row's
+    `kernel_log_id` is None and the writer sets it to the `cursor.lastrowid` of the first row.
+    `TABLE_COLUMNS` gives a fixed column order for positional inserts."""
     record, event = entry.record, entry.event
     subsystem = device = event_kind = None
     if isinstance(event, UnknownSubsystemLine):
@@ -1318,6 +1331,7 @@ def rows_for(entry: KernelLogEntry, session_id: int) -> list[tuple[str, dict[str
         device = record.properties.get("DEVICE")
     props = record.properties
     log_row: dict[str, Any] = {
+        "id": kernel_log_id,
         "session_id": session_id,
         "ts": entry.ts_ns,
         "printk_ts": record.ts_ns,
@@ -1337,6 +1351,23 @@ def rows_for(entry: KernelLogEntry, session_id: int) -> list[tuple[str, dict[str
     rows: list[tuple[str, dict[str, Any]]] = [("kernel_log", log_row)]
     if isinstance(event, KernelEvent):
         typed = _event_row(event)
-        typed.update(session_id=session_id, kernel_log_id=None, ts=entry.ts_ns)
+        typed.update(session_id=session_id, kernel_log_id=kernel_log_id, ts=entry.ts_ns)
         rows.append((event.table, typed))
     return rows
+
+
+def _table_columns() -> dict[str, tuple[str, ...]]:
+    kernel_log = ("id", "session_id", "ts", "printk_ts", "seq", "level", "facility", "flag",
+                  "caller", "subsystem", "event_kind", "device", "text", "properties",
+                  "malformed", "raw")
+    out: dict[str, list[str]] = {}
+    for model in KernelEvent.__subclasses__():
+        cols = out.setdefault(model.table, ["session_id", "kernel_log_id", "ts", "kind"])
+        if hasattr(model, "vendor") and "vendor" not in cols:
+            cols.append("vendor")
+        cols.extend(name for name in _field_names(model) if name not in cols)
+    return {"kernel_log": kernel_log, **{table: tuple(cols) for table, cols in out.items()}}
+
+
+# Columns rows_for can fill, per table (typed tables: without `id`, which SQLite assigns).
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = _table_columns()

@@ -32,7 +32,8 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 
 OFFCPU_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "cpu", "state", "syscall", "next_thread_id",
-    "waker_thread_id", "waker_cpu", "cgroup_id", "open",
+    "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
+    "open",
 )
 CUDA_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "api", "family", "library", "ret", "size_bytes",
@@ -262,15 +263,20 @@ class Session:
             rows = []
             threads = ident.threads
             for rec in events.OFFCPU.iter_unpack(b"".join(raw_off)):
-                (ts, dur, cg, state, pid, tid, cpu, next_tid, waker_tid, waker_cpu, syscall, flags,
-                 comm, next_comm, waker_comm) = rec
+                (ts, dur, cg, state, wakeup_ts, contender_run, pid, tid, cpu, next_tid, waker_tid,
+                 waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,
+                 contender_comm) = rec
                 th = threads.get(tid) or ident.thread(tid, pid, comm, ts)
                 nxt = (threads.get(next_tid) or ident.thread(next_tid, None, next_comm, ts, False)
                        ) if next_tid else None
                 wk = (threads.get(waker_tid) or ident.thread(waker_tid, None, waker_comm, ts, False)
                       ) if waker_tid else None
+                rival = (threads.get(contender)
+                         or ident.thread(contender, None, contender_comm, ts, False)
+                         ) if contender else None
                 rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
-                             wk, waker_cpu if waker_tid else None, cg, flags & 1))
+                             wk, waker_cpu if waker_tid else None, wakeup_ts or None, in_cpu,
+                             rival, contender_run if contender else None, cg, flags & 1))
             raw_off.clear()
             self.writer.extend("offcpu_interval", rows)
         if raw_cuda:
@@ -378,7 +384,8 @@ class Session:
             th = ident.thread(tid, rec.pid, bytes(rec.comm), rec.ts)
             self.writer.add("offcpu_interval", (
                 self.session_id, rec.ts, stop - rec.ts, th, rec.cpu, rec.state,
-                rec.syscall if rec.syscall >= 0 else None, None, None, None, rec.cgroup_id, 1))
+                rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
+                None, rec.cgroup_id, 1))
         self.writer.flush()
         self.probes.cleanup()
         self.store.conn.execute(

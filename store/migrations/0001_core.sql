@@ -122,6 +122,10 @@ CREATE TABLE offcpu_interval (
     next_thread_id INTEGER REFERENCES thread(id), -- task that took the CPU at switch-out (the preemptor when preempted)
     waker_thread_id INTEGER REFERENCES thread(id), -- task that woke it, NULL when it was never asleep
     waker_cpu INTEGER,                  -- cpu the waker ran on
+    wakeup_ts INTEGER,                  -- ns it was woken (runnable again); NULL when never asleep (preempted)
+    in_cpu INTEGER,                     -- cpu it came back on
+    contender_thread_id INTEGER REFERENCES thread(id), -- task that ran longest on in_cpu while this thread was runnable (the preemptor, or the task it waited behind after waking)
+    contender_run_dur INTEGER,          -- ns that task ran while this thread was runnable
     cgroup_id INTEGER NOT NULL,         -- cgroup v2 id of the thread
     open INTEGER NOT NULL DEFAULT 0     -- 1 when the thread was still off-CPU at stop
 );

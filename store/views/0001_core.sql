@@ -18,13 +18,14 @@ FROM thread t
 LEFT JOIN process p ON p.id = t.process_id;
 
 -- view: offcpu
--- Off-CPU intervals with the reason they happened and who was involved.
+-- Off-CPU intervals with the reason they happened, split into the time the thread was blocked
+-- and the time it then waited for a CPU (run-queue wait), and who was involved.
 --   reason: 'preempted' (runnable, another task took the CPU), 'futex', 'sleep', 'poll', 'io'
 --   (waiting inside a file or block syscall), 'net', 'uninterruptible' (D state elsewhere, e.g.
 --   page faults or reclaim), 'blocked' (other sleeps), 'yield', 'stopped'.
 CREATE VIEW offcpu AS
 SELECT
-    o.id, o.session_id, o.ts, o.dur, o.thread_id, o.cpu, o.state, o.open,
+    o.id, o.session_id, o.ts, o.dur, o.thread_id, o.cpu, o.in_cpu, o.state, o.open,
     s.letter AS state_letter,           -- R+, S, D, ... as ps prints it
     CASE
         WHEN o.state = 0 AND o.syscall = 24 THEN 'yield'
@@ -40,12 +41,21 @@ SELECT
         WHEN o.state = 2 THEN 'uninterruptible'
         ELSE 'blocked'
     END AS reason,
+    -- ns runnable but not running: all of a preemption, or from wakeup to switch-in
+    CASE WHEN o.state IN (0, 256) THEN o.dur
+         WHEN o.wakeup_ts IS NOT NULL THEN o.ts + o.dur - max(o.wakeup_ts, o.ts)
+         ELSE 0 END AS runq_dur,
+    o.wakeup_ts,                        -- ns it became runnable again, NULL if it never slept
     o.syscall,                          -- syscall number in progress, NULL if none
     sc.name AS syscall_name,            -- its name where known
-    n.tid AS next_tid,                  -- task that took the CPU
+    n.tid AS next_tid,                  -- task that took the CPU at switch-out
     n.pid AS next_pid,                  -- its process
     n.thread_name AS next_name,         -- its comm
     n.process_name AS next_process_name,
+    b.tid AS contender_tid,             -- task that ran longest on the CPU while it was runnable
+    b.pid AS contender_pid,
+    coalesce(b.process_name, b.thread_name) AS contender_name,
+    o.contender_run_dur,                -- ns that task ran meanwhile
     w.tid AS waker_tid,                 -- task that woke it
     w.pid AS waker_pid,
     w.thread_name AS waker_name,
@@ -54,6 +64,7 @@ FROM offcpu_interval o
 LEFT JOIN task_state s ON s.state = o.state
 LEFT JOIN syscall_name sc ON sc.nr = o.syscall
 LEFT JOIN thread_info n ON n.thread_id = o.next_thread_id
+LEFT JOIN thread_info b ON b.thread_id = o.contender_thread_id
 LEFT JOIN thread_info w ON w.thread_id = o.waker_thread_id;
 
 -- view: cuda_baseline
@@ -78,18 +89,26 @@ WHERE rn IN ((n + 1) / 2, (n + 2) / 2)
 GROUP BY session_id, family, size_class;
 
 -- view: cuda_call_offcpu
--- Causal link: a CUDA call -> each off-CPU interval of the same thread inside it. A thread is on
--- the CPU when it enters a call, so every overlapping interval starts inside the call.
+-- Causal link: a CUDA call -> each off-CPU interval of the same thread inside it, with the part of
+-- the call spent blocked and the part spent waiting for a CPU. A thread is on the CPU when it
+-- enters a call, so every overlapping interval starts inside the call.
 CREATE VIEW cuda_call_offcpu AS
 SELECT
     c.id AS cuda_call_id,
     o.id AS offcpu_id,
-    min(c.ts + c.dur, o.ts + o.dur) - o.ts AS overlap_dur -- ns of the call spent in this interval
+    o.reason,
+    min(c.ts + c.dur, o.ts + o.dur) - o.ts AS overlap_dur, -- ns of the call spent in this interval
+    -- ns of the call spent runnable, waiting for the CPU (clipped to the call)
+    max(0, min(c.ts + c.dur, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS runq_overlap_dur,
+    -- the task the thread waited behind: the one that ran longest on its CPU meanwhile
+    coalesce(o.contender_pid, o.next_pid) AS contender_pid,
+    coalesce(o.contender_name, o.next_process_name, o.next_name) AS contender_name,
+    o.in_cpu AS contended_cpu
 FROM cuda_call c
-JOIN offcpu_interval o ON o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur;
+JOIN offcpu o ON o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur;
 
 -- view: cuda_call_detail
--- Every CUDA call with its thread, its baseline and the off-CPU time inside it by reason.
+-- Every CUDA call with its thread, its baseline and the off-CPU time inside it.
 CREATE VIEW cuda_call_detail AS
 SELECT
     c.id, c.session_id, c.ts, c.dur, c.api, c.family, c.library, c.ret, c.size_bytes, c.stream,
@@ -98,23 +117,22 @@ SELECT
     b.median_dur AS expected_dur,       -- ns, baseline of the family and size class
     b.calls AS baseline_calls,          -- calls the baseline is taken over
     c.dur - b.median_dur AS excess_dur, -- ns above the baseline
-    coalesce(x.offcpu_dur, 0) AS offcpu_dur,       -- ns of the call spent off-CPU
-    coalesce(x.preempted_dur, 0) AS preempted_dur, -- of which runnable but preempted
-    coalesce(x.blocked_dur, 0) AS blocked_dur,     -- of which blocked (sleeping, I/O, futex)
-    coalesce(x.preemptions, 0) AS preemptions      -- off-CPU intervals that were preemptions
+    coalesce(x.offcpu_dur, 0) AS offcpu_dur,     -- ns of the call spent off-CPU
+    coalesce(x.cpu_wait_dur, 0) AS cpu_wait_dur, -- of which runnable, waiting for a CPU
+    coalesce(x.offcpu_dur - x.cpu_wait_dur, 0) AS blocked_dur, -- of which blocked (sleep, I/O, futex)
+    coalesce(x.preemptions, 0) AS preemptions    -- times it was preempted inside the call
 FROM cuda_call c
 JOIN thread_info t ON t.thread_id = c.thread_id
 LEFT JOIN cuda_baseline b
     ON b.session_id = c.session_id AND b.family = c.family
    AND b.size_class = coalesce(c.size_class, -1)
 LEFT JOIN (
-    SELECT l.cuda_call_id,
-           sum(l.overlap_dur) AS offcpu_dur,
-           sum(CASE WHEN o.reason = 'preempted' THEN l.overlap_dur ELSE 0 END) AS preempted_dur,
-           sum(CASE WHEN o.reason != 'preempted' THEN l.overlap_dur ELSE 0 END) AS blocked_dur,
-           sum(o.reason = 'preempted') AS preemptions
-    FROM cuda_call_offcpu l JOIN offcpu o ON o.id = l.offcpu_id
-    GROUP BY l.cuda_call_id
+    SELECT cuda_call_id,
+           sum(overlap_dur) AS offcpu_dur,
+           sum(runq_overlap_dur) AS cpu_wait_dur,
+           sum(reason = 'preempted') AS preemptions
+    FROM cuda_call_offcpu
+    GROUP BY cuda_call_id
 ) x ON x.cuda_call_id = c.id;
 
 -- view: slow_cuda_call
@@ -125,17 +143,18 @@ SELECT *
 FROM cuda_call_detail
 WHERE baseline_calls >= 3 AND dur >= 2 * expected_dur AND excess_dur >= 200000;
 
--- view: cuda_call_preemptor
--- For each CUDA call, the processes that preempted it: how often, for how long, on which CPUs.
-CREATE VIEW cuda_call_preemptor AS
+-- view: cuda_call_contender
+-- For each CUDA call, the processes that kept its thread from the CPU while it was runnable
+-- (preempting it, or running when it woke up): how often, for how long, on which CPUs.
+CREATE VIEW cuda_call_contender AS
 SELECT
-    l.cuda_call_id,
-    o.next_pid AS preemptor_pid,        -- process that took the CPU
-    coalesce(o.next_process_name, o.next_name) AS preemptor_name,
-    count(*) AS preemptions,            -- times it took the CPU from the calling thread
-    sum(l.overlap_dur) AS preempted_dur, -- ns the call waited for the CPU
-    group_concat(DISTINCT o.cpu) AS cpus -- CPUs where it happened
-FROM cuda_call_offcpu l
-JOIN offcpu o ON o.id = l.offcpu_id
-WHERE o.reason = 'preempted'
-GROUP BY l.cuda_call_id, o.next_pid, coalesce(o.next_process_name, o.next_name);
+    cuda_call_id,
+    contender_pid,                      -- process that had the CPU
+    contender_name,                     -- its name
+    sum(reason = 'preempted') AS preemptions, -- times it preempted the thread
+    sum(reason != 'preempted') AS delayed_wakeups, -- times the thread woke up and waited behind it
+    sum(runq_overlap_dur) AS cpu_wait_dur, -- ns the call waited for the CPU behind it
+    group_concat(DISTINCT contended_cpu) AS cpus -- CPUs where it happened
+FROM cuda_call_offcpu
+WHERE runq_overlap_dur > 0
+GROUP BY cuda_call_id, contender_pid, contender_name;

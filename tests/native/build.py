@@ -48,6 +48,17 @@ def build_libraries(out: Path = DEFAULT_OUT) -> dict[str, Path]:
     return built
 
 
+def build_busy_loop(out: Path = DEFAULT_OUT) -> Path:
+    """The CPU hog used to create contention; its name (comm) is busy_loop."""
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "busy_loop"
+    if _stale(target, [HERE / "busy_loop.c"]):
+        tmp = target.with_suffix(".tmp")
+        _gcc(["-O1", "-o", str(tmp), str(HERE / "busy_loop.c")])
+        tmp.replace(target)
+    return target
+
+
 def build_gil_extension(python: str = sys.executable, out: Path = DEFAULT_OUT) -> Path:
     """Build _gilcall for the given interpreter; return the folder to put on sys.path."""
     info = subprocess.run(
@@ -71,4 +82,5 @@ if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
     for name, path in build_libraries(out).items():
         print(f"{name}: {path}")
+    print(f"busy_loop: {build_busy_loop(out)}")
     print(f"_gilcall: {build_gil_extension(sys.executable, out)}")

@@ -1,0 +1,5 @@
+import sys
+
+from recorder.cli import main
+
+sys.exit(main())

@@ -1,0 +1,210 @@
+"""The `recorder` command line: a thin layer over recorder.* and store.* functions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from store.errors import UserError
+
+DEFAULT_DB = os.environ.get("STALL_RECORDER_DB", "stall.db")
+
+EXAMPLES = {
+    "doctor": "recorder doctor\n  recorder doctor --json",
+    "start": ("recorder start -p 4242                 # one process and its children\n"
+              "  recorder start -p 4242 -p 4243 --db /var/tmp/incident.db\n"
+              "  recorder start -c /sys/fs/cgroup/unified/job42   # a cgroup v2 subtree\n"
+              "  recorder start --all --cuda-lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"),
+    "stop": "recorder stop\n  recorder stop --db /var/tmp/incident.db",
+    "status": "recorder status\n  recorder status --json",
+    "record": "recorder record -- python train.py --epochs 1\n  recorder record --db run.db -- torchrun --nproc-per-node 2 train.py",
+    "explain": ("recorder explain                       # the latest session, whole\n"
+                "  recorder explain --worst               # only the worst stall\n"
+                "  recorder explain --since 5m --json\n"
+                "  recorder explain --window 12..20       # seconds after the session start\n"
+                "  recorder explain --window 2026-04-28T22:14:40Z..2026-04-28T22:15:10Z"),
+}
+
+
+def _db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=DEFAULT_DB, type=Path,
+                   help=f"recording database (default {DEFAULT_DB}, or $STALL_RECORDER_DB)")
+
+
+def _sub(subs, name: str, help_text: str) -> argparse.ArgumentParser:
+    return subs.add_parser(name, help=help_text, description=help_text,
+                           epilog="examples:\n  " + EXAMPLES[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="recorder",
+        description="Record the scheduler, CUDA and kernel layers around a training job into "
+                    "SQLite, and explain why a step stalled.",
+        epilog="examples:\n  recorder doctor\n  recorder record -- python train.py\n"
+               "  recorder start -p $(pgrep -f train.py); sleep 60; recorder stop\n"
+               "  recorder explain --worst",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subs = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _sub(subs, "doctor", "check that this machine can record, one line per requirement")
+    p.add_argument("-p", "--pid", type=int, action="append", default=[],
+                   help="also look for CUDA/NCCL libraries mapped by this process")
+    p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    for name, text in (("start", "start recording in the background; returns once probes are attached"),
+                       ("record", "run a command under recording (children included) until it exits")):
+        p = _sub(subs, name, text)
+        _db_arg(p)
+        p.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
+                       help="attach to this CUDA library now (for processes that load it later)")
+        if name == "start":
+            p.add_argument("-p", "--pid", type=int, action="append", default=[],
+                           help="process to record, with its threads and children (repeatable)")
+            p.add_argument("-c", "--cgroup", metavar="CGROUP_PATH",
+                           help="record every task in this cgroup v2 folder and below")
+            p.add_argument("--all", action="store_true", help="record every process on the host")
+            p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+        else:
+            p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    p = _sub(subs, "stop", "stop the background recorder: flush, build indexes, mark complete")
+    _db_arg(p)
+    p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "status", "live counters of the background recorder")
+    _db_arg(p)
+    p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "explain", "explain the stalls of a session: slow calls and what caused them")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--window", metavar="A..B",
+                   help="seconds after the session start (5..12.5) or UTC times A..B")
+    g.add_argument("--since", metavar="DURATION", help="the last DURATION of the session (30s, 5m)")
+    g.add_argument("--worst", action="store_true", help="only the worst stall")
+    p.add_argument("-j", "--json", action="store_true", help="the report as JSON (same content)")
+    return ap
+
+
+def _print_summary(summary: dict) -> None:
+    rows = summary["rows"]
+    print(f"session {summary['session_id']} {summary['status']}: {summary['duration_s']:.1f} s, "
+          f"{rows['cuda_call']} CUDA calls, {rows['offcpu_interval']} off-CPU intervals, "
+          f"{rows['thread']} threads, {summary['dropped']} events dropped; "
+          f"{summary['db']} ({summary['db_bytes'] / 1e6:.1f} MB)")
+
+
+def cmd_doctor(args) -> int:
+    from recorder import doctor
+
+    checks = doctor.run_checks(tuple(args.pid))
+    if args.json:
+        print(json.dumps(doctor.as_json(checks), indent=1))
+    else:
+        print(doctor.render(checks))
+    return 0 if doctor.can_record(checks) else 1
+
+
+def cmd_start(args) -> int:
+    from recorder.daemon import start_background
+    from recorder.probes import TargetSpec, check_privileges
+
+    chosen = sum(bool(x) for x in (args.pid, args.cgroup, args.all))
+    if chosen != 1:
+        raise UserError("say what to record: -p PID (repeatable), -c CGROUP_PATH or --all")
+    check_privileges()
+    target = TargetSpec(pids=tuple(args.pid), cgroup=args.cgroup, everything=args.all)
+    reply = start_background(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv))
+    if args.json:
+        print(json.dumps(reply, indent=1))
+        return 0
+    print(f"recording session {reply['session_id']} into {reply['db']} (recorder pid "
+          f"{reply['recorder_pid']}, target {reply['target']})")
+    print(f"attached {len(reply['attached'])} probes: " + ", ".join(reply["attached"][:12])
+          + (" ..." if len(reply["attached"]) > 12 else ""))
+    for lib in reply["libraries"]:
+        print(f"  library {lib}")
+    for miss in reply["not_attached"]:
+        print(f"  not attached: {miss}")
+    print(f"stop with: recorder stop --db {reply['db']}")
+    return 0
+
+
+def cmd_record(args) -> int:
+    from recorder.daemon import record_command
+    from recorder.probes import check_privileges
+
+    argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not argv:
+        raise UserError("nothing to run: recorder record [--db PATH] -- COMMAND [ARGS...]")
+    check_privileges()
+    code, summary = record_command(args.db.resolve(), argv, tuple(args.cuda_lib), shlex.join(sys.argv))
+    _print_summary(summary)
+    return code
+
+
+def cmd_stop(args) -> int:
+    from recorder.daemon import stop_background
+
+    summary = stop_background(args.db.resolve())
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from recorder.daemon import read_status
+
+    st = read_status(args.db.resolve())
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(f"session {st.get('session_id', '?')} recording for {st.get('running_s', 0)} s "
+          f"(recorder pid {st['recorder_pid']}, target {st.get('target', '?')})")
+    for kind, n in st.get("events", {}).items():
+        rate = st.get("events_per_s", {}).get(kind, 0)
+        print(f"  {kind:8s} {n:>10d} events  {rate:>10.1f}/s")
+    print(f"  dropped  {st.get('dropped', 0):>10d}")
+    print(f"  database {st.get('db_bytes', 0) / 1e6:.1f} MB  {st.get('db')}")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from store.db import open_store
+    from store.report import explain, render_text
+
+    with open_store(args.db, readonly=True) as store:
+        report = explain(store, args.session, args.window, args.since, args.worst)
+    print(json.dumps(report, indent=1) if args.json else render_text(report))
+    return 0
+
+
+COMMANDS = {
+    "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
+    "status": cmd_status, "explain": cmd_explain,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        print(f"recorder: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

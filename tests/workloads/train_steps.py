@@ -1,0 +1,65 @@
+"""A stand-in training loop: each step allocates, launches kernels, synchronises and frees, through
+the stand-in CUDA runtime. Pinned to one CPU so a hog pinned there contends with it.
+
+    python train_steps.py --libdir build/native [--steps 200] [--cpu 1] [--malloc-work-us 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import time
+
+
+class Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--libdir", required=True)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--cpu", type=int, default=None)
+    ap.add_argument("--malloc-work-us", type=int, default=600)
+    ap.add_argument("--launch-work-us", type=int, default=40)
+    ap.add_argument("--sync-sleep-us", type=int, default=4000)
+    ap.add_argument("--step-sleep-us", type=int, default=2000)
+    ap.add_argument("--host-work-us", type=int, default=6000,
+                    help="CPU work in Python per step (data loading, bookkeeping)")
+    args = ap.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    rt = ctypes.CDLL(os.path.join(args.libdir, "libcudart.so.12"))
+    rt.standin_configure(b"cudaMalloc", ctypes.c_uint64(args.malloc_work_us * 1000), ctypes.c_uint64(0), 0)
+    rt.standin_configure(b"cudaLaunchKernel", ctypes.c_uint64(args.launch_work_us * 1000), ctypes.c_uint64(0), 0)
+    rt.standin_configure(b"cudaStreamSynchronize", ctypes.c_uint64(0),
+                         ctypes.c_uint64(args.sync_sleep_us * 1000), 0)
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    rt.cudaFree.argtypes = [ctypes.c_void_p]
+    rt.cudaLaunchKernel.argtypes = [ctypes.c_void_p, Dim3, Dim3, ctypes.c_void_p, ctypes.c_size_t,
+                                    ctypes.c_void_p]
+    rt.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+    stream = ctypes.c_void_p(0x5151)
+    kernel = ctypes.c_void_p(0x4000AA)
+    step_times = []
+    for _ in range(args.steps):
+        t0 = time.monotonic()
+        ptr = ctypes.c_void_p()
+        rt.cudaMalloc(ctypes.byref(ptr), 64 << 20)
+        for _ in range(3):
+            rt.cudaLaunchKernel(kernel, Dim3(128, 1, 1), Dim3(256, 1, 1), None, 0, stream)
+        rt.cudaStreamSynchronize(stream)
+        rt.cudaFree(ptr)
+        until = time.thread_time() + args.host_work_us / 1e6
+        while time.thread_time() < until:
+            sum(range(200))
+        time.sleep(args.step_sleep_us / 1e6)
+        step_times.append(time.monotonic() - t0)
+    print(json.dumps({"pid": os.getpid(), "steps": len(step_times),
+                      "max_step_s": round(max(step_times), 4)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
