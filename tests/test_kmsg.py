@@ -15,7 +15,6 @@ import sqlite3
 import time
 import uuid
 from collections import Counter
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 
 from recorder import kmsg
 from recorder.kmsg import (
+    TABLE_COLUMNS,
     AerBit,
     AerBusError,
     AerMessage,
@@ -318,6 +318,9 @@ def test_parse_record_header_continuations_and_escapes() -> None:
     (b"", "no ';'"),
     (b"-1,2,3,-;negative prio\n", "not a decimal"),
     (b"6,1,2,--;flag too long\n", "flag"),
+    (b"6,1,99999999999999999999,-;uptime of three million years\n", "usec beyond"),
+    (b"6,99999999999999999999,2,-;seq too large\n", "seq beyond"),
+    (b"99999,1,2,-;prio too large\n", "prio beyond"),
 ])
 def test_malformed_records_never_raise_and_keep_raw(raw: bytes, error: str) -> None:
     r = parse_record(raw)
@@ -385,12 +388,39 @@ def test_migration_applies_with_sqlite3_shell_conventions(tmp_path: Path) -> Non
     assert "CREATE INDEX" not in sql
 
 
-def test_model_fields_match_table_columns(tmp_path: Path) -> None:
+def test_table_columns_match_schema(tmp_path: Path) -> None:
     db = fresh_db(tmp_path / "t.db")
-    for model in {type(e) for e in EXPECTED.values() if isinstance(e, KernelEvent)}:
-        cols = {r[1] for r in db.execute(f"PRAGMA table_info({model.table})")}
-        missing = {f.name for f in fields(model)} - cols
-        assert not missing, f"{model.__name__} fields without a column in {model.table}: {missing}"
+    for table, cols in TABLE_COLUMNS.items():
+        schema = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+        if table != "kernel_log":
+            schema.remove("id")
+        assert set(cols) == set(schema), f"{table}: model/schema drift"
+
+
+def test_batched_writer_with_assigned_ids(tmp_path: Path) -> None:
+    """The store's own migration runner and batched Writer (positional rows, no lastrowid)."""
+    store_db = pytest.importorskip("store.db")
+    store = store_db.open_store(tmp_path / "rec.db", create=True)
+    conn = store.conn
+    cols = {r[1]: r for r in conn.execute("PRAGMA table_info(session)")}
+    conn.execute(f"INSERT INTO session (id, {', '.join(c for c in cols if c != 'id')}) VALUES "
+                 f"(7, {', '.join('0' for c in cols if c != 'id')})")
+    writer = store_db.Writer(store)
+    for table, columns in TABLE_COLUMNS.items():
+        writer.table(table, columns)
+    for n, (_, raw) in enumerate(FIXTURE_RECORDS, start=1):
+        for table, row in rows_for(entry_for(raw), 7, kernel_log_id=n):
+            writer.add(table, tuple(row.get(c) for c in TABLE_COLUMNS[table]))
+    writer.flush()
+    store.build_indexes()
+    assert conn.execute("SELECT count(*) FROM kernel_log").fetchone() == (len(FIXTURE_RECORDS),)
+    # every typed row points at the kernel_log row of its own text
+    for table in TYPED_TABLES:
+        orphans = conn.execute(
+            f"SELECT count(*) FROM {table} t LEFT JOIN kernel_log k ON k.id = t.kernel_log_id "
+            f"WHERE k.event_kind IS NOT '{table}.' || t.kind").fetchone()[0]
+        assert orphans == 0, table
+    store.close()
 
 
 def test_rows_for_inserts_every_fixture(tmp_path: Path) -> None:
