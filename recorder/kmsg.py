@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from recorder.errors import NotPrivileged
+
 __all__ = [
     "AerBit",
     "AerBusError",
@@ -1138,7 +1140,12 @@ class KmsgReader:
     def open(self) -> KmsgReader:
         # O_RDONLY: writing is not needed, and each open of /dev/kmsg has its own read position,
         # so this reader never disturbs journald or dmesg.
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except PermissionError:
+            raise NotPrivileged(
+                f"cannot read {self.path}: run as root or with CAP_SYSLOG "
+                "(or set kernel.dmesg_restrict=0)") from None
         if self.start_ns is None:
             os.lseek(self._fd, 0, os.SEEK_END)  # SEEK_END: only records written from now on
         else:
@@ -1211,7 +1218,12 @@ class KmsgReader:
             for i in range(samples):
                 text = f"stall-recorder: clock sync {nonce} {i}"
                 # A fresh open per write dodges the per-open ratelimit of printk_devkmsg.
-                out = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    out = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+                except PermissionError:
+                    raise NotPrivileged(
+                        f"cannot write {self.path} to measure the printk clock: run as root, "
+                        "with kernel.printk_devkmsg not 'off'") from None
                 try:
                     t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
                     os.write(out, f"<7>{text}\n".encode())

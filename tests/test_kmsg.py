@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from recorder import kmsg
+from recorder.errors import NotPrivileged
 from recorder.kmsg import (
     TABLE_COLUMNS,
     AerBit,
@@ -517,6 +518,15 @@ def test_reader_counts_epipe_and_sequence_gaps(monkeypatch: pytest.MonkeyPatch) 
 def test_reader_needs_open() -> None:
     with pytest.raises(RuntimeError, match="open"):
         KmsgReader().read_available()
+
+
+def test_reader_without_privilege_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(*args: object) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(kmsg.os, "open", denied)
+    with pytest.raises(NotPrivileged, match="run as root"):
+        KmsgReader(start_ns=0).open()
 
 
 def _kmsg_writable() -> str | None:
