@@ -8,6 +8,8 @@ fixture lines, and round trips of each format with generated field values.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
 import sqlite3
 import string
@@ -151,19 +153,19 @@ def _insert(db: sqlite3.Connection, entry: KernelLogEntry, session_id: int = 1) 
         log_id = cur.lastrowid if table == "kernel_log" else log_id
 
 
-def test_million_mutated_lines() -> None:
-    rng = random.Random(SEED)
+def _fuzz_share(worker: int, workers: int) -> dict[str, object]:
+    """One worker's share of the bulk loop: lines n = worker, worker + workers, ... with its own
+    deterministic generator, so the whole run is the same on every machine and worker count."""
+    rng = random.Random(SEED + worker)
     counts: Counter[str] = Counter()
     db = _fresh_db()
     inserted = 0
-    started = time.perf_counter()
 
     # 1. message texts straight into classify()
-    for n in range(TEXT_LINES):
+    for n in range(worker, TEXT_LINES, workers):
         text = _mutate_text(rng, TEXTS[n % len(TEXTS)])
         result = classify(text)
-        key = _check_line(text, result)
-        counts[key] += 1
+        counts[_check_line(text, result)] += 1
         if isinstance(result, KernelEvent) and n % DB_SAMPLE_EVERY == 0:
             record = parse_record(b"4,%d,1,-;x\n" % n)
             _insert(db, KernelLogEntry(record=record, event=result, read_ts_ns=1))
@@ -172,7 +174,7 @@ def test_million_mutated_lines() -> None:
     # 2. whole records through the reader's counting path
     reader = KmsgReader(start_ns=0)
     seen_unknown = seen_malformed = 0
-    for n in range(RECORD_LINES):
+    for n in range(worker, RECORD_LINES, workers):
         raw = _mutate_record(rng, RECORDS[n % len(RECORDS)])
         entry = reader.ingest(raw)
         assert entry is not None and entry.record.raw == raw
@@ -186,24 +188,39 @@ def test_million_mutated_lines() -> None:
             db.execute("INSERT INTO session(id) VALUES (?)", (n + 2,))
             _insert(db, entry, session_id=n + 2)
             inserted += isinstance(entry.event, KernelEvent)
-    elapsed = time.perf_counter() - started
 
-    total = sum(counts.values())
     stats = reader.stats
-    assert total == TEXT_LINES + RECORD_LINES >= 1_000_000
-    assert stats.records_read == RECORD_LINES
-    assert stats.unknown == seen_unknown and stats.malformed == seen_malformed > 0
-    assert counts["unknown"] > 10_000 and counts["none"] > 10_000
-    typed = {k: v for k, v in counts.items() if k not in ("unknown", "none")}
-    assert len(typed) >= 20, typed  # mutations keep most formats parseable
-    assert inserted > 4_000
+    assert stats.unknown == seen_unknown and stats.malformed == seen_malformed
     typed_rows = sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in (
         "nvme_event", "block_error", "swiotlb_event", "iommu_fault", "aer_event", "gpu_xid",
         "oom_kill"))
     assert typed_rows == inserted
-    print(f"\nfuzzed {total:,} lines in {elapsed:.1f} s: {counts['unknown']:,} unknown kept, "
-          f"{counts['none']:,} other, {sum(typed.values()):,} typed in {len(typed)} kinds, "
-          f"{stats.malformed:,} malformed records, {inserted:,} sampled into SQLite")
+    return {"counts": counts, "records_read": stats.records_read, "malformed": stats.malformed,
+            "inserted": inserted}
+
+
+def test_million_mutated_lines() -> None:
+    workers = min(2, os.cpu_count() or 1)
+    started = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        shares = pool.starmap(_fuzz_share, [(w, workers) for w in range(workers)])
+    elapsed = time.perf_counter() - started
+
+    counts: Counter[str] = sum((s["counts"] for s in shares), Counter())  # type: ignore[misc]
+    total = sum(counts.values())
+    assert total == TEXT_LINES + RECORD_LINES >= 1_000_000
+    assert sum(s["records_read"] for s in shares) == RECORD_LINES  # type: ignore[misc]
+    malformed = sum(s["malformed"] for s in shares)  # type: ignore[misc]
+    inserted = sum(s["inserted"] for s in shares)  # type: ignore[misc]
+    assert malformed > 10_000
+    assert counts["unknown"] > 10_000 and counts["none"] > 10_000
+    typed = {k: v for k, v in counts.items() if k not in ("unknown", "none")}
+    assert len(typed) >= 20, typed  # mutations keep most formats parseable
+    assert inserted > 4_000
+    print(f"\nfuzzed {total:,} lines in {elapsed:.1f} s on {workers} processes: "
+          f"{counts['unknown']:,} unknown kept, {counts['none']:,} other, "
+          f"{sum(typed.values()):,} typed in {len(typed)} kinds, {malformed:,} malformed "
+          f"records, {inserted:,} typed rows inserted into SQLite")
 
 
 # ---- hypothesis: structure -------------------------------------------------------------------
