@@ -128,8 +128,13 @@ def cmd_start(args) -> int:
         return 0
     print(f"recording session {reply['session_id']} into {reply['db']} (recorder pid "
           f"{reply['recorder_pid']}, target {reply['target']})")
-    print(f"attached {len(reply['attached'])} probes: " + ", ".join(reply["attached"][:12])
-          + (" ..." if len(reply["attached"]) > 12 else ""))
+    layers: dict[str, int] = {}
+    for name in reply["attached"]:
+        layer = name.split(":", 1)[0]
+        layers[layer] = layers.get(layer, 0) + 1
+    print(f"attached {len(reply['attached'])} probes: "
+          + ", ".join(f"{layer} {n}" for layer, n in sorted(layers.items()))
+          + " (all listed in the capability table)")
     for lib in reply["libraries"]:
         print(f"  library {lib}")
     for miss in reply["not_attached"]:

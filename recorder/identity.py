@@ -58,8 +58,9 @@ class Identity:
         self._next_process = (store.one("SELECT max(id) AS m FROM process")["m"] or 0) + 1
         self._next_thread = (store.one("SELECT max(id) AS m FROM thread")["m"] or 0) + 1
         self.processes: dict[int, int] = {}  # pid -> process.id
-        self.threads: dict[int, int] = {}  # tid -> thread.id
-        self.exited: list[tuple[str, int, int]] = []  # (table, id, ts) to update at flush
+        self.threads: dict[int, int] = {}  # tid -> thread.id, threads of the targets
+        self.others: dict[int, int] = {}  # tid -> thread.id, tasks seen as preemptors or wakers
+        self.exited: list[tuple[str, int, int]] = []  # (change, id, ts) to apply after a flush
 
     def process(self, pid: int, ts: int) -> int:
         pid_id = self.processes.get(pid)
@@ -81,6 +82,15 @@ class Identity:
         tid_id = self.threads.get(tid)
         if tid_id is not None:
             return tid_id
+        tid_id = self.others.get(tid)
+        if tid_id is not None:
+            if not traced:
+                return tid_id
+            # first seen as another thread's preemptor or waker, now as a target's own thread
+            del self.others[tid]
+            self.threads[tid] = tid_id
+            self.exited.append(("traced", tid_id, 0))
+            return tid_id
         if pid is None:
             pid = read_tgid(tid)
         process_id = self.process(pid, ts) if pid else None
@@ -94,11 +104,11 @@ class Identity:
         self.writer.add(
             "thread", (tid_id, self.session_id, tid, process_id, name, ts, 1 if traced else 0)
         )
-        self.threads[tid] = tid_id
+        (self.threads if traced else self.others)[tid] = tid_id
         return tid_id
 
     def thread_exited(self, tid: int, pid: int, ts: int) -> None:
-        tid_id = self.threads.pop(tid, None)
+        tid_id = self.threads.pop(tid, None) or self.others.pop(tid, None)
         if tid_id is not None:
             self.exited.append(("thread", tid_id, ts))
         if tid == pid:
@@ -117,7 +127,9 @@ class Identity:
     def flush_exits(self) -> None:
         conn = self.writer.store.conn
         for table, row_id, ts in self.exited:
-            if table == "process-exec":
+            if table == "traced":
+                conn.execute("UPDATE thread SET traced = 1 WHERE id = ?", (row_id,))
+            elif table == "process-exec":
                 conn.execute("UPDATE process SET exit_ts = ? WHERE id = ?", (ts, row_id))
             else:
                 conn.execute(f"UPDATE {table} SET exit_ts = ? WHERE id = ?", (ts, row_id))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,17 +76,24 @@ def now_ns() -> int:
 
 def ensure_tracefs() -> bool:
     """Mount tracefs when it is not mounted (as the recorder needs it); True when usable."""
-    if (TRACEFS / "events").is_dir():
+    if _exists(TRACEFS / "events"):
         return True
     if os.geteuid() != 0:
         return False
-    os.system(f"mount -t tracefs nodev {TRACEFS} >/dev/null 2>&1")
-    return (TRACEFS / "events").is_dir()
+    subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True)
+    return _exists(TRACEFS / "events")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. tracefs readable by root only
+        return False
 
 
 def tracepoint_exists(name: str) -> bool:
     system, event = name.split(":", 1)
-    return (TRACEFS / "events" / system / event / "format").exists()
+    return _exists(TRACEFS / "events" / system / event / "format")
 
 
 def cgroup_identity(path: str) -> tuple[int, int]:

@@ -267,13 +267,9 @@ class Session:
                  waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,
                  contender_comm) = rec
                 th = threads.get(tid) or ident.thread(tid, pid, comm, ts)
-                nxt = (threads.get(next_tid) or ident.thread(next_tid, None, next_comm, ts, False)
-                       ) if next_tid else None
-                wk = (threads.get(waker_tid) or ident.thread(waker_tid, None, waker_comm, ts, False)
-                      ) if waker_tid else None
-                rival = (threads.get(contender)
-                         or ident.thread(contender, None, contender_comm, ts, False)
-                         ) if contender else None
+                nxt = ident.thread(next_tid, None, next_comm, ts, False) if next_tid else None
+                wk = ident.thread(waker_tid, None, waker_comm, ts, False) if waker_tid else None
+                rival = ident.thread(contender, None, contender_comm, ts, False) if contender else None
                 rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
                              wk, waker_cpu if waker_tid else None, wakeup_ts or None, in_cpu,
                              rival, contender_run if contender else None, cg, flags & 1))

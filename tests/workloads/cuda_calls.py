@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds to wait after loading before calling")
     ap.add_argument("--driver", action="store_true", help="also call driver APIs")
+    ap.add_argument("--wait-file", help="start calling once this file exists (a job already "
+                    "running when the recorder attaches)")
     args = ap.parse_args()
 
     time.sleep(args.dlopen_delay)
@@ -54,6 +56,8 @@ def main() -> None:
         _gilcall.open(os.path.join(args.libdir, "libcudart.so.12"))
         gil = _gilcall
     time.sleep(args.settle)
+    while args.wait_file and not os.path.exists(args.wait_file):
+        time.sleep(0.05)
 
     done: dict[int, dict] = {}
 

@@ -1,0 +1,59 @@
+"""Shared fixtures: the stand-in libraries, a reason to skip real-BPF tests, recorder runners."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "native"))
+import build as native_build  # noqa: E402
+
+RECORDER = [sys.executable, "-m", "recorder"]
+
+
+def bpf_unavailable() -> str | None:
+    """Why real-BPF tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root for BPF, tracepoints and uprobes"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "needs the bcc module (apt-get install python3-bpfcc)"
+    if not Path("/sys/kernel/btf/vmlinux").exists():
+        return "needs a kernel with BTF"
+    return None
+
+
+NO_BPF = bpf_unavailable()
+needs_bpf = pytest.mark.skipif(NO_BPF is not None, reason=NO_BPF or "")
+
+
+@pytest.fixture(scope="session")
+def native() -> dict[str, Path]:
+    libs = native_build.build_libraries()
+    libs["busy_loop"] = native_build.build_busy_loop()
+    libs["dir"] = libs["libcudart.so.12"].parent
+    return libs
+
+
+def run_recorder(*args: str, timeout: float = 180, check: bool = False,
+                 **kw) -> subprocess.CompletedProcess:
+    result = subprocess.run([*RECORDER, *args], capture_output=True, text=True, timeout=timeout,
+                            cwd=ROOT, **kw)
+    if check and result.returncode != 0:
+        raise AssertionError(f"recorder {' '.join(args)} -> {result.returncode}\n{result.stderr}")
+    return result
+
+
+def workload_output(stdout: str) -> dict:
+    """The JSON line a workload prints at the end."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"no workload JSON in output:\n{stdout}")

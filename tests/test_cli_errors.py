@@ -1,0 +1,100 @@
+"""Bad input: one-line errors that say what to do, a non-zero exit, and no recorded data lost."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+
+import pytest
+
+from conftest import RECORDER, ROOT, needs_bpf, run_recorder
+from store import open_store
+
+
+def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("recorder: ")
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def as_nobody(args: list[str]) -> subprocess.CompletedProcess:
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run as an unprivileged user")
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           "--inh-caps=-all", *RECORDER, *args],
+                          capture_output=True, text=True, cwd="/tmp",
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": "/tmp"})
+
+
+def test_not_root_start_is_refused():
+    one_line_error(as_nobody(["start", "-p", "1", "--db", "/tmp/x.db"]), "root", "CAP_BPF")
+
+
+def test_not_root_doctor_says_what_is_missing():
+    result = as_nobody(["doctor"])
+    assert result.returncode == 1
+    assert "FAIL privileges" in result.stdout and "FAIL bpf syscall" in result.stdout
+    assert result.stdout.strip().endswith("recording cannot work until the FAIL lines are fixed")
+
+
+@needs_bpf
+def test_doctor_as_root_can_record():
+    result = run_recorder("doctor", "--json")
+    import json
+
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["can_record"] is True
+    names = {c["name"] for c in report["checks"]}
+    assert "tracepoint sched:sched_switch" in names and "uprobes" in names
+
+
+@needs_bpf
+def test_pid_that_does_not_exist(tmp_path):
+    one_line_error(run_recorder("start", "-p", "999999999", "--db", str(tmp_path / "r.db")),
+                   "no process with pid 999999999")
+
+
+@needs_bpf
+def test_unwritable_db_path():
+    one_line_error(run_recorder("start", "-p", "1", "--db", "/proc/stall.db"), "--db")
+
+
+def test_foreign_database_is_refused_and_untouched(tmp_path):
+    db = tmp_path / "shop.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE orders (id INTEGER)")
+    conn.execute("INSERT INTO orders VALUES (1)")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    one_line_error(run_recorder("explain", "--db", str(db)), "not written by stall-recorder")
+    assert db.read_bytes() == before
+
+
+def test_explain_without_a_recording(tmp_path):
+    one_line_error(run_recorder("explain", "--db", str(tmp_path / "none.db")), "recorder start")
+
+
+def test_explain_bad_window_and_session(tmp_path):
+    db = tmp_path / "r.db"
+    with open_store(db, create=True) as s:
+        s.db["session"].insert({"started_ts": 1, "stopped_ts": 10**10, "wall_offset_ns": 0,
+                                "status": "complete", "recorder_pid": 1, "hostname": "h",
+                                "kernel_release": "k", "boot_id": "b", "cpu_count": 1,
+                                "target": "t", "command": "c", "tool_version": "v"})
+        s.conn.commit()
+    one_line_error(run_recorder("explain", "--db", str(db), "--window", "5..2"), "ends before")
+    one_line_error(run_recorder("explain", "--db", str(db), "--window", "soon..later"), "--window")
+    one_line_error(run_recorder("explain", "--db", str(db), "--since", "5 minutes"), "5m")
+    one_line_error(run_recorder("explain", "--db", str(db), "--session", "7"), "no session 7")
+
+
+def test_record_without_a_command(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the privilege check comes first")
+    one_line_error(run_recorder("record", "--db", str(tmp_path / "r.db")), "nothing to run")
