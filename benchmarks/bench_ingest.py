@@ -301,7 +301,8 @@ def measure(api: str, threads: int, rates: list[int], seconds: float, burst: int
         capacity = drain(exe, library, api, threads, burst, reps, folder)
     clean = [r for r in runs if r["dropped"] == 0 and r["rows"] == r["calls"]]
     best = max(clean, key=lambda r: r["rows_per_s"]) if clean else None
-    big = sorted(runs, key=lambda r: r["rows"])[-2:]
+    by_rows = sorted(runs, key=lambda r: r["rows"])
+    big = [by_rows[0], by_rows[-1]] if len(by_rows) > 1 else by_rows
     marginal = ((big[1]["db_bytes"] - big[0]["db_bytes"]) / (big[1]["rows"] - big[0]["rows"])
                 if len(big) == 2 and big[1]["rows"] > big[0]["rows"] else None)
     return {
@@ -335,7 +336,7 @@ def render(r: dict) -> str:
         f"{r['best_zero_drop_rows_per_s']:,.0f} rows/s (target {r['target_events_per_s']:,})",
     ]
     if r["bytes_per_row_marginal"] is not None:
-        lines.append(f"- marginal bytes per row (two largest runs, indexes included): "
+        lines.append(f"- marginal bytes per row (smallest vs largest run, indexes included): "
                      f"{r['bytes_per_row_marginal']:.1f}")
     lines += [
         "",

@@ -18,10 +18,12 @@ EXAMPLES = {
     "start": ("recorder start -p 4242                 # one process and its children\n"
               "  recorder start -p 4242 -p 4243 --db /var/tmp/incident.db\n"
               "  recorder start -c /sys/fs/cgroup/unified/job42   # a cgroup v2 subtree\n"
-              "  recorder start --all --cuda-lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"),
+              "  recorder start --all --cuda-lib "
+              "/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"),
     "stop": "recorder stop\n  recorder stop --db /var/tmp/incident.db",
     "status": "recorder status\n  recorder status --json",
-    "record": "recorder record -- python train.py --epochs 1\n  recorder record --db run.db -- torchrun --nproc-per-node 2 train.py",
+    "record": ("recorder record -- python train.py --epochs 1\n"
+               "  recorder record --db run.db -- torchrun --nproc-per-node 2 train.py"),
     "explain": ("recorder explain                       # the latest session, whole\n"
                 "  recorder explain --worst               # only the worst stall\n"
                 "  recorder explain --since 5m --json\n"

@@ -147,7 +147,8 @@ CONSTANTS: dict[str, int] = {
     "TASK_EXIT": 3,
     "TASK_DLOPEN": 4,
     "OFFCPU_FLAG_OPEN": 1,
-    "CUDA_FLAG_POINTER_UNREAD": 1,  # the allocated pointer could not be read at return  # still off-CPU when the session stopped: dur runs to the stop
+    # the allocated pointer could not be read at return
+    "CUDA_FLAG_POINTER_UNREAD": 1,  # still off-CPU when the session stopped: dur runs to the stop
     "MODE_PIDS": 0,
     "MODE_CGROUP": 1,
     "MODE_ALL": 2,

@@ -227,7 +227,8 @@ def _capabilities(store: Store, session_id: int) -> dict:
         if layer in attached:
             continue
         reasons = store.query(
-            "SELECT DISTINCT status || ': ' || probe || CASE WHEN detail != '' THEN ' (' || detail || ')' ELSE '' END AS why"
+            "SELECT DISTINCT status || ': ' || probe"
+            " || CASE WHEN detail != '' THEN ' (' || detail || ')' ELSE '' END AS why"
             " FROM capability WHERE session_id = ? AND layer = ? LIMIT 3", (session_id, layer))
         not_observed.append({"layer": layer, "what": label,
                              "why": "; ".join(r["why"] for r in reasons) or "not recorded by this session"})

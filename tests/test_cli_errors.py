@@ -8,8 +8,8 @@ import sqlite3
 import subprocess
 
 import pytest
-
 from conftest import RECORDER, ROOT, needs_bpf, run_recorder
+
 from store import open_store
 
 

@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT, needs_bpf, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]

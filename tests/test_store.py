@@ -121,7 +121,8 @@ def test_views_explain_a_contended_call_from_rows(tmp_path):
     assert finding["dur_ns"] == 12_000_000 and finding["expected_dur_ns"] == 600_000
     assert finding["cpu_wait_dur_ns"] == 11_000_000 and finding["preemptions"] == 2
     text = render_text(report)
-    assert "cudaMalloc 12.0 ms (expected ~0.60 ms): off-CPU 92% of the call, 2 preemptions by hog (pid 20) on cpu 1" in text
+    assert ("cudaMalloc 12.0 ms (expected ~0.60 ms): off-CPU 92% of the call, "
+            "2 preemptions by hog (pid 20) on cpu 1") in text
     assert "Not observed: NCCL collectives" in text
 
 
