@@ -15,8 +15,20 @@ from recorder.probes import TargetSpec
 from recorder.session import Session, install_stop_signals, log_path, running_recorder, status_path
 
 
+def check_db_path(db: Path) -> None:
+    """Fail early, before forking, when the database's folder cannot take our files."""
+    if db.is_dir():
+        raise UserError(f"{db} is a directory: pass a database file path with --db")
+    try:
+        with open(log_path(db), "a"):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot write {db} ({e.strerror}): pass a writable --db path") from None
+
+
 def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str) -> dict:
     """Fork a detached recorder; return its attach summary once the probes are attached."""
+    check_db_path(db)
     holder = running_recorder(db)
     if holder:
         raise UserError(
@@ -114,6 +126,7 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
 
     `on_started(pid)` is called once the probes are attached and the command runs.
     """
+    check_db_path(db)
     holder = running_recorder(db)
     if holder:
         raise UserError(
