@@ -11,6 +11,11 @@
  *      data, so the completions must carry tag A and a flusher pid.
  *   B  written with tag B, then the task switches to tag C and calls fsync():
  *      the data must complete with tag B (the dirtier), never C.
+ *   D  a file with the user.ai.checkpoint xattr, written with tag D, must be
+ *      reported by writeback:ai_checkpoint_write; a file without it must not.
+ *   E  with fail_io_timeout, the completion of one O_DIRECT read tagged E is
+ *      dropped, so nvme_timeout() runs for it: nvme:nvme_ai_timeout must
+ *      report an abort and then a controller reset, both with tag E.
  *
  * It also checks the events of the other patches when their tracefs
  * directories exist, dumps every event's tracefs `format`, and prints one
@@ -28,6 +33,7 @@
 #include <sys/prctl.h>
 #include <sys/reboot.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -42,6 +48,8 @@
 #define TAG_B 0x5a5a00000000b002ULL
 #define TAG_C 0x5a5a00000000c003ULL
 #define TAG_D 0x5a5a00000000d004ULL
+#define TAG_E 0x5a5a00000000e005ULL
+#define DEBUGFS "/sys/kernel/debug"
 #define FILE_BYTES (1024 * 1024)
 
 static int failures;
@@ -169,7 +177,8 @@ static void dump_format(const char *sys_event)
 	printf("=== end format ===\n");
 }
 
-static int count_lines(const char *needle, const char *also)
+/* Trace lines that contain @needle and, when not NULL, @also and @also2. */
+static int count_lines_all(const char *needle, const char *also, const char *also2)
 {
 	int n = 0;
 	char *line = trace_buf, *end;
@@ -178,12 +187,62 @@ static int count_lines(const char *needle, const char *also)
 		end = strchr(line, '\n');
 		if (end)
 			*end = '\0';
-		if (strstr(line, needle) && (!also || strstr(line, also)))
+		if (strstr(line, needle) && (!also || strstr(line, also)) &&
+		    (!also2 || strstr(line, also2)))
 			n++;
 		if (end)
 			*end = '\n';
 	}
 	return n;
+}
+
+/*
+ * Make the completion of the next request on nvme0n1 get lost, read one block
+ * of @path with O_DIRECT under tag E in a child, and wait for it (the driver
+ * aborts the command, then resets the controller, then the read is retried).
+ * Returns 0 if the read finished within a minute.
+ */
+static int lost_completion_read(const char *path)
+{
+	int status, i, fd;
+	void *buf;
+	pid_t child;
+
+	if (write_file("/sys/block/nvme0n1/queue/io_timeout", "1000") ||
+	    write_file(DEBUGFS "/fail_io_timeout/probability", "100") ||
+	    write_file(DEBUGFS "/fail_io_timeout/interval", "1") ||
+	    write_file(DEBUGFS "/fail_io_timeout/times", "1") ||
+	    write_file(DEBUGFS "/fail_io_timeout/verbose", "1"))
+		die("configure fail_io_timeout");
+	if (posix_memalign(&buf, 4096, 4096))
+		die("posix_memalign");
+	sync();
+	if (write_file("/sys/block/nvme0n1/io-timeout-fail", "1"))
+		die("io-timeout-fail");
+	child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		set_tag(TAG_E);
+		fd = open(path, O_RDONLY | O_DIRECT);
+		_exit(fd >= 0 && pread(fd, buf, 4096, 0) == 4096 ? 0 : 1);
+	}
+	for (i = 0; i < 600; i++) {
+		if (waitpid(child, &status, WNOHANG) == child) {
+			write_file("/sys/block/nvme0n1/io-timeout-fail", "0");
+			printf("lost-completion read finished after %d.%ds, status %d\n",
+			       i / 10, i % 10, WEXITSTATUS(status));
+			return 0;
+		}
+		usleep(100000);
+	}
+	write_file("/sys/block/nvme0n1/io-timeout-fail", "0");
+	return -1;
+}
+
+static int count_lines(const char *needle, const char *also)
+{
+	return count_lines_all(needle, also, NULL);
 }
 
 int main(void)
@@ -219,8 +278,11 @@ int main(void)
 			die("no /dev/nvme0n1");
 		usleep(100000);
 	}
-	if (mount("/dev/nvme0n1", "/mnt", "ext4", 0, NULL))
+	/* noatime: a read must not dirty the inode and start a journal commit. */
+	if (mount("/dev/nvme0n1", "/mnt", "ext4", MS_NOATIME, NULL))
 		die("mount /dev/nvme0n1");
+	if (mount("debugfs", DEBUGFS, "debugfs", 0, NULL) && errno != EBUSY)
+		printf("debugfs not mounted: %s\n", strerror(errno));
 
 	for (i = 0; i < sizeof(events) / sizeof(events[0]); i++) {
 		char dir[256];
@@ -259,6 +321,12 @@ int main(void)
 	write_data("/mnt/plain", 0, 0);
 	set_tag(0);
 	sync();
+
+	/* E: a request whose completion is lost, handled by nvme_timeout(). */
+	if (dir_exists(TRACEFS "/events/nvme/nvme_ai_timeout") &&
+	    dir_exists(DEBUGFS "/fail_io_timeout"))
+		check(lost_completion_read("/mnt/plain") == 0,
+		      "read with a lost completion finished after timeout handling");
 
 	write_file(TRACEFS "/tracing_on", "0");
 	read_trace();
@@ -309,6 +377,16 @@ int main(void)
 		      "ai_checkpoint_write reports the opted-in file with tag D");
 		check(count_lines("ai_checkpoint_write:", "name=plain") == 0,
 		      "ai_checkpoint_write ignores files without the xattr");
+	}
+	if (dir_exists(TRACEFS "/events/nvme/nvme_ai_timeout") &&
+	    dir_exists(DEBUGFS "/fail_io_timeout")) {
+		char want[64];
+
+		snprintf(want, sizeof(want), "io_tag=%llu", TAG_E);
+		check(count_lines_all("nvme_ai_timeout:", "action=abort", want) > 0,
+		      "nvme_ai_timeout reports the abort of the tag E request");
+		check(count_lines_all("nvme_ai_timeout:", "action=reset", want) > 0,
+		      "nvme_ai_timeout reports the controller reset for the tag E request");
 	}
 	if (dir_exists(TRACEFS "/events/dma/dma_ai_map_latency")) {
 		int maps = count_lines("dma_ai_map_latency:", NULL);
