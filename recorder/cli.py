@@ -93,6 +93,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--since", metavar="DURATION", help="the last DURATION of the session (30s, 5m)")
     g.add_argument("--worst", action="store_true", help="only the worst stall")
     p.add_argument("-j", "--json", action="store_true", help="the report as JSON (same content)")
+
+    mcp_help = "serve a recording to MCP clients (Claude Code, Cursor): stdio, or HTTPS with --http"
+    p = subs.add_parser("mcp", help=mcp_help, description=mcp_help,
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+                            "examples:\n  recorder mcp --db run.db                # stdio, started by the client\n"
+                            "  claude mcp add stall-recorder -- recorder mcp --db /abs/path/run.db\n"
+                            "  recorder mcp --db run.db --http 127.0.0.1:8765 --certfile cert.pem "
+                            "--keyfile key.pem --token-file token\n"
+                            "the token is read from --token-file (chmod 600) or $STALL_RECORDER_MCP_TOKEN, "
+                            "never from the command line"))
+    _db_arg(p)
+    p.add_argument("--http", metavar="HOST:PORT", help="serve HTTPS (streamable HTTP at /mcp) instead of stdio")
+    p.add_argument("--certfile", type=Path, help="TLS certificate (PEM) for --http")
+    p.add_argument("--keyfile", type=Path, help="TLS private key (PEM) for --http")
+    p.add_argument("--token-file", type=Path, help="file holding the bearer token clients must send (--http)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another Host name clients use to reach --http (repeatable)")
     return ap
 
 
@@ -196,9 +213,23 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_mcp(args) -> int:
+    if args.http:
+        from mcp_server.https import serve_https
+
+        serve_https(args.db, args.http, args.certfile, args.keyfile, args.token_file, args.allow_host)
+    else:
+        if args.certfile or args.keyfile or args.token_file:
+            raise UserError("--certfile, --keyfile and --token-file go with --http HOST:PORT")
+        from mcp_server.server import serve_stdio
+
+        serve_stdio(args.db)
+    return 0
+
+
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
-    "status": cmd_status, "explain": cmd_explain,
+    "status": cmd_status, "explain": cmd_explain, "mcp": cmd_mcp,
 }
 
 

@@ -1,0 +1,252 @@
+"""Queries only the MCP tools need: listings and drill-downs over the store's tables and views.
+
+The stall report itself is store.report.explain(); these functions add the listings an assistant
+walks through (sessions, capabilities, kernel-log events, the rows behind a causal link) and answer
+for layers this recorder does not record yet by saying so, from the capability table, instead of
+returning numbers that do not exist. Times are ns of CLOCK_MONOTONIC (``*_ns``), with UTC next to them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.db import Store
+from store.errors import UserError
+from store.report import LAYERS, resolve_window, session_row, session_state, slow_calls, utc
+
+MAX_LIMIT = 500
+
+
+def _limit(n: int) -> int:
+    return max(1, min(int(n), MAX_LIMIT))
+
+
+def has_table(store: Store, name: str) -> bool:
+    return store.one("SELECT 1 AS x FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')",
+                     (name,)) is not None
+
+
+def window_of(store: Store, session_id: int | None, window: str | None) -> tuple[dict, int, int]:
+    session = session_row(store, session_id)
+    start, end = resolve_window(store, session, window)
+    return session, start, end
+
+
+def _window_out(session: dict, start: int, end: int) -> dict:
+    off = session["wall_offset_ns"]
+    return {"session_id": session["id"], "start_ns": start, "end_ns": end,
+            "start_utc": utc(start + off), "end_utc": utc(end + off)}
+
+
+def sessions(store: Store) -> list[dict]:
+    out = []
+    for s in store.query("SELECT * FROM session ORDER BY id"):
+        counts = store.one(
+            "SELECT (SELECT count(*) FROM cuda_call WHERE session_id = :s) AS cuda_calls,"
+            " (SELECT count(*) FROM offcpu_interval WHERE session_id = :s) AS offcpu_intervals,"
+            " (SELECT count(*) FROM kernel_log WHERE session_id = :s) AS kernel_log_records,"
+            " (SELECT coalesce(sum(dropped), 0) FROM loss WHERE session_id = :s) AS dropped_events",
+            {"s": s["id"]})
+        end = s["stopped_ts"]
+        out.append({
+            "session_id": s["id"], "state": session_state(store, s), "host": s["hostname"],
+            "kernel": s["kernel_release"], "target": s["target"],
+            "start_utc": utc(s["started_ts"] + s["wall_offset_ns"]),
+            "dur_ns": None if end is None else end - s["started_ts"],
+            **counts,
+        })
+    return out
+
+
+def layer_status(store: Store, session_id: int, layer: str) -> dict:
+    """Whether a session observed a layer, with the capability rows that say why not."""
+    rows = store.query("SELECT probe, target, status, detail FROM capability WHERE session_id = ? AND layer = ?",
+                       (session_id, layer))
+    attached = sum(r["status"] == "attached" for r in rows)
+    return {
+        "layer": layer, "what": LAYERS.get(layer, layer), "observed": attached > 0,
+        "probes_attached": attached, "probes_not_attached": len(rows) - attached,
+        "not_attached": [{"probe": r["probe"], "target": r["target"], "status": r["status"],
+                          "detail": r["detail"]} for r in rows if r["status"] != "attached"][:20],
+    }
+
+
+def capabilities(store: Store, session_id: int | None) -> dict:
+    session = session_row(store, session_id)
+    sid = session["id"]
+    layers = [row["layer"] for row in store.query(
+        "SELECT DISTINCT layer FROM capability WHERE session_id = ? ORDER BY layer", (sid,))]
+    all_layers = list(LAYERS) + [x for x in layers if x not in LAYERS]
+    loss = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe"
+                       " ORDER BY dropped DESC", (sid,))
+    return {
+        "session_id": sid, "state": session_state(store, session),
+        "layers": [layer_status(store, sid, layer) for layer in all_layers],
+        "dropped_events": sum(r["dropped"] for r in loss),
+        "dropped_by_probe": [{"probe": r["probe"], "dropped": r["dropped"]} for r in loss],
+    }
+
+
+def not_recorded(store: Store, session_id: int, layer: str, table: str, what: str) -> str:
+    """The note for a layer with no rows: is the table missing, or was the layer not attached?"""
+    status = layer_status(store, session_id, layer)
+    if not has_table(store, table):
+        base = f"{what} are not recorded by this version of stall-recorder (no {table} table in this database)"
+    elif not status["observed"]:
+        base = f"{what}: the {layer} layer was not observed in session {session_id}"
+    else:
+        return f"{what}: the {layer} layer was observed and recorded none in this window"
+    reasons = "; ".join(f"{r['status']}: {r['probe']}" + (f" ({r['detail']})" if r["detail"] else "")
+                        for r in status["not_attached"][:3])
+    return base + (f"; capability: {reasons}" if reasons else "") + ". Nothing here is estimated."
+
+
+def steps(store: Store, session_id: int | None, limit: int) -> dict:
+    session = session_row(store, session_id)
+    sid = session["id"]
+    if has_table(store, "step"):
+        note = ("this database has a step table that this server does not read yet: query it with "
+                "run_sql (see schema://tables)")
+    else:
+        note = not_recorded(store, sid, "python", "step", "training steps (markers or the periodic heuristic)")
+    return {"session_id": sid, "steps": [], "note": note + " Use top_stalls for the slowest CUDA calls and "
+            "explain_stall with a window instead."}
+
+
+def top_stalls(store: Store, session_id: int | None, window: str | None, limit: int) -> dict:
+    session, start, end = window_of(store, session_id, window)
+    calls = slow_calls(store, session["id"], start, end, _limit(limit))
+    off = session["wall_offset_ns"]
+    return {
+        **_window_out(session, start, end),
+        "threshold": "dur >= 2 x expected_dur and excess_dur >= 200 us, baseline of >= 3 calls (slow_cuda_call)",
+        "stalls": [{
+            "cuda_call_id": c["id"], "api": c["api"], "ts_ns": c["ts"], "utc": utc(c["ts"] + off),
+            "dur_ns": c["dur"], "expected_dur_ns": c["expected_dur"], "excess_dur_ns": c["excess_dur"],
+            "offcpu_dur_ns": c["offcpu_dur"], "cpu_wait_dur_ns": c["cpu_wait_dur"],
+            "blocked_dur_ns": c["blocked_dur"], "tid": c["tid"], "pid": c["pid"],
+            "thread_name": c["thread_name"], "cause": c["cause"]["kind"], "summary": c["cause"]["summary"],
+        } for c in calls],
+    }
+
+
+def nvme_events(store: Store, session_id: int | None, window: str | None, controller: str | None,
+                limit: int) -> dict:
+    session, start, end = window_of(store, session_id, window)
+    rows = store.query(
+        "SELECT e.*, k.text FROM nvme_event e JOIN kernel_log k ON k.id = e.kernel_log_id"
+        " WHERE e.session_id = ? AND e.ts >= ? AND e.ts < ? AND (? IS NULL OR e.controller = ?)"
+        " ORDER BY e.ts LIMIT ?",
+        (session["id"], start, end, controller, controller, _limit(limit) + 1))
+    off = session["wall_offset_ns"]
+    events = [{"nvme_event_id": r["id"], "kernel_log_id": r["kernel_log_id"], "ts_ns": r["ts"],
+               "utc": utc(r["ts"] + off), "kind": r["kind"], "controller": r["controller"], "tag": r["tag"],
+               "qid": r["qid"], "command_id": r["command_id"], "opcode": r["opcode"], "req_op": r["req_op"],
+               "size_bytes": r["size_bytes"], "status": r["status"], "action": r["action"], "text": r["text"]}
+              for r in rows]
+    status = layer_status(store, session["id"], "kmsg")
+    return {
+        **_window_out(session, start, end), "kernel_log_observed": status["observed"],
+        "events": events[:_limit(limit)], "truncated": len(events) > _limit(limit),
+        "note": "what a timeout hit (the block request and the step behind it) needs the block request "
+                "layer, which this version does not record; a timeout line means the command was issued "
+                "about nvme_core.io_timeout (30 s by default) before ts_ns",
+    }
+
+
+def kernel_log(store: Store, session_id: int | None, window: str | None, subsystem: str | None,
+               max_level: int | None, contains: str | None, limit: int) -> dict:
+    session, start, end = window_of(store, session_id, window)
+    rows = store.query(
+        "SELECT id, ts, level, subsystem, event_kind, device, text, malformed FROM kernel_log"
+        " WHERE session_id = ? AND ts >= ? AND ts < ? AND (? IS NULL OR subsystem = ?)"
+        " AND (? IS NULL OR level <= ?) AND (? IS NULL OR instr(text, ?) > 0) ORDER BY ts, seq LIMIT ?",
+        (session["id"], start, end, subsystem, subsystem, max_level, max_level, contains, contains,
+         _limit(limit) + 1))
+    off = session["wall_offset_ns"]
+    records = [{"kernel_log_id": r["id"], "ts_ns": r["ts"], "utc": utc(r["ts"] + off), "level": r["level"],
+                "subsystem": r["subsystem"], "event_kind": r["event_kind"], "device": r["device"],
+                "text": r["text"], "malformed": r["malformed"]} for r in rows]
+    status = layer_status(store, session["id"], "kmsg")
+    out = {**_window_out(session, start, end), "kernel_log_observed": status["observed"],
+           "records": records[:_limit(limit)], "truncated": len(records) > _limit(limit)}
+    if not status["observed"] and not records:
+        out["note"] = not_recorded(store, session["id"], "kmsg", "kernel_log", "kernel log records")
+    return out
+
+
+def io_latency(store: Store, session_id: int | None, window: str | None) -> dict:
+    session, start, end = window_of(store, session_id, window)
+    sid = session["id"]
+    errors = store.query(
+        "SELECT dev, count(*) AS errors FROM block_error WHERE session_id = ? AND ts >= ? AND ts < ?"
+        " GROUP BY dev ORDER BY errors DESC", (sid, start, end))
+    return {
+        **_window_out(session, start, end), "devices": [],
+        "note": not_recorded(store, sid, "block", "block_request", "block I/O request latencies"),
+        "block_errors_from_kernel_log": [{"dev": r["dev"], "errors": r["errors"]} for r in errors],
+    }
+
+
+def python_lines(store: Store, session_id: int | None, window: str | None) -> dict:
+    session, start, end = window_of(store, session_id, window)
+    return {**_window_out(session, start, end), "lines": [],
+            "note": not_recorded(store, session["id"], "python", "python_sample", "Python source lines")}
+
+
+def nccl_collectives(store: Store, session_id: int | None, window: str | None) -> dict:
+    session, start, end = window_of(store, session_id, window)
+    return {**_window_out(session, start, end), "collectives": [],
+            "note": not_recorded(store, session["id"], "nccl", "nccl_call", "NCCL collectives")}
+
+
+TYPED_KERNEL_TABLES = ("nvme_event", "block_error", "swiotlb_event", "iommu_fault", "aer_event", "gpu_xid",
+                       "oom_kill")
+
+
+def evidence(store: Store, kind: str, row_id: int) -> dict[str, Any]:
+    """The rows behind a finding: a CUDA call with its off-CPU intervals and contenders, one off-CPU
+    interval with who was involved, or a kernel log record with the typed event parsed from it."""
+    if kind == "cuda_call":
+        call = store.one("SELECT * FROM cuda_call_detail WHERE id = ?", (row_id,))
+        if call is None:
+            raise UserError(f"no CUDA call {row_id}: take ids from top_stalls or explain_stall")
+        links = store.query(
+            "SELECT l.offcpu_id, l.reason, l.overlap_dur AS overlap_dur_ns, l.runq_overlap_dur AS cpu_wait_dur_ns,"
+            " l.contender_pid, l.contender_name, l.contended_cpu, o.ts AS ts_ns, o.dur AS dur_ns, o.state_letter,"
+            " o.syscall_name, o.waker_tid, o.waker_name FROM cuda_call_offcpu l JOIN offcpu o ON o.id = l.offcpu_id"
+            " WHERE l.cuda_call_id = ? ORDER BY o.ts LIMIT 200", (row_id,))
+        contenders = store.query(
+            "SELECT contender_pid, contender_name, preemptions, delayed_wakeups, cpu_wait_dur AS cpu_wait_dur_ns,"
+            " cpus FROM cuda_call_contender WHERE cuda_call_id = ? ORDER BY cpu_wait_dur DESC", (row_id,))
+        return {"kind": kind, "link": "cuda_call -> offcpu (same thread, interval starts inside the call)",
+                "cuda_call": _units(call), "offcpu_intervals": links, "contenders": contenders}
+    if kind == "offcpu":
+        row = store.one("SELECT * FROM offcpu WHERE id = ?", (row_id,))
+        if row is None:
+            raise UserError(f"no off-CPU interval {row_id}: take ids from evidence(kind='cuda_call')")
+        calls = store.query("SELECT cuda_call_id, overlap_dur AS overlap_dur_ns FROM cuda_call_offcpu"
+                            " WHERE offcpu_id = ?", (row_id,))
+        return {"kind": kind, "offcpu": _units(row), "inside_cuda_calls": calls}
+    if kind == "kernel_log":
+        row = store.one("SELECT * FROM kernel_log WHERE id = ?", (row_id,))
+        if row is None:
+            raise UserError(f"no kernel log record {row_id}: take ids from kernel_log or nvme_events")
+        typed = {}
+        for table in TYPED_KERNEL_TABLES:
+            hit = store.one(f"SELECT * FROM {table} WHERE kernel_log_id = ?", (row_id,))
+            if hit:
+                typed = {"table": table, "row": _units(hit)}
+        row.pop("raw", None)  # bytes of a malformed record; its text is kept
+        return {"kind": kind, "kernel_log": _units(row), "parsed_event": typed or None}
+    raise UserError(f"unknown evidence kind {kind!r}: use cuda_call, offcpu or kernel_log")
+
+
+def _units(row: dict) -> dict:
+    """Store rows name ns columns ts, dur, *_ts and *_dur; MCP results spell the unit out."""
+    out = {}
+    for k, v in row.items():
+        if k in ("ts", "dur", "printk_ts", "wakeup_ts") or k.endswith("_dur"):
+            k = f"{k}_ns"
+        out[k] = v
+    return out
