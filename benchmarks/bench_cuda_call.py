@@ -226,7 +226,7 @@ def measure(api: str, n: int, reps: int) -> dict:
         from store.db import open_store
 
         with open_store(Path(tmp.name) / "bench.db", readonly=True) as store:
-            rows = store.one("SELECT count(*) AS n FROM cuda_call WHERE api = ?", (api,))["n"]
+            rows = store.one("SELECT count(*) AS n FROM cuda_call_named WHERE api = ?", (api,))["n"]
             lost = store.one("SELECT coalesce(sum(dropped), 0) AS n FROM loss")["n"]
     finally:
         driver.close()

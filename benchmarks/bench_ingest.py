@@ -217,7 +217,7 @@ def _stored(db: Path, api: str) -> tuple[int, int, int]:
     from store.db import open_store
 
     with open_store(db, readonly=True) as store:
-        rows = store.one("SELECT count(*) AS n FROM cuda_call WHERE api = ?", (api,))["n"]
+        rows = store.one("SELECT count(*) AS n FROM cuda_call_named WHERE api = ?", (api,))["n"]
         lost = store.one("SELECT coalesce(sum(dropped), 0) AS n FROM loss")["n"]
         other = store.one("SELECT count(*) AS n FROM offcpu_interval")["n"]
     return rows, lost, other
@@ -269,6 +269,7 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
         cpu0 = _cpu_s()
         t0 = time.perf_counter()
         session.run(lambda s=session, e=expected: s.counters.events["cuda"] >= e)
+        session.writer.sync()  # rows committed, not only handed to the writer thread
         wall = time.perf_counter() - t0
         cpu = _cpu_s() - cpu0
         session.finish()

@@ -125,7 +125,8 @@ class Identity:
         self.process(pid, ts)
 
     def flush_exits(self) -> None:
-        conn = self.writer.store.conn
+        """Queue the updates for exits, execs and promotions on the writer, after its rows."""
+        conn = self.writer
         for table, row_id, ts in self.exited:
             if table == "traced":
                 conn.execute("UPDATE thread SET traced = 1 WHERE id = ?", (row_id,))

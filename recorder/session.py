@@ -36,7 +36,7 @@ OFFCPU_COLUMNS = (
     "open",
 )
 CUDA_COLUMNS = (
-    "session_id", "ts", "dur", "thread_id", "api", "family", "library", "ret", "size_bytes",
+    "session_id", "ts", "dur", "thread_id", "api_id", "ret", "size_bytes",
     "size_class", "stream", "function", "pointer", "event_handle", "memcpy_kind", "grid", "block",
     "shared_mem_bytes", "cgroup_id",
 )
@@ -60,9 +60,7 @@ _LAYOUT_FIELDS = {
     "launch_drv_ex": {"function", "launch", "stream"},
     "launch_rt_ex": {"function", "launch", "stream"},
 }
-_API_META = [
-    (api.name, api.family, api.library, _LAYOUT_FIELDS[api.layout]) for api in cuda.APIS
-]
+_API_FIELDS = [_LAYOUT_FIELDS[api.layout] for api in cuda.APIS]
 
 
 def lock_path(db: Path) -> Path:
@@ -140,7 +138,11 @@ class Session:
         }).last_pk
         self.store.conn.commit()
         self.started_ts = started
-        self.writer = Writer(self.store)
+        self.store.conn.executemany(
+            "INSERT OR IGNORE INTO cuda_api (id, name, family, library, arguments) VALUES (?,?,?,?,?)",
+            [(i, a.name, a.family, a.library, a.layout) for i, a in enumerate(cuda.APIS)])
+        self.store.conn.commit()
+        self.writer = Writer(self.store, background=True)
         self.writer.table("offcpu_interval", OFFCPU_COLUMNS)
         self.writer.table("cuda_call", CUDA_COLUMNS)
         self.writer.table("capability", CAPABILITY_COLUMNS)
@@ -196,6 +198,8 @@ class Session:
     def _abandon(self) -> None:
         """Startup failed after the session row was written: keep it, marked with no data."""
         if self.store:
+            if getattr(self, "writer", None):
+                self.writer.close()
             self.store.conn.execute(
                 "UPDATE session SET status = 'failed', stopped_ts = ? WHERE id = ?",
                 (now_ns(), self.session_id),
@@ -283,10 +287,9 @@ class Session:
                 self._task_event(*rec)
             raw_task.clear()
         self._store_capabilities()
-        self.writer.flush()
         if ident.exited:
             ident.flush_exits()
-            self.store.conn.commit()
+        self.writer.flush()
 
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
         sid = self.session_id
@@ -296,11 +299,11 @@ class Session:
         for rec in events.CUDA.iter_unpack(joined):
             (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
              gx, gy, gz, bx, by, bz, shmem, flags) = rec
-            name, family, library, meaningful = _API_META[api]
+            meaningful = _API_FIELDS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
             launch = "launch" in meaningful
             rows.append((
-                sid, ts, dur, th, name, family, library, ret,
+                sid, ts, dur, th, api, ret,
                 size if "size" in meaningful else None,
                 size.bit_length() if "size" in meaningful else None,
                 stream if "stream" in meaningful else None,
@@ -382,7 +385,7 @@ class Session:
                 self.session_id, rec.ts, stop - rec.ts, th, rec.cpu, rec.state,
                 rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
                 None, rec.cgroup_id, 1))
-        self.writer.flush()
+        self.writer.close()
         self.probes.cleanup()
         self.store.conn.execute(
             "UPDATE session SET status = 'complete', stopped_ts = ? WHERE id = ?",

@@ -8,8 +8,11 @@ as TEMP views on read-only connections, so a report always uses the views of the
 
 from __future__ import annotations
 
+import itertools
 import os
+import queue
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +23,7 @@ from store.errors import StoreError
 
 HERE = Path(__file__).resolve().parent
 APPLICATION_ID = 0x53544C52  # 'STLR'
+ROWS_PER_STATEMENT = 50
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -187,21 +191,39 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
 
 
 class Writer:
-    """Batches rows per table and writes them with executemany, committing once per flush.
+    """Batches rows per table and writes them with executemany, one transaction per flush.
 
     Plain tuples in the hot path: rows are positional in the column order given to `table()`.
+    With `background=True` a flush hands the batch to a writer thread and returns at once, so the
+    recorder keeps draining its ring buffers while SQLite works (sqlite3 releases the GIL while it
+    steps a statement). At most `max_batches` batches wait; a further flush blocks, which is the
+    back-pressure that shows up as counted ring-buffer drops instead of unbounded memory. Every
+    write to the database during a session goes through here, rows and statements in order.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, background: bool = False, max_batches: int = 8) -> None:
         self.store = store
         self._sql: dict[str, str] = {}
+        self._multi_sql: dict[str, str] = {}
         self._pending: dict[str, list[Sequence]] = {}
+        self._statements: list[tuple[str, Sequence]] = []
         self.rows_written = 0
+        self._error: BaseException | None = None
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue(maxsize=max_batches)
+            self._thread = threading.Thread(target=self._run, name="stall-writer", daemon=True)
+            self._thread.start()
 
     def table(self, name: str, columns: Iterable[str]) -> None:
         cols = list(columns)
-        marks = ",".join("?" * len(cols))
-        self._sql[name] = f"INSERT INTO {name} ({','.join(cols)}) VALUES ({marks})"
+        head = f"INSERT INTO {name} ({','.join(cols)}) VALUES "
+        one = "(" + ",".join("?" * len(cols)) + ")"
+        self._sql[name] = head + one
+        # One statement inserting ROWS_PER_STATEMENT rows costs a third less per row than as many
+        # one-row statements (measured: 197k -> 277k rows/s for cuda_call).
+        self._multi_sql[name] = head + ",".join([one] * ROWS_PER_STATEMENT)
         self._pending.setdefault(name, [])
 
     def add(self, name: str, row: Sequence) -> None:
@@ -210,17 +232,76 @@ class Writer:
     def extend(self, name: str, rows: list[Sequence]) -> None:
         self._pending[name].extend(rows)
 
+    def execute(self, sql: str, params: Sequence = ()) -> None:
+        """Queue a statement, run after this batch's rows in the same transaction."""
+        self._statements.append((sql, params))
+
     def pending(self) -> int:
         return sum(len(rows) for rows in self._pending.values())
 
     def flush(self) -> int:
+        """Write (or hand over) everything added since the last flush; returns the row count."""
+        if self._error:
+            raise self._error
+        batch = [(name, rows) for name, rows in self._pending.items() if rows]
+        count = sum(len(rows) for _, rows in batch)
+        statements = self._statements
+        self._statements = []
+        for name in self._pending:
+            if self._pending[name]:
+                self._pending[name] = []
+        if not batch and not statements:
+            return 0
+        if self._queue is None:
+            self._write(batch, statements)
+        else:
+            self._queue.put((batch, statements))
+        return count
+
+    def sync(self) -> None:
+        """Wait until every batch handed over is committed."""
+        if self._queue is not None:
+            self._queue.join()
+        if self._error:
+            raise self._error
+
+    def close(self) -> None:
+        self.flush()
+        self.sync()
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._queue = None
+
+    def _write(self, batch: list, statements: list) -> None:
         conn = self.store.conn
-        written = 0
-        for name, rows in self._pending.items():
-            if rows:
-                conn.executemany(self._sql[name], rows)
-                written += len(rows)
-                rows.clear()
+        k = ROWS_PER_STATEMENT
+        for name, rows in batch:
+            full = len(rows) // k * k
+            if full:
+                chain = itertools.chain.from_iterable
+                conn.executemany(self._multi_sql[name],
+                                 [tuple(chain(rows[i:i + k])) for i in range(0, full, k)])
+            if full < len(rows):
+                conn.executemany(self._sql[name], rows[full:])
+        for sql, params in statements:
+            conn.execute(sql, params)
         conn.commit()
-        self.rows_written += written
-        return written
+        self.rows_written += sum(len(rows) for _, rows in batch)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:
+                    self._write(*item)
+            except BaseException as e:  # surfaced to the recorder on its next flush or sync
+                self._error = e
+                try:
+                    self.store.conn.rollback()
+                except sqlite3.Error:
+                    pass
+            finally:
+                self._queue.task_done()

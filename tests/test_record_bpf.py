@@ -42,7 +42,7 @@ def test_known_calls_give_exactly_those_rows(tmp_path, native):
     truth = workload_output(res.stdout)
     assert len(truth["threads"]) == 3
     rows = q(db, "SELECT t.tid, c.api, count(*), min(c.dur), max(c.dur), min(c.size_bytes),"
-                 " max(c.size_bytes) FROM cuda_call c JOIN thread t ON t.id = c.thread_id"
+                 " max(c.size_bytes) FROM cuda_call_named c JOIN thread t ON t.id = c.thread_id"
                  " GROUP BY t.tid, c.api")
     by = {(tid, api): (n, lo, hi, smin, smax) for tid, api, n, lo, hi, smin, smax in rows}
     for tid, info in truth["threads"].items():
@@ -52,21 +52,21 @@ def test_known_calls_give_exactly_those_rows(tmp_path, native):
         assert lo >= 600_000  # at least the CPU work it was told to do
         assert by[(int(tid), "cudaFree")][0] == 40
         assert by[(int(tid), "cudaStreamSynchronize")][0] == 1
-        first = q(db, "SELECT c.pointer FROM cuda_call c JOIN thread t ON t.id = c.thread_id"
+        first = q(db, "SELECT c.pointer FROM cuda_call_named c JOIN thread t ON t.id = c.thread_id"
                       " WHERE t.tid = ? AND c.api = 'cudaMalloc' ORDER BY c.ts LIMIT 1", (int(tid),))
         assert first[0][0] == info["first_pointer"]
-        stream = q(db, "SELECT c.stream FROM cuda_call c JOIN thread t ON t.id = c.thread_id"
+        stream = q(db, "SELECT c.stream FROM cuda_call_named c JOIN thread t ON t.id = c.thread_id"
                        " WHERE t.tid = ? AND c.api = 'cudaStreamSynchronize'", (int(tid),))
         assert stream[0][0] == 0x5000 + int(tid) % 1000
     assert q(db, "SELECT count(*) FROM loss")[0][0] == 0
     # worker threads (not the main thread) are attributed, with their names
     tids = {r[0] for r in q(db, "SELECT tid FROM thread WHERE traced = 1")}
     assert {int(t) for t in truth["threads"]} <= tids
-    main = q(db, "SELECT count(DISTINCT c.thread_id) FROM cuda_call c")[0][0]
+    main = q(db, "SELECT count(DISTINCT c.thread_id) FROM cuda_call_named c")[0][0]
     assert main == 3
     # durations agree with the workload's own wall clock within tolerance: 40 x 600 us of CPU
     # work per thread cannot take less than 24 ms of cudaMalloc time
-    total = q(db, "SELECT sum(dur) FROM cuda_call WHERE api = 'cudaMalloc'")[0][0]
+    total = q(db, "SELECT sum(dur) FROM cuda_call_named WHERE api = 'cudaMalloc'")[0][0]
     assert total >= 3 * 40 * 600_000
     status = q(db, "SELECT status, stopped_ts IS NOT NULL FROM session")[0]
     assert status == ("complete", 1)
@@ -83,9 +83,9 @@ def test_gil_holding_extension_and_driver_calls(tmp_path, native):
     truth = workload_output(res.stdout)
     (tid, info), = truth["threads"].items()
     assert info["mallocs"] == 6  # 5 through ctypes, 1 through the extension holding the GIL
-    n = q(db, "SELECT count(*) FROM cuda_call WHERE api = 'cudaMalloc'")[0][0]
+    n = q(db, "SELECT count(*) FROM cuda_call_named WHERE api = 'cudaMalloc'")[0][0]
     assert n == 6
-    drv = q(db, "SELECT api, library, size_bytes FROM cuda_call WHERE family = 'cuMemAlloc'")
+    drv = q(db, "SELECT api, library, size_bytes FROM cuda_call_named WHERE family = 'cuMemAlloc'")
     assert drv == [("cuMemAlloc_v2", "driver", 1 << 20)]
 
 
@@ -101,7 +101,7 @@ def test_library_loaded_after_start_is_traced(tmp_path, native):
     res = record(db, sys.executable, WORKLOAD, "--libdir", str(native["dir"]), "--calls", "30",
                  "--threads", "0", "--dlopen-delay", "1", "--settle", "0.5")
     workload_output(res.stdout)
-    assert q(db, "SELECT count(*) FROM cuda_call WHERE api = 'cudaMalloc'")[0][0] == 30
+    assert q(db, "SELECT count(*) FROM cuda_call_named WHERE api = 'cudaMalloc'")[0][0] == 30
     found = q(db, "SELECT kind, found_by FROM library")
     assert ("runtime", "dlopen") in found
 
@@ -112,7 +112,7 @@ def test_fork_and_exec_are_followed(tmp_path, native):
     cmd = f"sleep 0.2; {sys.executable} {WORKLOAD} --libdir {native['dir']} --calls 20 --threads 0 --settle 0.5"
     res = record(db, "/bin/sh", "-c", cmd)
     truth = workload_output(res.stdout)
-    assert q(db, "SELECT count(*) FROM cuda_call WHERE api = 'cudaMalloc'")[0][0] == 20
+    assert q(db, "SELECT count(*) FROM cuda_call_named WHERE api = 'cudaMalloc'")[0][0] == 20
     pid = truth["pid"]
     procs = q(db, "SELECT cmdline FROM process WHERE pid = ? AND cmdline LIKE '%cuda_calls.py%'", (pid,))
     assert procs, "the exec'd python process is recorded with its command line"
@@ -166,7 +166,7 @@ def test_start_status_stop_and_a_second_start_is_refused(tmp_path, native):
         assert "session 1 complete" in stop.stdout
     finally:
         proc.kill()
-    assert q(db, "SELECT count(*) FROM cuda_call WHERE api = 'cudaMalloc'")[0][0] == 200
+    assert q(db, "SELECT count(*) FROM cuda_call_named WHERE api = 'cudaMalloc'")[0][0] == 200
     assert q(db, "SELECT status FROM session")[0][0] == "complete"
     indexes = {r[0] for r in q(db, "SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert "cuda_call_thread_ts" in indexes

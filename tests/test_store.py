@@ -93,12 +93,13 @@ def test_views_explain_a_contended_call_from_rows(tmp_path):
         s.db["capability"].insert_all([
             {"session_id": sid, "layer": "sched", "probe": "sched:sched_switch", "status": "attached", "ts": 0},
             {"session_id": sid, "layer": "cuda", "probe": "cudaMalloc", "status": "attached", "ts": 0}])
+        s.db["cuda_api"].insert({"id": 0, "name": "cudaMalloc", "family": "cudaMalloc",
+                                 "library": "runtime", "arguments": "malloc"})
         calls = []
         for i in range(10):
             ts = 2_000_000_000 + i * 100_000_000
             dur = 600_000 if i != 7 else 12_000_000
-            calls.append({"session_id": sid, "ts": ts, "dur": dur, "thread_id": 1, "api": "cudaMalloc",
-                          "family": "cudaMalloc", "library": "runtime", "ret": 0,
+            calls.append({"session_id": sid, "ts": ts, "dur": dur, "thread_id": 1, "api_id": 0, "ret": 0,
                           "size_bytes": 1 << 20, "size_class": 21, "cgroup_id": 0})
         s.db["cuda_call"].insert_all(calls)
         slow_ts = 2_700_000_000

@@ -130,6 +130,17 @@ CREATE TABLE offcpu_interval (
     open INTEGER NOT NULL DEFAULT 0     -- 1 when the thread was still off-CPU at stop
 );
 
+-- table: cuda_api
+-- The CUDA runtime and driver symbols the recorder traces; cuda_call.api_id refers to it. Filled by
+-- the recorder from recorder/cuda.py when a session starts (ids are stable for a tool version).
+CREATE TABLE cuda_api (
+    id INTEGER PRIMARY KEY,             -- index in the recorder's API table
+    name TEXT NOT NULL UNIQUE,          -- exported symbol, e.g. 'cudaMalloc', 'cuMemAlloc_v2', 'cudaMemcpy_ptds'
+    family TEXT NOT NULL,               -- API without variant suffix, e.g. 'cuMemAlloc'; baselines group by it
+    library TEXT NOT NULL,              -- 'runtime' (libcudart) or 'driver' (libcuda)
+    arguments TEXT NOT NULL             -- argument layout the entry probe reads: 'malloc', 'launch_rt', ...
+);
+
 -- table: cuda_call
 -- One CUDA runtime or driver API call, recorded at its entry with its duration.
 CREATE TABLE cuda_call (
@@ -138,9 +149,7 @@ CREATE TABLE cuda_call (
     ts INTEGER NOT NULL,                -- ns at entry
     dur INTEGER NOT NULL,               -- ns entry -> return
     thread_id INTEGER NOT NULL REFERENCES thread(id),
-    api TEXT NOT NULL,                  -- exported symbol called, e.g. 'cudaMalloc', 'cuMemAlloc_v2'
-    family TEXT NOT NULL,               -- API without variant suffix, e.g. 'cuMemAlloc'; baselines group by it
-    library TEXT NOT NULL,              -- 'runtime' or 'driver'
+    api_id INTEGER NOT NULL REFERENCES cuda_api(id), -- the symbol called (name, family, library in cuda_api)
     ret INTEGER NOT NULL,               -- cudaError_t / CUresult returned (0 = success)
     size_bytes INTEGER,                 -- bytes allocated or copied; NULL when not meaningful
     size_class INTEGER,                 -- bit length of size_bytes (a power-of-two bucket) for baselines

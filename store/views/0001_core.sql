@@ -67,6 +67,13 @@ LEFT JOIN thread_info n ON n.thread_id = o.next_thread_id
 LEFT JOIN thread_info b ON b.thread_id = o.contender_thread_id
 LEFT JOIN thread_info w ON w.thread_id = o.waker_thread_id;
 
+-- view: cuda_call_named
+-- cuda_call with the API's name, family and library spelled out.
+CREATE VIEW cuda_call_named AS
+SELECT c.*, a.name AS api, a.family, a.library
+FROM cuda_call c
+JOIN cuda_api a ON a.id = c.api_id;
+
 -- view: cuda_baseline
 -- The expected duration of a CUDA call: the median of the same API family and size class
 -- (power-of-two bucket of size_bytes, -1 for calls without a size) over the session.
@@ -76,7 +83,7 @@ WITH ranked AS (
            row_number() OVER (PARTITION BY session_id, family, coalesce(size_class, -1)
                               ORDER BY dur) AS rn,
            count(*) OVER (PARTITION BY session_id, family, coalesce(size_class, -1)) AS n
-    FROM cuda_call
+    FROM cuda_call_named
 )
 SELECT
     session_id,
@@ -121,7 +128,7 @@ SELECT
     coalesce(x.cpu_wait_dur, 0) AS cpu_wait_dur, -- of which runnable, waiting for a CPU
     coalesce(x.offcpu_dur - x.cpu_wait_dur, 0) AS blocked_dur, -- of which blocked (sleep, I/O, futex)
     coalesce(x.preemptions, 0) AS preemptions    -- times it was preempted inside the call
-FROM cuda_call c
+FROM cuda_call_named c
 JOIN thread_info t ON t.thread_id = c.thread_id
 LEFT JOIN cuda_baseline b
     ON b.session_id = c.session_id AND b.family = c.family
