@@ -158,6 +158,9 @@ def cmd_start(args) -> int:
         print(f"  library {lib}")
     for miss in reply["not_attached"]:
         print(f"  not attached: {miss}")
+    if not reply["libraries"]:
+        print("recorder: warning: no CUDA library is mapped by the target yet; its calls are traced once it "
+              "loads one (dlopen is watched), or pass --cuda-lib PATH", file=sys.stderr)
     print(f"stop with: recorder stop --db {reply['db']}")
     return 0
 
