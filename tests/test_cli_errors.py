@@ -98,3 +98,20 @@ def test_record_without_a_command(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root: the privilege check comes first")
     one_line_error(run_recorder("record", "--db", str(tmp_path / "r.db")), "nothing to run")
+
+
+@needs_bpf
+def test_target_without_cuda_library_warns_and_still_records(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    db = tmp_path / "r.db"
+    try:
+        start = run_recorder("start", "-p", str(sleeper.pid), "--db", str(db))
+        assert start.returncode == 0, start.stderr
+        assert "no CUDA library is mapped by the target yet" in start.stderr
+        assert len(start.stderr.strip().splitlines()) == 1
+        stop = run_recorder("stop", "--db", str(db))
+        assert stop.returncode == 0 and "complete" in stop.stdout
+    finally:
+        sleeper.kill()
+    report = run_recorder("explain", "--db", str(db), check=True).stdout
+    assert "Not observed: CUDA runtime/driver calls" in report
