@@ -112,4 +112,4 @@ def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | N
         raise UserError(f"binding {host} accepts any address: name the host clients will use with --allow-host NAME")
     app = build_app(db, host, port, read_token(token_file), extra_hosts)
     uvicorn.run(app, host=host, port=port, ssl_certfile=str(certfile), ssl_keyfile=str(keyfile),
-                log_level="warning")
+                log_level="warning", timeout_graceful_shutdown=2)

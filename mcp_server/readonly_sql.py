@@ -2,9 +2,10 @@
 
 Defences, each enough on its own for writes and all of them together for the rest:
 - the file is opened with ``mode=ro`` and the connection is set to ``PRAGMA query_only = 1``;
-- an authorizer (sqlite3 ``set_authorizer``) allows only reads, selects, recursive CTEs, the
-  functions not listed in DENIED_FUNCTIONS and introspection pragmas without a value; it denies every
-  write, ATTACH/DETACH, transactions, schema changes and ``load_extension``;
+- an authorizer (sqlite3 ``set_authorizer``) allows only reads, selects, recursive CTEs and the
+  functions not in DENIED_FUNCTIONS; it denies every write, ATTACH/DETACH, transactions, schema
+  changes, ``load_extension`` and every PRAGMA (SQLite authorizes even ``pragma_table_info()`` as an
+  UPDATE of sqlite_master; the schema://tables resource describes the schema instead);
 - the statement must start with SELECT, WITH or EXPLAIN and be the only one;
 - a progress handler interrupts it after the time limit; at most ``max_rows`` rows and MAX_RESULT_CHARS
   characters come back, with ``truncated`` set when more were there;
@@ -31,11 +32,6 @@ PROGRESS_STEPS = 1000  # VM instructions between time checks
 
 DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit",
                               "sqlite_dbpage", "zipfile"})
-# Pragmas that only describe the schema; allowed as table-valued functions (pragma_table_info('x')).
-READ_PRAGMAS = frozenset({"table_info", "table_xinfo", "table_list", "index_list", "index_info",
-                          "index_xinfo", "foreign_key_list", "user_version", "application_id",
-                          "schema_version", "page_count", "page_size", "freelist_count", "encoding",
-                          "function_list", "collation_list", "database_list"})
 _LEADING = re.compile(r"^\s*(?:(?:--[^\n]*(?:\n|$))|(?:/\*.*?\*/)|\s)*", re.S)
 FIRST_WORDS = ("SELECT", "WITH", "EXPLAIN")
 
@@ -49,12 +45,6 @@ def _authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None
         return sqlite3.SQLITE_OK
     if action == sqlite3.SQLITE_FUNCTION:
         return sqlite3.SQLITE_DENY if (arg2 or "").lower() in DENIED_FUNCTIONS else sqlite3.SQLITE_OK
-    if action == sqlite3.SQLITE_PRAGMA:
-        name = (arg1 or "").lower()
-        # a value makes it a write for most pragmas; table_info('x') passes the table as arg2
-        takes_argument = name.startswith(("table_", "index_", "foreign_key"))
-        if name in READ_PRAGMAS and (arg2 is None or takes_argument):
-            return sqlite3.SQLITE_OK
     return sqlite3.SQLITE_DENY
 
 

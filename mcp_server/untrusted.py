@@ -20,7 +20,7 @@ MARKER = "untrusted_text"
 RECORDER_KEYS = frozenset({
     "api", "family", "library", "reason", "kind", "layer", "status", "state", "state_letter",
     "utc", "start_utc", "end_utc", "syscall", "syscall_name", "subsystem", "event_kind", "what",
-    "note", "category", "found_by", "threshold", "link", "table",
+    "note", "category", "found_by", "threshold", "link", "table", "cause",
 })
 
 

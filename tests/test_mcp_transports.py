@@ -1,0 +1,182 @@
+"""The server as users start it: `recorder mcp` over real stdio and over real HTTPS (a self-signed
+certificate made here), a bearer token that is required, refusals to start unsafely, and a second,
+independent client (the MCP Inspector's CLI, run with npx) when it is available."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from test_mcp_recording import make_recording
+
+from mcp_server import untrusted
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDER = [sys.executable, "-m", "recorder"]
+TOOL_COUNT = 12
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    return make_recording(tmp_path_factory.mktemp("mcp") / "r.db")
+
+
+def cli_explain(db: Path) -> dict:
+    out = subprocess.run([*RECORDER, "explain", "--db", str(db), "--json"], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    return json.loads(out)
+
+
+async def exercise(client: Client) -> tuple[list[str], dict]:
+    async with client as c:
+        names = [t.name for t in (await c.list_tools()).tools]
+        result = await c.call_tool("explain_stall", {})
+        assert not result.is_error
+        for name, args in (("capabilities", {}), ("top_stalls", {}), ("kernel_log", {}), ("list_steps", {}),
+                           ("run_sql", {"sql": "SELECT 1"})):
+            assert not (await c.call_tool(name, args)).is_error, name
+        return names, result.structured_content
+
+
+def test_stdio_subprocess_lists_tools_and_matches_recorder_explain(db):
+    params = StdioServerParameters(command=sys.executable, args=["-m", "recorder", "mcp", "--db", str(db)],
+                                   cwd=str(ROOT))
+    names, report = anyio.run(exercise, Client(params))
+    assert len(names) == TOOL_COUNT
+    assert untrusted.unmark(report) == cli_explain(db)
+
+
+# -- HTTPS ----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory) -> dict[str, Path]:
+    if not shutil.which("openssl"):
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")], check=True, capture_output=True)
+    token = d / "token"
+    token.write_text("t0k3n-" + "a" * 40 + "\n")
+    token.chmod(0o600)
+    return {"cert": d / "cert.pem", "key": d / "key.pem", "token": token}
+
+
+@pytest.fixture(scope="module")
+def https_server(db, tls):
+    port = free_port()
+    proc = subprocess.Popen([*RECORDER, "mcp", "--db", str(db), "--http", f"127.0.0.1:{port}", "--certfile",
+                             str(tls["cert"]), "--keyfile", str(tls["key"]), "--token-file", str(tls["token"])],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(f"recorder mcp --http exited: {proc.stderr.read()}") from None
+            time.sleep(0.1)
+    yield f"https://127.0.0.1:{port}/mcp"
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("recorder mcp --http did not stop within 10 s of SIGTERM") from None
+
+
+def tls_context(tls) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tls["cert"]))
+
+
+def test_https_with_the_token_lists_tools_and_matches_recorder_explain(db, tls, https_server):
+    token = tls["token"].read_text().strip()
+    http = httpx2.AsyncClient(verify=tls_context(tls), headers={"Authorization": f"Bearer {token}"})
+    names, report = anyio.run(exercise, Client(streamable_http_client(https_server, http_client=http)))
+    assert len(names) == TOOL_COUNT
+    assert untrusted.unmark(report) == cli_explain(db)
+
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def test_https_without_or_with_a_wrong_token_is_401(tls, https_server):
+    with httpx2.Client(verify=tls_context(tls)) as http:
+        none = http.post(https_server, json=INIT, headers=HEADERS)
+        wrong = http.post(https_server, json=INIT, headers={**HEADERS, "Authorization": "Bearer " + "b" * 46})
+        token = tls["token"].read_text().strip()
+        evil_host = http.post(https_server, json=INIT,
+                              headers={**HEADERS, "Authorization": f"Bearer {token}", "Host": "evil.example:443"})
+        evil_origin = http.post(https_server, json=INIT, headers={**HEADERS, "Authorization": f"Bearer {token}",
+                                                                  "Origin": "https://evil.example"})
+    assert none.status_code == 401 and none.headers["www-authenticate"].startswith("Bearer")
+    assert wrong.status_code == 401
+    assert evil_host.status_code == 421
+    assert evil_origin.status_code == 403
+
+
+def test_http_refuses_to_start_without_a_usable_token(db, tls):
+    common = ["mcp", "--db", str(db), "--certfile", str(tls["cert"]), "--keyfile", str(tls["key"])]
+    env = {k: v for k, v in os.environ.items() if k != "STALL_RECORDER_MCP_TOKEN"}
+    for address in ("10.1.2.3:8765", "127.0.0.1:8765"):
+        r = subprocess.run([*RECORDER, *common, "--http", address], capture_output=True, text=True, cwd=ROOT,
+                           env=env, timeout=30)
+        assert r.returncode == 2 and "without a bearer token" in r.stderr, r.stderr
+    loose = tls["token"].with_name("loose")
+    loose.write_text("x" * 40)
+    loose.chmod(0o644)
+    r = subprocess.run([*RECORDER, *common, "--http", "127.0.0.1:8765", "--token-file", str(loose)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 2 and "chmod 600" in r.stderr
+    r = subprocess.run([*RECORDER, *common, "--http", "0.0.0.0:8765", "--token-file", str(tls["token"])],
+                       capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 2 and "--allow-host" in r.stderr
+
+
+# -- a second, independent client -----------------------------------------------------------------
+INSPECTOR = "@modelcontextprotocol/inspector"
+
+
+def test_mcp_inspector_cli_lists_and_calls_tools(db):
+    """Interoperability with the MCP Inspector (TypeScript SDK). It is fetched by npx on first use;
+    offline without a cached copy, or without node, this skips with the reason."""
+    npx = shutil.which("npx")
+    if npx is None:
+        pytest.skip("needs node's npx to run the MCP Inspector CLI")
+    base = [npx, "-y", INSPECTOR, "--cli", sys.executable, "-m", "recorder", "mcp", "--db", str(db)]
+    try:
+        listed = subprocess.run([*base, "--method", "tools/list"], capture_output=True, text=True, timeout=180,
+                                cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        pytest.skip("the MCP Inspector could not be fetched within 180 s (offline?)")
+    if listed.returncode != 0 and ("ENOTFOUND" in listed.stderr or "EAI_AGAIN" in listed.stderr
+                                   or "network" in listed.stderr.lower()):
+        pytest.skip(f"the MCP Inspector is not cached and cannot be fetched: {listed.stderr.strip()[-200:]}")
+    assert listed.returncode == 0, listed.stderr
+    tools = json.loads(listed.stdout)["tools"]
+    assert len(tools) == TOOL_COUNT and all(t["annotations"]["readOnlyHint"] for t in tools)
+    called = subprocess.run([*base, "--method", "tools/call", "--tool-name", "top_stalls", "--tool-arg", "limit=3"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert called.returncode == 0, called.stderr
+    result = json.loads(called.stdout)
+    assert result["structuredContent"]["stalls"][0]["cuda_call_id"] == 8
