@@ -36,7 +36,7 @@ def _python_bench(name: str, args: list[str], as_json: bool) -> tuple[int, str]:
 
 
 # other benchmarks, run as scripts: name -> whether it has --json
-SCRIPTS = {"bench_kmsg": True, "bench_pystack": False}
+SCRIPTS = {"bench_kmsg": True, "bench_pystack": False, "bench_markers": True}
 
 
 def _script_bench(name: str, as_json: bool) -> tuple[int, str]:
