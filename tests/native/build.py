@@ -19,6 +19,7 @@ LIBRARIES = {
     # output name: (source, soname)
     "libcudart.so.12": ("cudart.c", "libcudart.so.12"),
     "libcuda.so.1": ("cuda.c", "libcuda.so.1"),
+    "libnccl.so.2": ("nccl.c", "libnccl.so.2"),
 }
 
 
@@ -42,7 +43,7 @@ def build_libraries(out: Path = DEFAULT_OUT) -> dict[str, Path]:
         if _stale(target, sources):
             tmp = target.with_suffix(".tmp")
             _gcc(["-O1", "-g", "-fPIC", "-shared", f"-Wl,-soname,{soname}", "-o", str(tmp),
-                  str(HERE / source)])
+                  str(HERE / source), "-lrt"])
             tmp.replace(target)  # atomic: a running process keeps its old mapping
         built[name] = target
     return built

@@ -1,0 +1,92 @@
+"""A data-parallel job in miniature: N rank processes, each running steps of
+cudaLaunchKernel -> ncclAllReduce -> cudaStreamSynchronize through the stand-in libraries, with one
+rank slowed before its collective at chosen steps (the straggler).
+
+    python nccl_ranks.py --libdir build/native [--ranks 2] [--steps 20] [--slow-rank 1]
+                         [--slow-steps 10,11] [--slow-ms 80]
+
+Run without --rank it is the launcher: it creates the communicator's unique id and starts one
+process per rank (children, so a recorder following the launcher records every rank). Prints one
+JSON line per rank with its pid and step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    import recorder  # the marker API: steps visible to the recorder
+
+    nccl = ctypes.CDLL(os.path.join(args.libdir, "libnccl.so.2"))
+    rt = ctypes.CDLL(os.path.join(args.libdir, "libcudart.so.12"))
+    rt.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+    # the GPU work of a step: the first synchronisation waits for the step's kernels
+    rt.standin_configure(b"cudaStreamSynchronize", ctypes.c_uint64(0), ctypes.c_uint64(args.gpu_ms * 1_000_000), 0)
+    nccl.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+    uid = UniqueId()
+    uid.internal = bytes.fromhex(args.unique_id)
+    comm = ctypes.c_void_p()
+    assert nccl.ncclCommInitRank(ctypes.byref(comm), args.ranks, uid, args.rank) == 0
+    stream = ctypes.c_void_p(0x7000 + args.rank)
+    slow = {int(s) for s in args.slow_steps.split(",") if s} if args.rank == args.slow_rank else set()
+    times = []
+    for step in range(args.steps):
+        t0 = time.monotonic()
+        recorder.step(step)
+        if step in slow:  # this rank is late to the collective: e.g. a slow data loader
+            time.sleep(args.slow_ms / 1000)
+        rt.cudaStreamSynchronize(stream)  # the step's kernels
+        assert nccl.ncclAllReduce(None, None, 1 << 20, 7, 0, comm, stream) == 0
+        rt.cudaStreamSynchronize(stream)
+        times.append(round(time.monotonic() - t0, 4))
+    nccl.ncclCommDestroy(comm)
+    print(json.dumps({"rank": args.rank, "pid": os.getpid(), "step_s": times}), flush=True)
+
+
+def launcher(args: argparse.Namespace) -> None:
+    nccl = ctypes.CDLL(os.path.join(args.libdir, "libnccl.so.2"))
+    uid = UniqueId()
+    assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    argv = [sys.executable, os.path.abspath(__file__), "--libdir", args.libdir, "--ranks", str(args.ranks),
+            "--steps", str(args.steps), "--slow-rank", str(args.slow_rank), "--slow-steps", args.slow_steps,
+            "--slow-ms", str(args.slow_ms), "--gpu-ms", str(args.gpu_ms), "--unique-id", bytes(uid.internal).hex()]
+    procs = [subprocess.Popen([*argv, "--rank", str(r)]) for r in range(args.ranks)]
+    codes = [p.wait() for p in procs]
+    sys.exit(max(codes))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--libdir", required=True)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--slow-rank", type=int, default=1)
+    ap.add_argument("--slow-steps", default="10")
+    ap.add_argument("--slow-ms", type=int, default=80)
+    ap.add_argument("--gpu-ms", type=int, default=4, help="device time per synchronisation")
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--unique-id")
+    args = ap.parse_args()
+    if args.rank is None:
+        launcher(args)
+    else:
+        rank_main(args)
+
+
+if __name__ == "__main__":
+    main()
