@@ -19,6 +19,7 @@ _CTYPES: dict[str, tuple[str, int]] = {
     "s32": ("i", 4),
     "u16": ("H", 2),
     "char16": ("16s", 16),
+    "char32": ("32s", 32),
 }
 
 
@@ -62,8 +63,8 @@ class Layout:
     def c_struct(self) -> str:
         lines = [f"/* {self.doc} */", f"struct {self.name} {{"]
         for name, ctype in self.fields:
-            if ctype == "char16":
-                lines.append(f"    char {name}[16];")
+            if ctype.startswith("char"):
+                lines.append(f"    char {name}[{_CTYPES[ctype][1]}];")
             else:
                 lines.append(f"    {ctype} {name};")
         lines.append("};")
@@ -180,3 +181,193 @@ def c_definitions() -> str:
 def comm(raw: bytes) -> str:
     """A task name from a 16-byte, NUL-padded kernel buffer."""
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+# -- the I/O and device layer (bpf/block.bpf.c, mm.bpf.c, net.bpf.c, dma.bpf.c) ---------------------
+BLOCK = Layout(
+    "block_event",
+    (
+        ("ts", "u64"),  # submission: bio queued in the submitter's context, or its I/O intent
+        ("bio_queue_ts", "u64"),  # block_bio_queue (after blk-throttle: a kworker's for throttled bios)
+        ("insert_ts", "u64"),  # block_rq_insert, 0 when issued directly
+        ("issue_ts", "u64"),  # block_rq_issue (last one after a requeue)
+        ("complete_ts", "u64"),
+        ("sector", "u64"),
+        ("cgroup_id", "u64"),  # cgroup v2 id of the submitter
+        ("io_tag", "u64"),  # lineage tag from block_ai_rq_complete, 0 without the patch series
+        ("dev", "u32"),  # whole-disk dev_t, kernel encoding (major << 20 | minor)
+        ("nr_bytes", "u32"),
+        ("pid", "u32"),  # submitter
+        ("tid", "u32"),
+        ("error", "s32"),  # 0 or negative errno
+        ("requeues", "u32"),
+        ("merges", "u32"),  # bios front-merged into the request after it was queued
+        ("flags", "u32"),  # BLOCK_FLAG_*
+        ("rwbs", "char16"),
+        ("comm", "char16"),  # submitter
+    ),
+    "one block request of a traced submitter, sent at completion",
+)
+
+RECLAIM = Layout(
+    "reclaim_event",
+    (
+        ("ts", "u64"),
+        ("dur", "u64"),
+        ("gfp_flags", "u64"),
+        ("nr_reclaimed", "u64"),  # pages
+        ("cgroup_id", "u64"),
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("order", "s32"),
+        ("pad", "u32"),
+        ("comm", "char16"),
+    ),
+    "one direct-reclaim interval of a traced thread, sent at its end",
+)
+
+DIRTY = Layout(
+    "dirty_event",
+    (
+        ("ts", "u64"),  # when the pause starts (the tracepoint fires just before it)
+        ("pause", "s64"),  # ns the task is put to sleep
+        ("period", "s64"),  # ns
+        ("think", "s64"),  # ns
+        ("dirty", "u64"),  # pages dirty globally
+        ("limit", "u64"),  # pages: dirty limit
+        ("task_ratelimit", "u64"),  # KiB/s the task is throttled to
+        ("cgroup_ino", "u64"),
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("dirtied", "u32"),  # pages this task dirtied since the last pause
+        ("pad", "u32"),
+        ("bdi", "char32"),
+        ("comm", "char16"),
+    ),
+    "one balance_dirty_pages() pause of a traced thread",
+)
+
+OOM = Layout(
+    "oom_event",
+    (
+        ("ts", "u64"),
+        ("total_vm", "u64"),  # KiB
+        ("anon_rss", "u64"),  # KiB
+        ("file_rss", "u64"),  # KiB
+        ("shmem_rss", "u64"),  # KiB
+        ("pgtables", "u64"),  # KiB
+        ("pid", "u32"),  # victim
+        ("uid", "u32"),
+        ("oom_score_adj", "s32"),
+        ("killer_tid", "u32"),  # task running when the victim was marked
+        ("comm", "char16"),  # victim
+    ),
+    "oom:mark_victim, every victim (the kernel chooses it, not us)",
+)
+
+TCP = Layout(
+    "tcp_event",
+    (
+        ("ts", "u64"),
+        ("cgroup_id", "u64"),
+        ("pid", "u32"),  # task running at the retransmit (often a softirq on behalf of others)
+        ("tid", "u32"),
+        ("state", "s32"),
+        ("err", "s32"),
+        ("sport", "u16"),
+        ("dport", "u16"),
+        ("family", "u16"),
+        ("pad", "u16"),
+        ("saddr", "char16"),  # IPv6 form (IPv4 as ::ffff:a.b.c.d)
+        ("daddr", "char16"),
+        ("comm", "char16"),
+    ),
+    "tcp:tcp_retransmit_skb",
+)
+
+DMA = Layout(
+    "dma_event",
+    (
+        ("ts", "u64"),  # start: for dma_ai_map_latency ts - latency
+        ("dur", "u64"),  # mapping latency (dma_ai_map_latency), else 0
+        ("addr", "u64"),  # physical address (map), I/O virtual address (iommu fault), dev_addr (bounce)
+        ("dma_addr", "u64"),
+        ("size", "u64"),
+        ("attrs", "u64"),  # DMA_ATTR_* (map), dma_mask (bounce)
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("kind", "u32"),  # DMA_KIND_*
+        ("dir", "s32"),
+        ("nents", "s32"),
+        ("flags", "u32"),  # DMA_FLAG_*; fault flags for iommu faults in the upper 16 bits
+        ("device", "char32"),
+        ("comm", "char16"),
+    ),
+    "DMA mapping, SWIOTLB bounce or IOMMU fault",
+)
+
+NVME_AI = Layout(
+    "nvme_ai_event",
+    (
+        ("ts", "u64"),
+        ("sector", "u64"),
+        ("io_tag", "u64"),
+        ("ctrl_id", "s32"),
+        ("qid", "s32"),
+        ("rq_tag", "s32"),
+        ("nr_bytes", "u32"),
+        ("req_pid", "u32"),  # tgid that allocated the request
+        ("req_tid", "u32"),
+        ("cid", "u16"),
+        ("opcode", "u16"),
+        ("action", "u16"),  # 0 polled, 1 abort, 2 reset, 3 disable, 4 rearm
+        ("pad", "u16"),
+        ("disk", "char32"),
+    ),
+    "nvme:nvme_ai_timeout from the patch series: one NVMe timeout decision",
+)
+
+CHECKPOINT = Layout(
+    "checkpoint_event",
+    (
+        ("ts", "u64"),
+        ("ino", "u64"),
+        ("pos", "s64"),
+        ("count", "u64"),
+        ("io_tag", "u64"),
+        ("dev", "u32"),
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("pad", "u32"),
+        ("name", "char32"),  # last path component, cut at 31 bytes
+    ),
+    "writeback:ai_checkpoint_write from the patch series: one write extent of an opted-in file",
+)
+
+LAYOUTS = (*LAYOUTS, BLOCK, RECLAIM, DIRTY, OOM, TCP, DMA, NVME_AI, CHECKPOINT)
+
+_IO_PROBES = ("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_MM", "PROBE_NET", "PROBE_DMA")
+for _i, _name in enumerate(_IO_PROBES):
+    CONSTANTS[_name] = CONSTANTS["PROBE_COUNT"] + _i
+CONSTANTS["PROBE_COUNT"] += len(_IO_PROBES)
+CONSTANTS.update({
+    "BLOCK_FLAG_KTHREAD": 1,  # queued by a kernel thread (writeback, journal, throttle dispatch)
+    "BLOCK_FLAG_INTENT": 2,  # submitter found from its I/O intent (bio queued later by a kworker)
+    "BLOCK_FLAG_ERROR": 4,  # block_rq_error fired for it
+    "BLOCK_FLAG_FRONT_MERGE": 8,  # its first sector came from a front-merged bio
+    "BLOCK_FLAG_AI": 16,  # completed through block_ai_rq_complete (io_tag valid)
+    "DMA_KIND_MAP": 1,
+    "DMA_KIND_BOUNCE": 2,
+    "DMA_KIND_IOMMU_FAULT": 3,
+    "DMA_KIND_AI_MAP": 4,
+    "DMA_FLAG_DIRECT": 1,
+    "DMA_FLAG_BOUNCED": 2,
+    "DMA_FLAG_FORCE": 4,
+})
+PROBE_NAMES.update({
+    CONSTANTS["PROBE_BLOCK"]: "block ring buffer",
+    CONSTANTS["PROBE_BLOCK_MAP"]: "block in-flight map full",
+    CONSTANTS["PROBE_MM"]: "mm ring buffer",
+    CONSTANTS["PROBE_NET"]: "net ring buffer",
+    CONSTANTS["PROBE_DMA"]: "dma ring buffer",
+})

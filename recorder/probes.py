@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bpf
-from recorder import cuda, events, kheaders
+from recorder import cuda, events, iolayer, kheaders
 from recorder.errors import NotPrivileged, ProbeError
 from recorder.libraries import exported_functions, find_libc
 
@@ -34,6 +34,7 @@ LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "cuda": ("cuda.bpf.c", ()),
 }
+LAYER_SOURCES.update(iolayer.LAYER_SOURCES)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class Probes:
         except Exception as e:  # BCC raises bare Exception for compile and load failures
             raise ProbeError(f"BPF programs failed to load ({e}): run 'recorder doctor'") from None
         for layer in self.layers:
-            for tp in LAYER_SOURCES[layer][1]:
+            for tp in LAYER_SOURCES[layer][1] + getattr(self, "optional", {}).get(layer, ()):
                 self._cap(layer, tp, "attached")
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
@@ -169,10 +170,25 @@ class Probes:
                     self._cap(layer, tp, "absent", "tracepoint not in this kernel")
                 continue
             self.layers.append(layer)
+            parts.append(self._optional_tracepoints(layer))
             parts.append(bpf.source(filename))
         parts.append(cuda.bpf_programs())
         parts.append(extra)
         return "\n".join(parts)
+
+    def _optional_tracepoints(self, layer: str) -> str:
+        """#defines HAVE_TP_<system>_<event> for the layer's optional tracepoints this kernel has."""
+        if not hasattr(self, "optional"):
+            self.optional: dict[str, tuple[str, ...]] = {}
+        present = tuple(tp for tp in iolayer.OPTIONAL_TRACEPOINTS.get(layer, ()) if tracepoint_exists(tp))
+        self.optional[layer] = present
+        for tp in iolayer.OPTIONAL_TRACEPOINTS.get(layer, ()):
+            if tp not in present:
+                self._cap(layer, tp, "absent", "tracepoint not in this kernel")
+        for tp in iolayer.NOT_RECORDED.get(layer, ()):
+            self._cap(layer, tp, "absent", "not recorded by this version" if tracepoint_exists(tp)
+                      else "tracepoint not in this kernel")
+        return "\n".join(f"#define HAVE_TP_{tp.replace(':', '_')} 1" for tp in present)
 
     # -- targets ----------------------------------------------------------------------------------
     def add_pid(self, pid: int) -> None:

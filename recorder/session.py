@@ -22,6 +22,7 @@ from pathlib import Path
 from recorder import cuda, events
 from recorder.errors import TargetError, UserError
 from recorder.identity import Identity
+from recorder.iolayer import IoLayer, KernelLog
 from recorder.libraries import gpu_libraries, resolve
 from recorder.probes import Probes, TargetSpec, now_ns
 from store.db import Store, Writer, open_store
@@ -156,6 +157,10 @@ class Session:
             raise
         for pid in self.target.pids:
             self.probes.add_pid(pid)
+        self.io = IoLayer(self.writer, self.identity, self.session_id, self.probes)
+        self.kernel_log = KernelLog(self.store, self.writer, self.session_id, started)
+        for probe, status, detail in self.kernel_log.capability:
+            self.writer.add("capability", (self.session_id, "kmsg", probe, "", status, detail, now_ns()))
         self.probes.attach_dlopen()
         for path in self.cuda_libs:
             if not Path(path).exists():
@@ -166,6 +171,7 @@ class Session:
             "offcpu_events": self.raw["offcpu"].append,
             "cuda_events": self.raw["cuda"].append,
             "task_events": self.raw["task"].append,
+            **self.io.sinks(),
         })
         for pid in self.target.pids:
             self._scan_process(pid, "maps", started)
@@ -286,6 +292,8 @@ class Session:
             for rec in events.TASK.iter_unpack(b"".join(raw_task)):
                 self._task_event(*rec)
             raw_task.clear()
+        self.io.flush()
+        self.kernel_log.poll()
         self._store_capabilities()
         if ident.exited:
             ident.flush_exits()
@@ -385,6 +393,8 @@ class Session:
                 self.session_id, rec.ts, stop - rec.ts, th, rec.cpu, rec.state,
                 rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
                 None, rec.cgroup_id, 1))
+        self.kernel_log.close()
+        self.io.flush()
         self.writer.close()
         self.probes.cleanup()
         self.store.conn.execute(

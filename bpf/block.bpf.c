@@ -1,0 +1,330 @@
+/* block: one record per block request of a traced submitter, with the time of each stage.
+ *
+ * Scope (the rule the recorder documents): a request is recorded when its bio was queued
+ *   - by a target thread (is_target), or
+ *   - by a kernel thread (kworker, jbd2, flush, kswapd: writeback, journal, throttle dispatch) on a
+ *     disk a target has submitted to or mapped file blocks on during this session (`target_devs`).
+ * blk-throttle holds a throttled bio *before* block_bio_queue and later queues it from a kworker,
+ * so a target's throttled I/O would look like a kworker's. To keep the submitter and the wait, the
+ * target's I/O intent is captured in its own context where the file system maps the blocks it is
+ * about to submit (iomap_iter_dstmap: direct I/O on ext4/xfs; ext4 map/extent lookups: buffered
+ * reads and fsync writeback); a kernel-thread bio whose sector lies in the disk's latest intent
+ * extent inherits that thread and the intent's time (BLOCK_FLAG_INTENT).
+ *
+ * Keys are (whole-disk dev_t, absolute sector): block_bio_queue reports a partition's dev_t with
+ * the sector already remapped, block_rq_* the disk's; `part_disk` (filled by user space from
+ * /sys/class/block) maps a partition to its disk and start sector. Tracepoint fields only.
+ */
+BPF_RINGBUF_OUTPUT(block_events, 256);
+
+/* types the ext4 tracepoints' fields are declared with (tracefs format), not in BCC's headers */
+typedef u32 ext4_lblk_t;
+typedef u64 ext4_fsblk_t;
+
+struct block_key {
+    u64 sector;
+    u32 dev;
+    u32 pad;
+};
+
+struct part_info {
+    u64 start;  /* sector of the partition on its disk */
+    u32 disk;   /* whole-disk dev_t */
+    u32 block_shift;  /* log2(file system block size / 512) of a file system on it, 0: 4 KiB */
+};
+
+struct io_intent {
+    u64 start;  /* absolute sectors [start, end) */
+    u64 end;
+    u64 ts;
+    u64 cgroup_id;
+    u32 pid;
+    u32 tid;
+    char comm[16];
+};
+
+BPF_HASH(block_inflight, struct block_key, struct block_event, 16384);
+BPF_HASH(part_disk, u32, struct part_info, 1024);
+BPF_HASH(target_devs, u32, u8, 1024);
+BPF_HASH(io_intent, u32, struct io_intent, 1024);
+
+static __always_inline u32 disk_of(u32 dev, u64 *sector)
+{
+    struct part_info *p = part_disk.lookup(&dev);
+    if (!p)
+        return dev;
+    if (sector)
+        *sector += p->start;
+    return p->disk;
+}
+
+static __always_inline int is_kernel_writer(const char *c)
+{
+    /* kworker, jbd2, flush, kswapd threads: the ones that submit writeback, journal and
+     * throttled I/O; user space confirms PF_KTHREAD from /proc when it names the thread */
+    if (c[0] == 'k' && c[1] == 'w' && c[2] == 'o' && c[3] == 'r' && c[4] == 'k')
+        return 1;
+    if (c[0] == 'j' && c[1] == 'b' && c[2] == 'd' && c[3] == '2')
+        return 1;
+    if (c[0] == 'f' && c[1] == 'l' && c[2] == 'u' && c[3] == 's' && c[4] == 'h')
+        return 1;
+    if (c[0] == 'k' && c[1] == 's' && c[2] == 'w' && c[3] == 'a' && c[4] == 'p')
+        return 1;
+    return 0;
+}
+
+static __always_inline void intent(u32 fsdev, u64 sector, u64 sectors)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32) || sectors == 0)
+        return;
+    u32 disk = disk_of(fsdev, &sector);
+    struct io_intent it = {};
+    it.start = sector;
+    it.end = sector + sectors;
+    it.ts = bpf_ktime_get_ns();
+    it.cgroup_id = bpf_get_current_cgroup_id();
+    it.pid = id >> 32;
+    it.tid = (u32)id;
+    bpf_get_current_comm(it.comm, sizeof(it.comm));
+    io_intent.update(&disk, &it);
+    u8 one = 1;
+    target_devs.update(&disk, &one);
+}
+
+static __always_inline u32 fs_block_shift(u32 fsdev)
+{
+    struct part_info *p = part_disk.lookup(&fsdev);
+    return p && p->block_shift ? p->block_shift : 3;
+}
+
+#ifdef HAVE_TP_iomap_iomap_iter_dstmap
+/* direct I/O (and other iomap I/O) on ext4, xfs: the disk extent, in the submitter's context */
+TRACEPOINT_PROBE(iomap, iomap_iter_dstmap)
+{
+    /* IOMAP_MAPPED = 2: only extents with disk blocks are I/O */
+    if (args->type != 2)
+        return 0;
+    intent(args->bdev, args->addr >> 9, args->length >> 9);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_ext4_ext4_ext_map_blocks_exit
+/* ext4 blocks allocated or looked up for writeback (fsync) or read, in the caller's context */
+TRACEPOINT_PROBE(ext4, ext4_ext_map_blocks_exit)
+{
+    if (args->ret <= 0)
+        return 0;
+    u32 shift = fs_block_shift(args->dev);
+    intent(args->dev, args->pblk << shift, (u64)args->len << shift);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_ext4_ext4_es_lookup_extent_exit
+/* ext4 blocks found in the extent cache: most reads and overwrites of mapped blocks */
+TRACEPOINT_PROBE(ext4, ext4_es_lookup_extent_exit)
+{
+    if (!args->found || args->pblk == 0)
+        return 0;
+    u32 shift = fs_block_shift(args->dev);
+    intent(args->dev, args->pblk << shift, (u64)args->len << shift);
+    return 0;
+}
+#endif
+
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u64 sector = args->sector;
+    u32 flags = 0;
+    struct block_event e = {};
+    u64 now = bpf_ktime_get_ns();
+    if (is_target(tgid)) {
+        u32 disk = disk_of(args->dev, &sector);
+        u8 one = 1;
+        target_devs.update(&disk, &one);
+        e.dev = disk;
+        e.ts = now;
+        e.pid = tgid;
+        e.tid = (u32)id;
+        e.cgroup_id = bpf_get_current_cgroup_id();
+        bpf_get_current_comm(e.comm, sizeof(e.comm));
+    } else {
+        char comm[16];
+        bpf_get_current_comm(comm, sizeof(comm));
+        if (!is_kernel_writer(comm))
+            return 0;
+        u32 disk = disk_of(args->dev, &sector);
+        if (!target_devs.lookup(&disk))
+            return 0;
+        e.dev = disk;
+        flags = BLOCK_FLAG_KTHREAD;
+        struct io_intent *it = io_intent.lookup(&disk);
+        if (it && sector >= it->start && sector < it->end) {
+            e.ts = it->ts;
+            e.pid = it->pid;
+            e.tid = it->tid;
+            e.cgroup_id = it->cgroup_id;
+            __builtin_memcpy(e.comm, it->comm, sizeof(e.comm));
+            flags |= BLOCK_FLAG_INTENT;
+        } else {
+            e.ts = now;
+            e.pid = tgid;
+            e.tid = (u32)id;
+            e.cgroup_id = bpf_get_current_cgroup_id();
+            __builtin_memcpy(e.comm, comm, sizeof(e.comm));
+        }
+    }
+    e.bio_queue_ts = now;
+    e.sector = sector;
+    e.nr_bytes = args->nr_sector << 9;
+    e.flags = flags;
+    bpf_probe_read_kernel(e.rwbs, sizeof(args->rwbs), args->rwbs);
+    struct block_key k = {.sector = sector, .dev = e.dev};
+    if (block_inflight.update(&k, &e))
+        count_drop(PROBE_BLOCK_MAP);
+    return 0;
+}
+
+static __always_inline struct block_event *inflight(u32 dev, u64 sector)
+{
+    struct block_key k = {.sector = sector, .dev = dev};
+    return block_inflight.lookup(&k);
+}
+
+#ifdef HAVE_TP_block_block_bio_frontmerge
+/* the bio becomes the request's new start: its entry now names the request; the request's old
+ * entry (keyed by its old start sector) is left to be overwritten, counted in merges */
+TRACEPOINT_PROBE(block, block_bio_frontmerge)
+{
+    struct block_event *e = inflight(disk_of(args->dev, 0), args->sector);
+    if (e) {
+        e->flags |= BLOCK_FLAG_FRONT_MERGE;
+        e->merges++;
+    }
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_block_block_bio_backmerge
+/* the bio joins an earlier request; the request's row (its bytes at completion) includes it */
+TRACEPOINT_PROBE(block, block_bio_backmerge)
+{
+    u64 sector = args->sector;
+    u32 dev = disk_of(args->dev, &sector);
+    struct block_key k = {.sector = sector, .dev = dev};
+    block_inflight.delete(&k);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_block_block_rq_insert
+TRACEPOINT_PROBE(block, block_rq_insert)
+{
+    struct block_event *e = inflight(args->dev, args->sector);
+    if (e)
+        e->insert_ts = bpf_ktime_get_ns();
+    return 0;
+}
+#endif
+
+TRACEPOINT_PROBE(block, block_rq_issue)
+{
+    struct block_event *e = inflight(args->dev, args->sector);
+    if (e) {
+        e->issue_ts = bpf_ktime_get_ns();
+        e->nr_bytes = args->bytes;
+        bpf_probe_read_kernel(e->rwbs, sizeof(args->rwbs), args->rwbs);
+    }
+    return 0;
+}
+
+#ifdef HAVE_TP_block_block_rq_requeue
+TRACEPOINT_PROBE(block, block_rq_requeue)
+{
+    struct block_event *e = inflight(args->dev, args->sector);
+    if (e)
+        e->requeues++;
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_block_block_rq_error
+TRACEPOINT_PROBE(block, block_rq_error)
+{
+    struct block_event *e = inflight(args->dev, args->sector);
+    if (e) {
+        e->flags |= BLOCK_FLAG_ERROR;
+        e->error = args->error;
+    }
+    return 0;
+}
+#endif
+
+static __always_inline void block_done(u32 dev, u64 sector, u32 nr_sector, s32 error, u64 io_tag, u32 ai)
+{
+    struct block_key k = {.sector = sector, .dev = dev};
+    struct block_event *e = block_inflight.lookup(&k);
+    if (!e)
+        return;
+    e->complete_ts = bpf_ktime_get_ns();
+    if (error)
+        e->error = error;
+    if (!e->nr_bytes)
+        e->nr_bytes = nr_sector << 9;
+    e->io_tag = io_tag;
+    if (ai)
+        e->flags |= BLOCK_FLAG_AI;
+    if (block_events.ringbuf_output(e, sizeof(*e), 0))
+        count_drop(PROBE_BLOCK);
+    block_inflight.delete(&k);
+}
+
+#ifdef HAVE_TP_block_block_ai_rq_complete
+/* the patch series' completion event: same place as block_rq_complete, plus the lineage tag */
+TRACEPOINT_PROBE(block, block_ai_rq_complete)
+{
+    block_done(args->dev, args->sector, args->nr_sector, args->error, args->io_tag, 1);
+    return 0;
+}
+#else
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+    block_done(args->dev, args->sector, args->nr_sector, args->error, 0, 0);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_nvme_nvme_ai_timeout
+BPF_RINGBUF_OUTPUT(nvme_ai_events, 16);
+
+/* the patch series' NVMe timeout decisions: rare, all recorded */
+TRACEPOINT_PROBE(nvme, nvme_ai_timeout)
+{
+    struct nvme_ai_event *e = nvme_ai_events.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        count_drop(PROBE_BLOCK);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->ts = bpf_ktime_get_ns();
+    e->sector = args->sector;
+    e->io_tag = args->io_tag;
+    e->ctrl_id = args->ctrl_id;
+    e->qid = args->qid;
+    e->rq_tag = args->rq_tag;
+    e->nr_bytes = args->nr_bytes;
+    e->req_pid = args->pid;
+    e->req_tid = args->tid;
+    e->cid = args->cid;
+    e->opcode = args->opcode;
+    e->action = args->action;
+    u32 loc = *(u32 *)&args->data_loc_disk;
+    bpf_probe_read_kernel_str(e->disk, sizeof(e->disk), (char *)args + (loc & 0xffff));
+    nvme_ai_events.ringbuf_submit(e, 0);
+    return 0;
+}
+#endif

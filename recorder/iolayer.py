@@ -1,0 +1,341 @@
+"""The I/O and device layer of a session: block requests, memory pressure, TCP retransmits, DMA,
+the patch series' tracepoints, and the kernel log.
+
+`IoLayer` owns the rows of bpf/block.bpf.c, mm.bpf.c, net.bpf.c and dma.bpf.c: the session hands it
+the raw ring-buffer records and it turns them into rows of store/migrations/0004_io.sql.
+`KernelLog` reads /dev/kmsg from the session start (recorder/kmsg.py) into the tables of
+0002_kernel_log.sql. Each records in `capability` what it could attach and why not.
+
+Which block requests are recorded is the rule in bpf/block.bpf.c: those a target thread submits
+(including its throttled I/O, queued later by a kworker, found from its I/O intent), and those
+kernel threads submit (writeback, journal) on disks the targets used during the session.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from recorder import events, kmsg
+from recorder.identity import Identity
+from store.db import Store, Writer
+
+# layer -> (BPF source, tracepoints it cannot do without); merged into probes.LAYER_SOURCES
+LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "block": ("block.bpf.c", ("block:block_bio_queue", "block:block_rq_issue", "block:block_rq_complete")),
+    "mm": ("mm.bpf.c", ()),
+    "net": ("net.bpf.c", ()),
+    "dma": ("dma.bpf.c", ()),
+}
+
+# Tracepoints used when present (HAVE_TP_<system>_<name> is defined for the BPF source); each is
+# recorded in `capability` as attached or absent.
+OPTIONAL_TRACEPOINTS: dict[str, tuple[str, ...]] = {
+    "block": (
+        "block:block_rq_insert", "block:block_rq_requeue", "block:block_rq_error",
+        "block:block_bio_backmerge", "block:block_bio_frontmerge",
+        "iomap:iomap_iter_dstmap", "ext4:ext4_ext_map_blocks_exit", "ext4:ext4_es_lookup_extent_exit",
+        "block:block_ai_rq_complete", "nvme:nvme_ai_timeout",
+    ),
+    "mm": (
+        "vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end",
+        "writeback:balance_dirty_pages", "oom:mark_victim", "writeback:ai_checkpoint_write",
+    ),
+    "net": ("tcp:tcp_retransmit_skb",),
+    "dma": ("dma:dma_map_phys", "dma:dma_map_page", "swiotlb:swiotlb_bounced", "iommu:io_page_fault",
+            "dma:dma_ai_map_latency"),
+}
+
+# Present in some kernels, not recorded yet: listed so `capability` says so.
+NOT_RECORDED = {"block": ("nvme:nvme_setup_cmd", "nvme:nvme_complete_rq")}
+
+BLOCK_COLUMNS = (
+    "session_id", "ts", "dur", "thread_id", "submitter_kind", "device", "dev_major", "dev_minor",
+    "sector", "size_bytes", "op", "rwbs", "sync", "metadata", "fua", "readahead", "preflush",
+    "bio_queue_ts", "insert_ts", "issue_ts", "complete_ts", "queued_dur", "device_dur", "error",
+    "requeues", "merges", "io_tag", "cgroup_id",
+)
+RECLAIM_COLUMNS = ("session_id", "ts", "dur", "thread_id", "alloc_order", "gfp_flags", "pages_reclaimed",
+                   "cgroup_id")
+DIRTY_COLUMNS = ("session_id", "ts", "dur", "thread_id", "bdi", "period_dur", "think_dur", "dirty_pages",
+                 "limit_pages", "task_ratelimit_kbps", "pages_dirtied", "cgroup_ino")
+OOM_COLUMNS = ("session_id", "ts", "pid", "comm", "uid", "oom_score_adj", "total_vm_bytes", "anon_rss_bytes",
+               "file_rss_bytes", "shmem_rss_bytes", "pgtables_bytes", "killer_tid")
+TCP_COLUMNS = ("session_id", "ts", "thread_id", "family", "saddr", "sport", "daddr", "dport", "state", "err",
+               "cgroup_id")
+DMA_COLUMNS = ("session_id", "ts", "dur", "thread_id", "kind", "device", "addr", "dma_addr", "size_bytes",
+               "nents", "direction", "attrs", "direct", "bounced", "forced", "fault_flags")
+NVME_AI_COLUMNS = ("session_id", "ts", "controller", "disk", "qid", "command_id", "rq_tag", "opcode", "action",
+                   "sector", "size_bytes", "io_tag", "req_pid", "req_tid")
+CHECKPOINT_COLUMNS = ("session_id", "ts", "thread_id", "dev_major", "dev_minor", "ino", "name", "pos",
+                      "size_bytes", "io_tag")
+
+RINGS = {"block_events": "block", "mm_events": "mm", "net_events": "net", "dma_events": "dma",
+         "nvme_ai_events": "nvme_ai"}
+_OPS = {"R": "read", "W": "write", "D": "discard", "F": "flush", "N": "other"}
+_DMA_KINDS = {1: "map", 2: "swiotlb_bounce", 3: "iommu_fault", 4: "map_latency"}
+_DIRECTIONS = {0: "bidirectional", 1: "to_device", 2: "from_device", 3: "none"}
+_NVME_ACTIONS = {0: "polled", 1: "abort", 2: "reset", 3: "disable", 4: "rearm"}
+PF_KTHREAD = 0x00200000
+C = events.CONSTANTS
+
+
+def dev_numbers(dev: int) -> tuple[int, int]:
+    """(major, minor) of a dev_t in the kernel's internal encoding (major << 20 | minor)."""
+    return dev >> 20, dev & 0xFFFFF
+
+
+def device_name(major: int, minor: int) -> str | None:
+    """DEVNAME from /sys/dev/block/M:m/uevent (loop0, nvme0n1, sda1), None if gone."""
+    try:
+        for line in Path(f"/sys/dev/block/{major}:{minor}/uevent").read_text().splitlines():
+            if line.startswith("DEVNAME="):
+                return line.split("=", 1)[1]
+    except OSError:
+        return None
+    return None
+
+
+def parse_rwbs(rwbs: str) -> tuple[str, int, int, int, int, int]:
+    """(op, sync, metadata, fua, readahead, preflush) from the block layer's rwbs string."""
+    preflush = 0
+    if len(rwbs) > 1 and rwbs[0] == "F" and rwbs[1] in "RWDFN":
+        preflush, rwbs = 1, rwbs[1:]
+    op = _OPS.get(rwbs[:1], "other")
+    rest = rwbs[2:] if rwbs.startswith("DE") else rwbs[1:]
+    if rwbs.startswith("DE"):
+        op = "secure_erase"
+    return op, int("S" in rest), int("M" in rest), int("F" in rest), int("A" in rest), preflush
+
+
+def partition_table() -> dict[int, tuple[int, int, int]]:
+    """dev_t (kernel encoding) -> (whole-disk dev_t, start sector, fs block shift) for every block
+    device: partitions map to their disk; file systems mounted on a device give their block size."""
+    out: dict[int, tuple[int, int, int]] = {}
+    root = Path("/sys/class/block")
+    for entry in root.iterdir() if root.exists() else ():
+        try:
+            major, minor = (int(x) for x in (entry / "dev").read_text().split(":"))
+            dev = major << 20 | minor
+            if (entry / "partition").exists():
+                start = int((entry / "start").read_text())
+                pmaj, pmin = (int(x) for x in (entry.resolve().parent / "dev").read_text().split(":"))
+                out[dev] = (pmaj << 20 | pmin, start, 0)
+            else:
+                out[dev] = (dev, 0, 0)
+        except (OSError, ValueError):
+            continue
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        mounts = []
+    for line in mounts:
+        parts = line.split()
+        major, minor = (int(x) for x in parts[2].split(":"))
+        dev = major << 20 | minor
+        if dev not in out:
+            continue
+        try:
+            bsize = os.statvfs(parts[4]).f_bsize
+        except OSError:
+            continue
+        if bsize >= 512:
+            disk, start, _ = out[dev]
+            out[dev] = (disk, start, (bsize // 512).bit_length() - 1)
+    return out
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _ip(raw: bytes, family: int) -> str:
+    import ipaddress
+
+    addr = ipaddress.IPv6Address(raw)
+    if addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+class IoLayer:
+    """Rows for the I/O layer's ring buffers; one per session."""
+
+    def __init__(self, writer: Writer, identity: Identity, session_id: int, probes) -> None:
+        self.writer = writer
+        self.identity = identity
+        self.session_id = session_id
+        self.raw: dict[str, list[bytes]] = {kind: [] for kind in RINGS.values()}
+        self._names: dict[int, str | None] = {}
+        self._kthread: dict[int, bool] = {}
+        for table, cols in (("block_request", BLOCK_COLUMNS), ("reclaim_interval", RECLAIM_COLUMNS),
+                            ("dirty_throttle", DIRTY_COLUMNS), ("oom_victim", OOM_COLUMNS),
+                            ("tcp_retransmit", TCP_COLUMNS), ("dma_event", DMA_COLUMNS),
+                            ("nvme_timeout_action", NVME_AI_COLUMNS),
+                            ("checkpoint_write", CHECKPOINT_COLUMNS)):
+            writer.table(table, cols)
+        self.events = 0
+        if probes is not None and "block" in probes.layers:
+            self._fill_partitions(probes.bpf)
+
+    def _fill_partitions(self, bpf) -> None:
+        import ctypes
+
+        table = bpf["part_disk"]
+        for dev, (disk, start, shift) in partition_table().items():
+            leaf = table.Leaf()
+            leaf.start, leaf.disk, leaf.block_shift = start, disk, shift
+            table[ctypes.c_uint32(dev)] = leaf
+
+    def sinks(self) -> dict:
+        return {ring: self.raw[kind].append for ring, kind in RINGS.items()}
+
+    def _device(self, dev: int) -> str | None:
+        if dev not in self._names:
+            self._names[dev] = device_name(*dev_numbers(dev))
+        return self._names[dev]
+
+    def _is_kthread(self, tid: int) -> bool:
+        known = self._kthread.get(tid)
+        if known is None:
+            try:
+                data = Path(f"/proc/{tid}/stat").read_bytes()
+                flags = int(data[data.rfind(b")") + 2:].split()[6])
+                known = bool(flags & PF_KTHREAD)
+            except (OSError, ValueError, IndexError):
+                known = True  # gone already: the BPF side only sends kernel-thread-named tasks
+            self._kthread[tid] = known
+        return known
+
+    def _thread(self, tid: int, pid: int, comm: bytes, ts: int, traced: bool = True) -> int | None:
+        if not tid:
+            return None
+        ident = self.identity
+        return ident.threads.get(tid) or ident.thread(tid, pid, comm, ts, traced)
+
+    def flush(self) -> None:
+        raw = self.raw
+        sid = self.session_id
+        if raw["block"]:
+            rows = []
+            for rec in events.BLOCK.iter_unpack(b"".join(raw["block"])):
+                (ts, bio_ts, insert_ts, issue_ts, complete_ts, sector, cg, io_tag, dev, nbytes, pid, tid,
+                 error, requeues, merges, flags, rwbs, comm) = rec
+                if flags & C["BLOCK_FLAG_INTENT"]:
+                    kind, traced = "target_deferred", True
+                elif flags & C["BLOCK_FLAG_KTHREAD"] and self._is_kthread(tid):
+                    kind, traced = "kernel_thread", False
+                else:
+                    kind, traced = "target", True
+                rw = _text(rwbs)
+                op, sync, meta, fua, ra, preflush = parse_rwbs(rw)
+                major, minor = dev_numbers(dev)
+                issued = issue_ts or None
+                rows.append((
+                    sid, ts, complete_ts - ts, self._thread(tid, pid, comm, ts, traced), kind, self._device(dev),
+                    major, minor, sector, nbytes, op, rw, sync, meta, fua, ra, preflush, bio_ts,
+                    insert_ts or None, issued, complete_ts, (issue_ts - ts) if issued else None,
+                    (complete_ts - issue_ts) if issued else None, error, requeues, merges,
+                    io_tag if flags & C["BLOCK_FLAG_AI"] else None, cg))
+            self.writer.extend("block_request", rows)
+            self.events += len(rows)
+            raw["block"].clear()
+        if raw["mm"]:
+            for chunk in raw["mm"]:
+                self._mm_row(chunk)
+            raw["mm"].clear()
+        if raw["net"]:
+            for rec in events.TCP.iter_unpack(b"".join(raw["net"])):
+                ts, cg, pid, tid, state, err, sport, dport, family, _pad, saddr, daddr, comm = rec
+                self.writer.add("tcp_retransmit", (
+                    sid, ts, self._thread(tid, pid, comm, ts, False), family, _ip(saddr, family), sport,
+                    _ip(daddr, family), dport, state, err, cg))
+            raw["net"].clear()
+        if raw["dma"]:
+            for rec in events.DMA.iter_unpack(b"".join(raw["dma"])):
+                (ts, dur, addr, dma_addr, size, attrs, pid, tid, kind, direction, nents, flags, device,
+                 comm) = rec
+                self.writer.add("dma_event", (
+                    sid, ts, dur, self._thread(tid, pid, comm, ts, False), _DMA_KINDS.get(kind, str(kind)),
+                    _text(device), _signed(addr), _signed(dma_addr), size, nents or None,
+                    _DIRECTIONS.get(direction), _signed(attrs), int(bool(flags & C["DMA_FLAG_DIRECT"])),
+                    int(bool(flags & C["DMA_FLAG_BOUNCED"])), int(bool(flags & C["DMA_FLAG_FORCE"])),
+                    flags >> 16 if kind == C["DMA_KIND_IOMMU_FAULT"] else None))
+            raw["dma"].clear()
+        if raw["nvme_ai"]:
+            for rec in events.NVME_AI.iter_unpack(b"".join(raw["nvme_ai"])):
+                (ts, sector, io_tag, ctrl, qid, rq_tag, nbytes, req_pid, req_tid, cid, opcode, action, _pad,
+                 disk) = rec
+                self.writer.add("nvme_timeout_action", (
+                    sid, ts, f"nvme{ctrl}", _text(disk) or None, qid, cid, rq_tag, opcode,
+                    _NVME_ACTIONS.get(action, str(action)), sector, nbytes, _signed(io_tag), req_pid or None,
+                    req_tid or None))
+            raw["nvme_ai"].clear()
+
+    def _mm_row(self, chunk: bytes) -> None:
+        sid = self.session_id
+        size = len(chunk)
+        if size == events.RECLAIM.size:
+            ts, dur, gfp, pages, cg, pid, tid, order, _pad, comm = events.RECLAIM.unpack(chunk)
+            self.writer.add("reclaim_interval", (sid, ts, dur, self._thread(tid, pid, comm, ts), order, gfp,
+                                                 pages, cg))
+        elif size == events.DIRTY.size:
+            (ts, pause, period, think, dirty, limit, ratelimit, cg_ino, pid, tid, dirtied, _pad, bdi,
+             comm) = events.DIRTY.unpack(chunk)
+            self.writer.add("dirty_throttle", (sid, ts, pause, self._thread(tid, pid, comm, ts), _text(bdi),
+                                               period, think, dirty, limit, ratelimit, dirtied, cg_ino))
+        elif size == events.OOM.size:
+            ts, vm, anon, file, shmem, pgt, pid, uid, adj, killer, comm = events.OOM.unpack(chunk)
+            self.writer.add("oom_victim", (sid, ts, pid, _text(comm), uid, adj, vm * 1024, anon * 1024,
+                                           file * 1024, shmem * 1024, pgt * 1024, killer))
+        elif size == events.CHECKPOINT.size:
+            ts, ino, pos, count, io_tag, dev, pid, tid, _pad, name = events.CHECKPOINT.unpack(chunk)
+            major, minor = dev_numbers(dev)
+            self.writer.add("checkpoint_write", (sid, ts, self._thread(tid, pid, b"", ts), major, minor, ino,
+                                                 _text(name), pos, count, _signed(io_tag)))
+
+
+def _signed(value: int) -> int:
+    return value - 2**64 if value >= 2**63 else value
+
+
+class KernelLog:
+    """/dev/kmsg of a session: opened at the session start, polled without blocking."""
+
+    def __init__(self, store: Store, writer: Writer, session_id: int, start_ns: int) -> None:
+        self.writer = writer
+        self.session_id = session_id
+        self.reader: kmsg.KmsgReader | None = None
+        self.capability: list[tuple[str, str, str]] = []  # (probe, status, detail)
+        for table, cols in kmsg.TABLE_COLUMNS.items():
+            writer.table(table, cols)
+        self._next_id = (store.one("SELECT max(id) AS m FROM kernel_log")["m"] or 0) + 1
+        try:
+            self.reader = kmsg.KmsgReader(start_ns).open()
+        except (OSError, kmsg.NotPrivileged) as e:
+            self.capability.append(("/dev/kmsg", "failed", str(e)))
+            return
+        try:
+            off = self.reader.calibrate()
+            self.capability.append(("/dev/kmsg", "attached",
+                                    f"printk clock offset {off.offset_ns} ns +/- {off.uncertainty_ns} ns"))
+        except (OSError, RuntimeError, kmsg.NotPrivileged) as e:
+            self.capability.append(("/dev/kmsg", "attached", f"printk clock not calibrated ({e})"))
+
+    def poll(self) -> int:
+        """Read every record available now into rows; returns how many."""
+        if self.reader is None:
+            return 0
+        entries = self.reader.read_available()
+        cols = kmsg.TABLE_COLUMNS
+        for entry in entries:
+            log_id = self._next_id
+            self._next_id += 1
+            for table, row in kmsg.rows_for(entry, self.session_id, log_id):
+                self.writer.add(table, tuple(row.get(c) for c in cols[table]))
+        return len(entries)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.poll()
+            self.reader.close()
