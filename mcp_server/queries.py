@@ -190,8 +190,12 @@ def io_latency(store: Store, session_id: int | None, window: str | None) -> dict
 
 def python_lines(store: Store, session_id: int | None, window: str | None) -> dict:
     session, start, end = window_of(store, session_id, window)
-    return {**_window_out(session, start, end), "lines": [],
-            "note": not_recorded(store, session["id"], "python", "python_sample", "Python source lines")}
+    note = not_recorded(store, session["id"], "python", "python_stack", "Python source lines")
+    if has_table(store, "python_stack"):
+        stacks = store.one("SELECT count(*) AS n FROM python_stack")["n"]
+        note = (f"Python stacks are stored ({stacks} rows in python_stack, see schema://tables) but this "
+                "server does not aggregate them by file:line yet: query them with run_sql. " + note)
+    return {**_window_out(session, start, end), "lines": [], "note": note}
 
 
 def nccl_collectives(store: Store, session_id: int | None, window: str | None) -> dict:

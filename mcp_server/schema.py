@@ -19,8 +19,10 @@ from store.db import MIGRATIONS, _numbered, migrate
 _HEADER = re.compile(r"^--\s*(table|view):\s*(\w+)\s*$")
 _CREATE = re.compile(r"^CREATE\s+(?:TEMP\s+)?(TABLE|VIEW)\s+(\w+)", re.I)
 # `name TYPE ... -- comment` in a table, `expr AS name, -- comment` or `alias.name, -- comment` in a view
-_TABLE_COL = re.compile(r"^\s*(\w+)\s+[A-Z]+\b.*?--\s*(.+)$")
+_TABLE_COL = re.compile(r"^\s*(\w+)\s+\w+.*?--\s*(.+)$")
 _VIEW_COL = re.compile(r"(?:\bAS\s+|\.|^\s*)(\w+)\s*,?\s*--\s*(.+)$", re.I)
+# a later migration's `ALTER TABLE t ADD COLUMN name TYPE ...; -- comment`
+_ADD_COL = re.compile(r"^ALTER\s+TABLE\s+(\w+)\s+ADD\s+COLUMN\s+(\w+)\b.*?--\s*(.+)$", re.I)
 
 
 @dataclass
@@ -40,6 +42,10 @@ def _parse(text: str, objects: dict[str, DbObject]) -> list[str]:
     in_body = False
     above: list[str] = []
     for line in text.splitlines():
+        added = _ADD_COL.match(line)
+        if added and added.group(1) in objects:
+            objects[added.group(1)].comments.setdefault(added.group(2), added.group(3).strip())
+            continue
         header = _HEADER.match(line)
         if header:
             current = DbObject(header.group(1), header.group(2))
