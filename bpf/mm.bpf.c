@@ -1,7 +1,8 @@
 /* mm: memory pressure seen by the targets, from tracepoints only.
  *
- * - direct reclaim: one interval per mm_vmscan_direct_reclaim_begin/end pair of a target thread
- *   (the time an allocation of the thread spent reclaiming memory itself);
+ * - direct reclaim: one interval per mm_vmscan_direct_reclaim_begin/end (global shortage) or
+ *   mm_vmscan_memcg_reclaim_begin/end (memory cgroup limit) pair of a target thread: the time an
+ *   allocation of the thread spent reclaiming memory itself;
  * - balance_dirty_pages: each pause a target thread is put to sleep for dirtying pages faster
  *   than the disk writes them back;
  * - oom:mark_victim: every OOM victim (the kernel's choice, rare: not filtered);
@@ -16,38 +17,65 @@ static __always_inline void mm_send(void *rec, u32 size)
         count_drop(PROBE_MM);
 }
 
-#if defined(HAVE_TP_vmscan_mm_vmscan_direct_reclaim_begin) && defined(HAVE_TP_vmscan_mm_vmscan_direct_reclaim_end)
 BPF_HASH(reclaim_open, u32, struct reclaim_event, 4096);
 
-TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin)
+static __always_inline void reclaim_begin(u32 kind, int order, u64 gfp_flags)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
-        return 0;
+        return;
     u32 tid = id;
     struct reclaim_event e = {};
     e.ts = bpf_ktime_get_ns();
-    e.gfp_flags = args->gfp_flags;
-    e.order = args->order;
+    e.gfp_flags = gfp_flags;
+    e.order = order;
+    e.kind = kind;
     e.pid = id >> 32;
     e.tid = tid;
     e.cgroup_id = bpf_get_current_cgroup_id();
     bpf_get_current_comm(e.comm, sizeof(e.comm));
     reclaim_open.update(&tid, &e);
+}
+
+static __always_inline void reclaim_end(u64 nr_reclaimed)
+{
+    u32 tid = bpf_get_current_pid_tgid();
+    struct reclaim_event *e = reclaim_open.lookup(&tid);
+    if (!e)
+        return;
+    e->dur = bpf_ktime_get_ns() - e->ts;
+    e->nr_reclaimed = nr_reclaimed;
+    struct reclaim_event out = *e;
+    reclaim_open.delete(&tid);
+    mm_send(&out, sizeof(out));
+}
+
+#if defined(HAVE_TP_vmscan_mm_vmscan_direct_reclaim_begin) && defined(HAVE_TP_vmscan_mm_vmscan_direct_reclaim_end)
+/* the machine is short of memory: the allocating thread reclaims */
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin)
+{
+    reclaim_begin(RECLAIM_DIRECT, args->order, args->gfp_flags);
     return 0;
 }
 
 TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end)
 {
-    u32 tid = bpf_get_current_pid_tgid();
-    struct reclaim_event *e = reclaim_open.lookup(&tid);
-    if (!e)
-        return 0;
-    e->dur = bpf_ktime_get_ns() - e->ts;
-    e->nr_reclaimed = args->nr_reclaimed;
-    struct reclaim_event out = *e;
-    reclaim_open.delete(&tid);
-    mm_send(&out, sizeof(out));
+    reclaim_end(args->nr_reclaimed);
+    return 0;
+}
+#endif
+
+#if defined(HAVE_TP_vmscan_mm_vmscan_memcg_reclaim_begin) && defined(HAVE_TP_vmscan_mm_vmscan_memcg_reclaim_end)
+/* the thread's memory cgroup is at its limit: the allocating thread reclaims from it */
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin)
+{
+    reclaim_begin(RECLAIM_MEMCG, args->order, args->gfp_flags);
+    return 0;
+}
+
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end)
+{
+    reclaim_end(args->nr_reclaimed);
     return 0;
 }
 #endif

@@ -220,7 +220,7 @@ RECLAIM = Layout(
         ("pid", "u32"),
         ("tid", "u32"),
         ("order", "s32"),
-        ("pad", "u32"),
+        ("kind", "u32"),  # RECLAIM_DIRECT (global memory short) or RECLAIM_MEMCG (its memory cgroup's limit)
         ("comm", "char16"),
     ),
     "one direct-reclaim interval of a traced thread, sent at its end",
@@ -356,6 +356,8 @@ CONSTANTS.update({
     "BLOCK_FLAG_ERROR": 4,  # block_rq_error fired for it
     "BLOCK_FLAG_FRONT_MERGE": 8,  # its first sector came from a front-merged bio
     "BLOCK_FLAG_AI": 16,  # completed through block_ai_rq_complete (io_tag valid)
+    "RECLAIM_DIRECT": 0,
+    "RECLAIM_MEMCG": 1,
     "DMA_KIND_MAP": 1,
     "DMA_KIND_BOUNCE": 2,
     "DMA_KIND_IOMMU_FAULT": 3,

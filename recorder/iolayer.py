@@ -39,6 +39,7 @@ OPTIONAL_TRACEPOINTS: dict[str, tuple[str, ...]] = {
     ),
     "mm": (
         "vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end",
+        "vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end",
         "writeback:balance_dirty_pages", "oom:mark_victim", "writeback:ai_checkpoint_write",
     ),
     "net": ("tcp:tcp_retransmit_skb",),
@@ -55,7 +56,7 @@ BLOCK_COLUMNS = (
     "bio_queue_ts", "insert_ts", "issue_ts", "complete_ts", "queued_dur", "device_dur", "error",
     "requeues", "merges", "io_tag", "cgroup_id",
 )
-RECLAIM_COLUMNS = ("session_id", "ts", "dur", "thread_id", "alloc_order", "gfp_flags", "pages_reclaimed",
+RECLAIM_COLUMNS = ("session_id", "ts", "dur", "thread_id", "kind", "alloc_order", "gfp_flags", "pages_reclaimed",
                    "cgroup_id")
 DIRTY_COLUMNS = ("session_id", "ts", "dur", "thread_id", "bdi", "period_dur", "think_dur", "dirty_pages",
                  "limit_pages", "task_ratelimit_kbps", "pages_dirtied", "cgroup_ino")
@@ -276,9 +277,10 @@ class IoLayer:
         sid = self.session_id
         size = len(chunk)
         if size == events.RECLAIM.size:
-            ts, dur, gfp, pages, cg, pid, tid, order, _pad, comm = events.RECLAIM.unpack(chunk)
-            self.writer.add("reclaim_interval", (sid, ts, dur, self._thread(tid, pid, comm, ts), order, gfp,
-                                                 pages, cg))
+            ts, dur, gfp, pages, cg, pid, tid, order, kind, comm = events.RECLAIM.unpack(chunk)
+            self.writer.add("reclaim_interval", (sid, ts, dur, self._thread(tid, pid, comm, ts),
+                                                 "memcg" if kind == C["RECLAIM_MEMCG"] else "direct", order,
+                                                 gfp, pages, cg))
         elif size == events.DIRTY.size:
             (ts, pause, period, think, dirty, limit, ratelimit, cg_ino, pid, tid, dirtied, _pad, bdi,
              comm) = events.DIRTY.unpack(chunk)

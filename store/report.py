@@ -261,6 +261,26 @@ def _next_actions(cause: dict | None, call: dict | None) -> list[str]:
     ]
 
 
+def _io_negatives(store: Store, sid: int, start: int, end: int, observed: list[str]) -> list[str]:
+    """Explicit negatives of the block and kernel-log layers for the window."""
+    out = []
+    span = {"s": sid, "a": start, "b": end}
+    if "kmsg" in observed and not store.one(
+            "SELECT count(*) AS n FROM nvme_event WHERE session_id = :s AND ts >= :a AND ts < :b"
+            " AND kind IN ('timeout', 'resetting', 'controller_down', 'reset_failure', 'not_ready')", span)["n"]:
+        out.append("no NVMe timeout or reset in the kernel log")
+    errors = 0
+    if "block" in observed:
+        errors += store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND ts >= :a"
+                            " AND ts < :b AND error != 0", span)["n"]
+    if "kmsg" in observed:
+        errors += store.one("SELECT count(*) AS n FROM block_error WHERE session_id = :s AND ts >= :a"
+                            " AND ts < :b", span)["n"]
+    if ("block" in observed or "kmsg" in observed) and not errors:
+        out.append("no block I/O errors")
+    return out
+
+
 def explain(store: Store, session_id: int | None = None, window: str | None = None,
             since: str | None = None, worst: bool = False) -> dict:
     session = session_row(store, session_id)
@@ -311,6 +331,7 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
                      " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))["w"]
     if "sched" in caps["observed"] and wait < 0.05 * (end - start):
         negatives.append(f"traced threads waited only {ms(wait)} for a CPU in the window")
+    negatives += _io_negatives(store, sid, start, end, caps["observed"])
     return {
         "session": {"id": sid, "state": state, "host": session["hostname"],
                     "kernel": session["kernel_release"], "target": session["target"]},

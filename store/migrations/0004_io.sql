@@ -43,7 +43,8 @@ CREATE TABLE block_request (
 );
 
 -- table: reclaim_interval
--- Direct reclaim by a target thread (vmscan:mm_vmscan_direct_reclaim_begin -> _end): the
+-- Direct reclaim by a target thread (vmscan:mm_vmscan_direct_reclaim_begin -> _end, machine short
+-- of memory; mm_vmscan_memcg_reclaim_begin -> _end, its memory cgroup at its limit): the
 -- allocation stalled while the thread freed memory itself.
 CREATE TABLE reclaim_interval (
   id INTEGER PRIMARY KEY,                              -- row id
@@ -51,6 +52,7 @@ CREATE TABLE reclaim_interval (
   ts INTEGER NOT NULL,                                 -- ns: reclaim began
   dur INTEGER NOT NULL,                                -- ns in reclaim
   thread_id INTEGER REFERENCES thread(id),             -- the allocating thread
+  kind TEXT NOT NULL,                                  -- direct (global shortage) or memcg (cgroup limit)
   alloc_order INTEGER,                                 -- log2 pages of the allocation
   gfp_flags INTEGER,                                   -- GFP flags of the allocation
   pages_reclaimed INTEGER,                             -- pages it reclaimed
