@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = _sub(subs, name, text)
         _db_arg(p)
         p.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
-                       help="attach to this CUDA library now (for processes that load it later)")
+                       help="attach to this CUDA or NCCL library now (for processes that load it later)")
         if name == "start":
             p.add_argument("-p", "--pid", type=int, action="append", default=[],
                            help="process to record, with its threads and children (repeatable)")

@@ -19,6 +19,7 @@ _CTYPES: dict[str, tuple[str, int]] = {
     "s32": ("i", 4),
     "u16": ("H", 2),
     "char16": ("16s", 16),
+    "char128": ("128s", 128),
     "char32": ("32s", 32),
 }
 
@@ -122,6 +123,8 @@ CUDA = Layout(
         ("block_z", "u32"),
         ("shared_mem", "u32"),
         ("flags", "u32"),  # CUDA_FLAG_*
+        ("native_stack_id", "s32"),  # id in the user_stacks stack map, negative errno if none
+        ("pad", "u32"),
     ),
     "one CUDA runtime or driver call, sent at return",
 )
@@ -147,9 +150,8 @@ CONSTANTS: dict[str, int] = {
     "TASK_EXEC": 2,
     "TASK_EXIT": 3,
     "TASK_DLOPEN": 4,
-    "OFFCPU_FLAG_OPEN": 1,
-    # the allocated pointer could not be read at return
-    "CUDA_FLAG_POINTER_UNREAD": 1,  # still off-CPU when the session stopped: dur runs to the stop
+    "OFFCPU_FLAG_OPEN": 1,  # still off-CPU when the session stopped: dur runs to the stop
+    "CUDA_FLAG_POINTER_UNREAD": 1,  # the allocated pointer could not be read at return
     "MODE_PIDS": 0,
     "MODE_CGROUP": 1,
     "MODE_ALL": 2,
@@ -372,4 +374,58 @@ PROBE_NAMES.update({
     CONSTANTS["PROBE_MM"]: "mm ring buffer",
     CONSTANTS["PROBE_NET"]: "net ring buffer",
     CONSTANTS["PROBE_DMA"]: "dma ring buffer",
+})
+
+
+# -- NCCL and the training-script markers (bpf/nccl.bpf.c, bpf/lineage.bpf.c) -----------------------
+NCCL = Layout(
+    "nccl_event",
+    (
+        ("ts", "u64"),  # entry, ns CLOCK_MONOTONIC
+        ("dur", "u64"),  # entry -> return, ns
+        ("cgroup_id", "u64"),
+        ("ret", "s64"),  # ncclResult_t
+        ("count", "u64"),  # elements
+        ("comm", "u64"),  # ncclComm_t handle (written by ncclCommInitRank* at return)
+        ("stream", "u64"),
+        ("comm_hash", "u64"),  # hash of the ncclUniqueId: the same on every rank (init only)
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("api", "u32"),  # index into recorder.nccl.APIS
+        ("datatype", "s32"),
+        ("op", "s32"),  # reduction op, -1 when none
+        ("peer", "s32"),  # root or peer rank, -1 when none
+        ("nranks", "s32"),  # init only
+        ("rank", "s32"),  # init only
+    ),
+    "one NCCL call, sent at return",
+)
+
+MARKER = Layout(
+    "marker_event",
+    (
+        ("ts", "u64"),
+        ("value", "u64"),  # step number (MARKER_STEP) or phase 1/2 (MARKER_CHECKPOINT)
+        ("tag", "u64"),  # lineage tag, 0 = none
+        ("text_addr", "u64"),  # address of the label or path in the process
+        ("text_len", "u64"),
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("kind", "u32"),  # MARKER_*
+        ("pad", "u32"),
+        ("text", "char128"),  # the first 127 bytes of the label or path
+    ),
+    "one call of a training-script marker (recorder.step / lineage / checkpoint)",
+)
+
+LAYOUTS = (*LAYOUTS, NCCL, MARKER)
+_MARK_PROBES = ("PROBE_NCCL", "PROBE_NCCL_MAP", "PROBE_MARKER")
+for _i, _name in enumerate(_MARK_PROBES):
+    CONSTANTS[_name] = CONSTANTS["PROBE_COUNT"] + _i
+CONSTANTS["PROBE_COUNT"] += len(_MARK_PROBES)
+CONSTANTS.update({"MARKER_STEP": 1, "MARKER_LINEAGE": 2, "MARKER_CHECKPOINT": 3})
+PROBE_NAMES.update({
+    CONSTANTS["PROBE_NCCL"]: "nccl ring buffer",
+    CONSTANTS["PROBE_NCCL_MAP"]: "nccl in-flight map full",
+    CONSTANTS["PROBE_MARKER"]: "marker ring buffer",
 })

@@ -1,0 +1,160 @@
+"""The layer that records what the workload says about itself: its NCCL calls (communicator, rank,
+collective) and the markers its script calls (recorder.step / lineage / checkpoint).
+
+Libraries are found like the CUDA ones: `libnccl*` and the marker extension `recorder/_markers*.so`
+in each target's /proc/PID/maps (at start, after exec and dlopen, and once a second). The session
+calls `source()` when it compiles, `sinks()` for the ring buffers, `scan(pid, ...)` when it looks at
+a process, and `flush()` before each write.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from recorder import events, nccl
+from recorder.libraries import exported_functions, mapped_files, resolve
+from recorder.probes import now_ns
+
+if TYPE_CHECKING:
+    from recorder.session import Session
+
+import bpf
+
+NCCL_CALL_COLUMNS = ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "count", "datatype", "op",
+                     "peer", "handle", "stream", "cgroup_id")
+NCCL_COMM_COLUMNS = ("session_id", "process_id", "handle", "comm_hash", "rank", "nranks", "init_ts")
+MARKER_SYMBOLS = {"stall_recorder_step": "marker_step", "stall_recorder_lineage": "marker_lineage",
+                  "stall_recorder_checkpoint": "marker_checkpoint"}
+_KIND = {i: api.kind for i, api in enumerate(nccl.APIS)}
+_STEP, _LINEAGE, _CHECKPOINT = (events.CONSTANTS[k] for k in ("MARKER_STEP", "MARKER_LINEAGE",
+                                                               "MARKER_CHECKPOINT"))
+
+
+def signed64(value: int) -> int:
+    """SQLite integers are signed: 64-bit tags and hashes are stored as two's complement."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def library_kind(path: str) -> str | None:
+    base = path.rsplit("/", 1)[-1]
+    if base.startswith("libnccl"):
+        return "nccl"
+    if base.startswith("_markers") and base.endswith(".so") and "/recorder/" in path:
+        return "markers"
+    return None
+
+
+class WorkloadLayer:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.raw: dict[str, list[bytes]] = {"nccl": [], "marker": []}
+        self.labels_seen: set[int] = set()
+        self.attached: set[str] = set()
+
+    def source(self) -> str:
+        return "\n".join([bpf.source("nccl.bpf.c"), bpf.source("lineage.bpf.c"), nccl.bpf_programs()])
+
+    def sinks(self) -> dict:
+        return {"nccl_events": self.raw["nccl"].append, "marker_events": self.raw["marker"].append}
+
+    def prepare(self) -> None:
+        """Tables and the API list, once the store and writer exist."""
+        s = self.session
+        s.store.conn.executemany("INSERT OR IGNORE INTO nccl_api (id, name, kind) VALUES (?, ?, ?)",
+                                 [(i, a.name, a.kind) for i, a in enumerate(nccl.APIS)])
+        s.store.conn.commit()
+        w = s.writer
+        w.table("nccl_call", NCCL_CALL_COLUMNS)
+        w.table("nccl_comm", NCCL_COMM_COLUMNS)
+        w.table("step_mark", ("session_id", "ts", "thread_id", "step"))
+        w.table("lineage_mark", ("session_id", "ts", "thread_id", "tag"))
+        w.table("lineage_label", ("session_id", "tag", "label"))
+        w.table("checkpoint_mark", ("session_id", "ts", "thread_id", "phase", "tag", "path"))
+
+    # -- attaching --------------------------------------------------------------------------------
+    def scan(self, pid: int, found_by: str) -> None:
+        for path in mapped_files(pid):
+            kind = library_kind(path)
+            if kind:
+                self.attach(resolve(pid, path), kind, found_by)
+
+    def attach(self, path: str, kind: str, found_by: str) -> None:
+        real = os.path.realpath(path)
+        if real in self.attached:
+            return
+        self.attached.add(real)
+        probes = self.session.probes
+        names = exported_functions(real)
+        if kind == "nccl":
+            wanted = [(f"nccl_entry_{i}", f"nccl_return_{i}", a.name) for i, a in enumerate(nccl.APIS)
+                      if a.name in names]
+            layer = "nccl"
+        else:
+            wanted = [(fn, None, sym) for sym, fn in MARKER_SYMBOLS.items() if sym in names]
+            layer = "markers"
+        if not wanted:
+            probes._cap(layer, f"{kind} library", "absent", "exports none of the traced functions", path)
+            return
+        for entry, ret, sym in wanted:
+            try:
+                probes.bpf.attach_uprobe(name=real, sym=sym, fn_name=entry)
+                if ret:
+                    probes.bpf.attach_uretprobe(name=real, sym=sym, fn_name=ret)
+                probes._cap(layer, sym, "attached", "", path)
+            except Exception as e:  # BCC raises bare Exception
+                probes._cap(layer, sym, "failed", str(e).splitlines()[0][:200], path)
+        self.session.writer.add("library", (self.session.session_id, path, kind, now_ns(),
+                                            found_by))
+
+    # -- rows -------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        s = self.session
+        sid, ident, w = s.session_id, s.identity, s.writer
+        for kind, records in self.raw.items():
+            s.counters.events[kind] = s.counters.events.get(kind, 0) + len(records)
+        if self.raw["marker"]:
+            for (ts, value, tag, text_addr, text_len, pid, tid, kind, _pad, text) in events.MARKER.iter_unpack(
+                    b"".join(self.raw["marker"])):
+                th = ident.thread(tid, pid, None, ts)
+                if kind == _STEP:
+                    w.add("step_mark", (sid, ts, th, signed64(value)))
+                elif kind == _LINEAGE:
+                    w.add("lineage_mark", (sid, ts, th, signed64(tag)))
+                    if tag and tag not in self.labels_seen:
+                        self.labels_seen.add(tag)
+                        label = _read_text(pid, text_addr, text_len, text)
+                        w.add("lineage_label", (sid, signed64(tag), label))
+                elif kind == _CHECKPOINT:
+                    path = _read_text(pid, text_addr, text_len, text)
+                    w.add("checkpoint_mark", (sid, ts, th, value, signed64(tag), path))
+            self.raw["marker"].clear()
+        if self.raw["nccl"]:
+            rows = []
+            for (ts, dur, cg, ret, count, comm, stream, comm_hash, pid, tid, api, datatype, op, peer, nranks,
+                 rank) in events.NCCL.iter_unpack(b"".join(self.raw["nccl"])):
+                th = ident.thread(tid, pid, None, ts)
+                kind = _KIND[api]
+                if kind == "init":
+                    if ret == 0:
+                        w.add("nccl_comm", (sid, ident.process(pid, ts), comm, signed64(comm_hash), rank,
+                                            nranks, ts))
+                data = kind in ("collective", "p2p")
+                rows.append((sid, ts, dur, th, api, ret, count if data else None, datatype if data else None,
+                             op if data and op >= 0 else None, peer if peer >= 0 else None,
+                             comm or None, stream if data else None, cg))
+            w.extend("nccl_call", rows)
+            self.raw["nccl"].clear()
+
+
+def _read_text(pid: int, addr: int, length: int, inline: bytes) -> str:
+    """The whole label or path from the process (kept alive there), else the inline copy."""
+    raw = inline.split(b"\0", 1)[0]
+    if length > len(raw) and addr:
+        try:
+            with open(f"/proc/{pid}/mem", "rb") as mem:
+                mem.seek(addr)
+                raw = mem.read(min(length, 65536))
+        except OSError:
+            pass  # the process is gone: keep the first 127 bytes
+    return raw.decode("utf-8", "backslashreplace")

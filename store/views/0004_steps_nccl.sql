@@ -1,0 +1,101 @@
+-- Views: steps from markers, NCCL calls with their communicator and step, the wait a collective
+-- imposes, and the straggler rank of each collective across ranks merged into one database.
+-- Events belong to a step by thread/process and time (the step interval that contains their ts),
+-- so no per-event stamping is needed in BPF for same-thread events.
+
+-- view: step
+-- One row per step of a process: from its recorder.step(n) call to the next step call of the
+-- same process (the last step ends at the process's last marker... or the session stop).
+CREATE VIEW step AS
+SELECT
+    m.session_id,
+    t.process_id,
+    m.thread_id,                        -- the thread that called recorder.step
+    m.step,                             -- step number
+    m.ts,                               -- ns the step began
+    coalesce(lead(m.ts) OVER w, s.stopped_ts, m.ts) - m.ts AS dur, -- ns until the next step began
+    m.inferred                          -- 1 when inferred without markers
+FROM step_mark m
+JOIN thread t ON t.id = m.thread_id
+JOIN session s ON s.id = m.session_id
+WINDOW w AS (PARTITION BY m.session_id, t.process_id ORDER BY m.ts);
+
+-- view: lineage_interval
+-- Per thread, the intervals during which a lineage tag was current, with its label.
+CREATE VIEW lineage_interval AS
+SELECT
+    m.session_id, m.thread_id, m.tag,
+    l.label,                            -- the label registered for the tag
+    m.ts,                               -- ns the tag became current
+    coalesce(lead(m.ts) OVER (PARTITION BY m.thread_id ORDER BY m.ts), s.stopped_ts, m.ts) - m.ts AS dur
+FROM lineage_mark m
+JOIN session s ON s.id = m.session_id
+LEFT JOIN lineage_label l ON l.session_id = m.session_id AND l.tag = m.tag;
+
+-- view: nccl_call_detail
+-- NCCL calls with API, communicator (hash, rank, world size), and the step of their process.
+CREATE VIEW nccl_call_detail AS
+SELECT
+    c.id, c.session_id, c.ts, c.dur, c.thread_id, c.ret, c.count, c.datatype, c.op, c.peer, c.stream,
+    a.name AS api, a.kind,
+    t.process_id, p.pid,
+    k.comm_hash, k.rank, k.nranks,
+    (SELECT st.step FROM step st
+      WHERE st.process_id = t.process_id AND st.ts <= c.ts ORDER BY st.ts DESC LIMIT 1) AS step
+FROM nccl_call c
+JOIN nccl_api a ON a.id = c.api_id
+JOIN thread t ON t.id = c.thread_id
+LEFT JOIN process p ON p.id = t.process_id
+LEFT JOIN nccl_comm k ON k.process_id = t.process_id AND k.handle = c.handle;
+
+-- view: nccl_collective
+-- Collectives numbered per rank and communicator in call order (seq), which is how NCCL matches
+-- them across ranks: the n-th collective of every rank is the same operation.
+CREATE VIEW nccl_collective AS
+SELECT *,
+       row_number() OVER (PARTITION BY session_id, process_id, comm_hash ORDER BY ts) AS seq
+FROM nccl_call_detail
+WHERE kind = 'collective';
+
+-- view: nccl_straggler
+-- For each collective (communicator, seq) seen from more than one rank: the rank that arrived
+-- last (the straggler), how late it was, and how long the others waited in the call.
+CREATE VIEW nccl_straggler AS
+WITH arrivals AS (
+    SELECT comm_hash, seq, api, step, rank, pid, ts, dur,
+           max(ts) OVER (PARTITION BY comm_hash, seq) AS last_ts,
+           min(ts) OVER (PARTITION BY comm_hash, seq) AS first_ts,
+           count(*) OVER (PARTITION BY comm_hash, seq) AS ranks_seen,
+           row_number() OVER (PARTITION BY comm_hash, seq ORDER BY ts DESC) AS late_order
+    FROM nccl_collective
+    WHERE comm_hash IS NOT NULL
+)
+SELECT
+    comm_hash,                          -- communicator
+    seq,                                -- n-th collective on it
+    api,                                -- e.g. 'ncclAllReduce'
+    step,                               -- step of the straggler's process at the call
+    rank AS straggler_rank,             -- rank that entered the collective last
+    pid AS straggler_pid,
+    last_ts - first_ts AS lateness_dur, -- ns between the first and the last rank entering
+    ranks_seen,                         -- ranks recorded for this collective
+    ts AS straggler_ts                  -- ns the straggler entered
+FROM arrivals
+WHERE late_order = 1 AND ranks_seen > 1;
+
+-- view: nccl_collective_wait
+-- The wait a collective imposes on its rank: the collective call itself plus the first
+-- cudaStreamSynchronize on the same thread and stream after it (NCCL enqueues asynchronously, so
+-- on a real GPU the wait shows up in that synchronisation).
+CREATE VIEW nccl_collective_wait AS
+SELECT
+    n.id AS nccl_call_id, n.api, n.rank, n.pid, n.step, n.ts, n.dur AS call_dur,
+    s.id AS sync_call_id,               -- cuda_call of the synchronisation, NULL if none followed
+    coalesce(s.dur, 0) AS sync_dur,     -- ns in that synchronisation
+    n.dur + coalesce(s.dur, 0) AS wait_dur -- ns the rank waited for the collective
+FROM nccl_collective n
+LEFT JOIN cuda_call s ON s.id = (
+    SELECT c.id FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id
+    WHERE c.thread_id = n.thread_id AND c.ts >= n.ts + n.dur AND c.stream = n.stream
+      AND a.family IN ('cudaStreamSynchronize', 'cuStreamSynchronize')
+    ORDER BY c.ts LIMIT 1);

@@ -1,0 +1,51 @@
+"""NCCL and markers on real BPF: a two-rank job (two processes, the stand-in libnccl with a real
+rendezvous), rank 1 late to its collective at steps 10 and 11. The recording must name rank 1 as
+the straggler of those collectives, rank 0's wait, and the steps the script marked."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+
+import pytest
+
+from conftest import ROOT, needs_bpf, run_recorder
+
+pytestmark = [needs_bpf, pytest.mark.bpf]
+
+
+def test_two_ranks_straggler_and_steps(tmp_path, native):
+    db = tmp_path / "r.db"
+    res = run_recorder("record", "--db", str(db), "--cuda-lib", str(native["dir"] / "libnccl.so.2"),
+                       "--cuda-lib", str(native["libcudart.so.12"]), "--",
+                       sys.executable, str(ROOT / "tests" / "workloads" / "nccl_ranks.py"),
+                       "--libdir", str(native["dir"]), "--steps", "20", "--slow-rank", "1",
+                       "--slow-steps", "10,11", "--slow-ms", "80", timeout=300)
+    assert res.returncode == 0, res.stderr
+    ranks = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            ranks[r["rank"]] = r
+    conn = sqlite3.connect(db)
+    q = lambda sql, *p: conn.execute(sql, p).fetchall()  # noqa: E731
+    comms = q("SELECT n.rank, n.nranks, p.pid FROM nccl_comm n JOIN process p ON p.id = n.process_id ORDER BY rank")
+    assert comms == [(0, 2, ranks[0]["pid"]), (1, 2, ranks[1]["pid"])]
+    assert len({h for (h,) in q("SELECT comm_hash FROM nccl_comm")}) == 1  # one communicator across ranks
+    calls = q("SELECT rank, count(*), min(count), max(count), min(datatype), min(op), min(stream) - 28672"
+              " FROM nccl_call_detail WHERE api = 'ncclAllReduce' GROUP BY rank ORDER BY rank")
+    assert calls == [(0, 20, 1 << 20, 1 << 20, 7, 0, 0), (1, 20, 1 << 20, 1 << 20, 7, 0, 1)]
+    # steps from markers match the script's own count, per rank
+    steps = q("SELECT p.pid, count(*), min(s.step), max(s.step) FROM step s JOIN process p ON p.id = s.process_id"
+              " GROUP BY p.pid ORDER BY p.pid")
+    assert sorted(steps) == sorted([(ranks[r]["pid"], 20, 0, 19) for r in (0, 1)])
+    late = q("SELECT step, straggler_rank, lateness_dur FROM nccl_straggler WHERE lateness_dur > 40000000"
+             " ORDER BY step")
+    assert [(s, r) for s, r, _ in late] == [(10, 1), (11, 1)]
+    assert all(d >= 60_000_000 for _, _, d in late)
+    waits = q("SELECT step, wait_dur FROM nccl_collective_wait WHERE rank = 0 AND wait_dur > 40000000 ORDER BY step")
+    assert [s for s, _ in waits] == [10, 11]
+    # the wait rank 0 reports itself agrees with the recording within 15 ms
+    for step, wait in waits:
+        assert abs(wait / 1e9 - ranks[0]["step_s"][step]) < 0.015
