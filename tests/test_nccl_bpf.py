@@ -9,7 +9,6 @@ import sqlite3
 import sys
 
 import pytest
-
 from conftest import ROOT, needs_bpf, run_recorder
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
