@@ -102,13 +102,23 @@ def not_recorded(store: Store, session_id: int, layer: str, table: str, what: st
 
 
 def steps(store: Store, session_id: int | None, limit: int) -> dict:
+    """Steps of the session, slowest first, against the median step of their process."""
     session = session_row(store, session_id)
     sid = session["id"]
-    if has_table(store, "step"):
-        note = ("this database has a step table that this server does not read yet: query it with "
-                "run_sql (see schema://tables)")
-    else:
-        note = not_recorded(store, sid, "python", "step", "training steps (markers or the periodic heuristic)")
+    rows = store.query(
+        "WITH s AS (SELECT st.*, p.pid, row_number() OVER (PARTITION BY st.process_id ORDER BY st.dur) AS rn,"
+        " count(*) OVER (PARTITION BY st.process_id) AS n FROM step st JOIN process p ON p.id = st.process_id"
+        " WHERE st.session_id = ?),"
+        " m AS (SELECT process_id, CAST(avg(dur) AS INTEGER) AS median FROM s"
+        " WHERE rn IN ((n + 1) / 2, (n + 2) / 2) GROUP BY process_id)"
+        " SELECT s.step, s.pid, s.ts, s.dur, m.median, s.inferred FROM s JOIN m USING (process_id)"
+        " ORDER BY s.dur * 1.0 / max(m.median, 1) DESC, s.ts LIMIT ?", (sid, _limit(limit)))
+    out = [{"step": r["step"], "pid": r["pid"], "ts": r["ts"], "dur_ns": r["dur"], "median_dur_ns": r["median"],
+            "ratio_to_median": round(r["dur"] / max(r["median"], 1), 2), "inferred": bool(r["inferred"])}
+           for r in rows]
+    if out:
+        return {"session_id": sid, "steps": out}
+    note = not_recorded(store, sid, "markers", "step_mark", "training steps (recorder.step markers)")
     return {"session_id": sid, "steps": [], "note": note + " Use top_stalls for the slowest CUDA calls and "
             "explain_stall with a window instead."}
 
@@ -199,9 +209,27 @@ def python_lines(store: Store, session_id: int | None, window: str | None) -> di
 
 
 def nccl_collectives(store: Store, session_id: int | None, window: str | None) -> dict:
+    """Collectives in the window whose ranks arrived far apart (the straggler and how late it was),
+    and the longest waits ranks spent in collectives."""
     session, start, end = window_of(store, session_id, window)
-    return {**_window_out(session, start, end), "collectives": [],
-            "note": not_recorded(store, session["id"], "nccl", "nccl_call", "NCCL collectives")}
+    sid = session["id"]
+    late = store.query(
+        "SELECT s.* FROM nccl_straggler s JOIN nccl_collective c ON c.comm_hash = s.comm_hash AND c.seq = s.seq"
+        " AND c.ts = s.straggler_ts WHERE c.session_id = ? AND s.straggler_ts >= ? AND s.straggler_ts < ?"
+        " ORDER BY s.lateness_dur DESC LIMIT 20", (sid, start, end))
+    waits = store.query(
+        "SELECT w.* FROM nccl_collective_wait w JOIN nccl_call c ON c.id = w.nccl_call_id"
+        " WHERE c.session_id = ? AND w.ts >= ? AND w.ts < ? ORDER BY w.wait_dur DESC LIMIT 20", (sid, start, end))
+    out = {**_window_out(session, start, end),
+           "collectives": [{"api": r["api"], "seq": r["seq"], "step": r["step"], "straggler_rank": r["straggler_rank"],
+                            "straggler_pid": r["straggler_pid"], "lateness_dur_ns": r["lateness_dur"],
+                            "ranks_seen": r["ranks_seen"], "comm_hash": r["comm_hash"]} for r in late],
+           "waits": [{"nccl_call_id": r["nccl_call_id"], "api": r["api"], "rank": r["rank"], "pid": r["pid"],
+                      "step": r["step"], "wait_dur_ns": r["wait_dur"], "call_dur_ns": r["call_dur"],
+                      "sync_dur_ns": r["sync_dur"]} for r in waits]}
+    if not late and not waits:
+        out["note"] = not_recorded(store, sid, "nccl", "nccl_call", "NCCL collectives")
+    return out
 
 
 TYPED_KERNEL_TABLES = ("nvme_event", "block_error", "swiotlb_event", "iommu_fault", "aer_event", "gpu_xid",

@@ -107,6 +107,15 @@ class Store:
         rows = self.query(sql, params)
         return rows[0] if rows else None
 
+    def store_baselines(self, session_id: int) -> None:
+        """Compute the session's baselines once (at stop) instead of at every report."""
+        self.conn.execute("DELETE FROM cuda_baseline_stored WHERE session_id = ?", (session_id,))
+        self.conn.execute(
+            "INSERT INTO cuda_baseline_stored (session_id, family, size_class, calls, median_dur)"
+            " SELECT session_id, family, size_class, calls, median_dur FROM cuda_baseline WHERE session_id = ?",
+            (session_id,))
+        self.conn.commit()
+
     def build_indexes(self) -> None:
         for text in index_sql():
             self.conn.executescript(text)

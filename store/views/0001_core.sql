@@ -76,23 +76,21 @@ JOIN cuda_api a ON a.id = c.api_id;
 
 -- view: cuda_baseline
 -- The expected duration of a CUDA call: the median of the same API family and size class
--- (power-of-two bucket of size_bytes, -1 for calls without a size) over the session.
+-- (power-of-two bucket of size_bytes, -1 for calls without a size) over the session. Stored when
+-- a session stops (cuda_baseline_stored); computed here for sessions still recording or killed.
 CREATE VIEW cuda_baseline AS
-WITH ranked AS (
-    SELECT session_id, family, coalesce(size_class, -1) AS size_class, dur,
-           row_number() OVER (PARTITION BY session_id, family, coalesce(size_class, -1)
-                              ORDER BY dur) AS rn,
-           count(*) OVER (PARTITION BY session_id, family, coalesce(size_class, -1)) AS n
-    FROM cuda_call_named
+SELECT session_id, family, size_class, calls, median_dur FROM cuda_baseline_stored
+UNION ALL
+SELECT session_id, family, size_class, max(n) AS calls, CAST(avg(dur) AS INTEGER) AS median_dur
+FROM (
+    SELECT c.session_id, a.family, coalesce(c.size_class, -1) AS size_class, c.dur,
+           row_number() OVER (PARTITION BY c.session_id, a.family, coalesce(c.size_class, -1)
+                              ORDER BY c.dur) AS rn,
+           count(*) OVER (PARTITION BY c.session_id, a.family, coalesce(c.size_class, -1)) AS n
+    FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id
+    WHERE c.session_id NOT IN (SELECT session_id FROM cuda_baseline_stored)
 )
-SELECT
-    session_id,
-    family,                             -- API family, e.g. 'cudaMalloc'
-    size_class,                         -- bit length of size_bytes, -1 without size
-    max(n) AS calls,                    -- calls in the baseline
-    CAST(avg(dur) AS INTEGER) AS median_dur -- ns, median duration (mean of the middle two for even counts)
-FROM ranked
-WHERE rn IN ((n + 1) / 2, (n + 2) / 2)
+WHERE rn IN ((n + 1) / 2, (n + 2) / 2)   -- the middle one or two: the median
 GROUP BY session_id, family, size_class;
 
 -- view: cuda_call_offcpu
@@ -115,7 +113,9 @@ FROM cuda_call c
 JOIN offcpu o ON o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur;
 
 -- view: cuda_call_detail
--- Every CUDA call with its thread, its baseline and the off-CPU time inside it.
+-- Every CUDA call with its thread, its baseline and the off-CPU time inside it. The off-CPU
+-- columns are computed per row shown (correlated on the (thread_id, ts) index), so filtering
+-- first, as slow_cuda_call does, keeps this cheap on large sessions.
 CREATE VIEW cuda_call_detail AS
 SELECT
     c.id, c.session_id, c.ts, c.dur, c.api, c.family, c.library, c.ret, c.size_bytes, c.stream,
@@ -124,29 +124,32 @@ SELECT
     b.median_dur AS expected_dur,       -- ns, baseline of the family and size class
     b.calls AS baseline_calls,          -- calls the baseline is taken over
     c.dur - b.median_dur AS excess_dur, -- ns above the baseline
-    coalesce(x.offcpu_dur, 0) AS offcpu_dur,     -- ns of the call spent off-CPU
-    coalesce(x.cpu_wait_dur, 0) AS cpu_wait_dur, -- of which runnable, waiting for a CPU
-    coalesce(x.offcpu_dur - x.cpu_wait_dur, 0) AS blocked_dur, -- of which blocked (sleep, I/O, futex)
-    coalesce(x.preemptions, 0) AS preemptions    -- times it was preempted inside the call
+    (SELECT coalesce(sum(min(c.ts + c.dur, o.ts + o.dur) - o.ts), 0) FROM offcpu_interval o
+      WHERE o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur
+    ) AS offcpu_dur,                    -- ns of the call spent off-CPU
+    (SELECT coalesce(sum(max(0, min(c.ts + c.dur, o.ts + o.dur) - (o.ts + o.dur - (
+                CASE WHEN o.state IN (0, 256) THEN o.dur
+                     WHEN o.wakeup_ts IS NOT NULL THEN o.ts + o.dur - max(o.wakeup_ts, o.ts)
+                     ELSE 0 END)))), 0)
+       FROM offcpu_interval o
+      WHERE o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur
+    ) AS cpu_wait_dur,                  -- of which runnable, waiting for a CPU
+    (SELECT count(*) FROM offcpu_interval o
+      WHERE o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur
+        AND o.state IN (0, 256) AND coalesce(o.syscall, -1) != 24
+    ) AS preemptions                    -- times it was preempted inside the call
 FROM cuda_call_named c
 JOIN thread_info t ON t.thread_id = c.thread_id
 LEFT JOIN cuda_baseline b
     ON b.session_id = c.session_id AND b.family = c.family
-   AND b.size_class = coalesce(c.size_class, -1)
-LEFT JOIN (
-    SELECT cuda_call_id,
-           sum(overlap_dur) AS offcpu_dur,
-           sum(runq_overlap_dur) AS cpu_wait_dur,
-           sum(reason = 'preempted') AS preemptions
-    FROM cuda_call_offcpu
-    GROUP BY cuda_call_id
-) x ON x.cuda_call_id = c.id;
+   AND b.size_class = coalesce(c.size_class, -1);
 
 -- view: slow_cuda_call
 -- CUDA calls that took at least twice their baseline and at least 200 us more, over a baseline of
 -- at least 3 calls. Thresholds are here, in one place, so a report can quote them.
+-- blocked_dur: ns of the call off-CPU but not waiting for a CPU (sleeping, I/O, futex).
 CREATE VIEW slow_cuda_call AS
-SELECT *
+SELECT *, offcpu_dur - cpu_wait_dur AS blocked_dur
 FROM cuda_call_detail
 WHERE baseline_calls >= 3 AND dur >= 2 * expected_dur AND excess_dur >= 200000;
 
