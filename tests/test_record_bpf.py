@@ -209,7 +209,8 @@ def test_tracepoint_missing_from_the_kernel_is_recorded_as_absent(tmp_path, monk
     monkeypatch.setattr(probes, "LAYER_SOURCES", layers)
     p = probes.Probes(probes.TargetSpec(pids=(os.getpid(),)))
     try:
-        absent = [c for c in p.capabilities if c.status == "absent"]
+        # the I/O layer's optional tracepoints (recorder/iolayer.py) are absent or not on their own
+        absent = [c for c in p.capabilities if c.status == "absent" and c.layer in ("ghost", "sched", "task")]
         assert [(c.layer, c.probe) for c in absent] == [("ghost", "ghost:no_such_event")]
         assert "sched" in p.layers and "ghost" not in p.layers
     finally:
