@@ -2,7 +2,9 @@
  *
  * The entry program (generated per API by recorder/cuda.py) reads the arguments into an in-flight
  * record keyed by thread and API; the return program adds the return code and, for allocations,
- * the pointer the call wrote, and sends one cuda_event stamped with the entry time.
+ * the pointer the call wrote, and sends one cuda_event stamped with the entry time. The entry also
+ * takes the native user stack id and ends by capturing the Python stack (bpf/pystack.h), one
+ * pystacks record keyed by the same (entry ts, pid, tid).
  */
 struct cuda_inflight {
     u64 ts;
@@ -17,10 +19,13 @@ struct cuda_inflight {
     u32 grid_x, grid_y, grid_z;
     u32 block_x, block_y, block_z;
     u32 shared_mem;
+    s32 native_stack_id; /* user_stacks id, negative errno when the walk failed */
 };
 
 BPF_TABLE("lru_hash", u64, struct cuda_inflight, cuda_inflight, 65536);
 BPF_RINGBUF_OUTPUT(cuda_events, 2048);
+/* native user stacks at entry (frame-pointer walk by the kernel), resolved by recorder/stacks.py */
+BPF_STACK_TRACE(user_stacks, 16384);
 
 static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
 {
@@ -32,12 +37,12 @@ static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
     return 1;
 }
 
-static __always_inline int cuda_save(struct cuda_inflight *e, u32 api)
+/* Not the last statement of an entry: the generated entry ends with PYSTACK_CAPTURE(ctx, e.ts). */
+static __always_inline void cuda_save(struct cuda_inflight *e, u32 api)
 {
     u64 key = (bpf_get_current_pid_tgid() << 32) | api;
     if (cuda_inflight.update(&key, e))
         count_drop(PROBE_CUDA_MAP);
-    return 0;
 }
 
 static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
@@ -74,6 +79,8 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
     e->block_z = in->block_z;
     e->shared_mem = in->shared_mem;
     e->flags = 0;
+    e->native_stack_id = in->native_stack_id;
+    e->pad = 0;
     if (in->out_ptr) {
         u64 p = 0;
         if (bpf_probe_read_user(&p, sizeof(p), (void *)in->out_ptr) == 0)

@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--since", metavar="DURATION", help="the last DURATION of the session (30s, 5m)")
     g.add_argument("--worst", action="store_true", help="only the worst stall")
     p.add_argument("-j", "--json", action="store_true", help="the report as JSON (same content)")
+    p.add_argument("--stack", action="store_true", help="print each slow call's whole Python stack")
 
     mcp_help = "serve a recording to MCP clients (Claude Code, Cursor): stdio, or HTTPS with --http"
     p = subs.add_parser("mcp", help=mcp_help, description=mcp_help,
@@ -212,7 +213,7 @@ def cmd_explain(args) -> int:
 
     with open_store(args.db, readonly=True) as store:
         report = explain(store, args.session, args.window, args.since, args.worst)
-    print(json.dumps(report, indent=1) if args.json else render_text(report))
+    print(json.dumps(report, indent=1) if args.json else render_text(report, stack=args.stack))
     return 0
 
 

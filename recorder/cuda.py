@@ -141,7 +141,9 @@ def bpf_programs(names: list[str] | None = None) -> str:
             f"    struct cuda_inflight e = {{}};\n"
             f"    if (!cuda_begin(&e, {i})) return 0;\n"
             f"    {ARG_LAYOUTS[api.layout]}\n"
-            f"    return cuda_save(&e, {i});\n"
+            f"    e.native_stack_id = user_stacks.get_stackid(ctx, BPF_F_USER_STACK);\n"
+            f"    cuda_save(&e, {i});\n"
+            f"    PYSTACK_CAPTURE(ctx, e.ts);\n"
             f"}}\n"
             f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}); }}\n"
         )

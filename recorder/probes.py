@@ -18,6 +18,7 @@ import bpf
 from recorder import cuda, events, iolayer, kheaders
 from recorder.errors import NotPrivileged, ProbeError
 from recorder.libraries import exported_functions, find_libc
+from recorder.pyframes import PyStackProbe, bpf_source
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -146,6 +147,12 @@ class Probes:
         for layer in self.layers:
             for tp in LAYER_SOURCES[layer][1] + getattr(self, "optional", {}).get(layer, ()):
                 self._cap(layer, tp, "attached")
+        # the CPython stack walker, tail-called by every CUDA entry (per-process status: recorder/stacks.py)
+        self.pystack = PyStackProbe(self.bpf)
+        try:
+            self.pystack.install()
+        except Exception as e:  # every record then says "walker not installed"
+            self._cap("python", "cpython frames walker", "failed", str(e).splitlines()[0][:200])
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
 
@@ -172,6 +179,7 @@ class Probes:
             self.layers.append(layer)
             parts.append(self._optional_tracepoints(layer))
             parts.append(bpf.source(filename))
+        parts.append(bpf_source())  # pasted, not #included: the CUDA entries end with its capture
         parts.append(cuda.bpf_programs())
         parts.append(extra)
         return "\n".join(parts)

@@ -25,6 +25,7 @@ from recorder.identity import Identity
 from recorder.iolayer import IoLayer, KernelLog
 from recorder.libraries import gpu_libraries, resolve
 from recorder.probes import Probes, TargetSpec, now_ns
+from recorder.stacks import StackRecorder
 from store.db import Store, Writer, open_store
 
 VERSION = "0.1.0"
@@ -39,7 +40,7 @@ OFFCPU_COLUMNS = (
 CUDA_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "api_id", "ret", "size_bytes",
     "size_class", "stream", "function", "pointer", "event_handle", "memcpy_kind", "grid", "block",
-    "shared_mem_bytes", "cgroup_id",
+    "shared_mem_bytes", "cgroup_id", "python_stack_id", "native_stack_id",
 )
 CAPABILITY_COLUMNS = ("session_id", "layer", "probe", "target", "status", "detail", "ts")
 
@@ -116,7 +117,7 @@ class Session:
         self.probes: Probes | None = None
         self._lock_file = None
         self.counters = Counters()
-        self.raw: dict[str, list[bytes]] = {"offcpu": [], "cuda": [], "task": []}
+        self.raw: dict[str, list[bytes]] = {"offcpu": [], "cuda": [], "task": [], "pystack": []}
         self.known_pids: set[int] = set()
         self.stopping = False
 
@@ -155,6 +156,7 @@ class Session:
         except UserError:
             self._abandon()
             raise
+        self.stacks = StackRecorder(self.store, self.writer, self.session_id, self.probes)
         for pid in self.target.pids:
             self.probes.add_pid(pid)
         self.io = IoLayer(self.writer, self.identity, self.session_id, self.probes)
@@ -168,6 +170,7 @@ class Session:
             kind = cuda.library_kind(path) or "runtime"
             self._attach(path, kind, "option")
         self.probes.open_rings({
+            "pystacks": self.raw["pystack"].append,
             "offcpu_events": self.raw["offcpu"].append,
             "cuda_events": self.raw["cuda"].append,
             "task_events": self.raw["task"].append,
@@ -236,6 +239,7 @@ class Session:
     def _scan_process(self, pid: int, found_by: str, ts: int) -> None:
         self.identity.process(pid, ts)
         self.known_pids.add(pid)
+        self.stacks.seen(pid, found_by)
         for path, kind in gpu_libraries(pid):
             self._attach(resolve(pid, path), kind, found_by)
 
@@ -285,6 +289,8 @@ class Session:
                              rival, contender_run if contender else None, cg, flags & 1))
             raw_off.clear()
             self.writer.extend("offcpu_interval", rows)
+        self.stacks.add(self.raw["pystack"])  # before the calls: each call's stack came before it
+        self.raw["pystack"].clear()
         if raw_cuda:
             self.writer.extend("cuda_call", self._cuda_rows(b"".join(raw_cuda)))
             raw_cuda.clear()
@@ -306,7 +312,7 @@ class Session:
         rows = []
         for rec in events.CUDA.iter_unpack(joined):
             (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
-             gx, gy, gz, bx, by, bz, shmem, flags) = rec
+             gx, gy, gz, bx, by, bz, shmem, flags, native_stack, _pad) = rec
             meaningful = _API_FIELDS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
             launch = "launch" in meaningful
@@ -323,6 +329,8 @@ class Session:
                 f"{bx},{by},{bz}" if launch else None,
                 shmem if launch else None,
                 cg,
+                self.stacks.python_id(ts, pid, tid),
+                self.stacks.native_id(pid, native_stack),
             ))
         return rows
 
@@ -341,7 +349,9 @@ class Session:
             self.identity.thread_exited(tid, pid, ts)
             if tid == pid:
                 self.known_pids.discard(pid)
+                self.stacks.exited(pid)
         elif kind == c["TASK_DLOPEN"]:
+            self.stacks.retry_pending()  # a shared-build Python maps libpython after its exec
             for path, lib_kind in gpu_libraries(pid):
                 self._attach(resolve(pid, path), lib_kind, "dlopen")
 
@@ -352,6 +362,8 @@ class Session:
             if dropped:
                 self.counters.dropped += dropped
                 self.writer.add("loss", (self.session_id, second, events.PROBE_NAMES[probe], dropped))
+        for reason, n in self.stacks.housekeeping(ts).items():
+            self.writer.add("loss", (self.session_id, second, reason, n))
         for pid in list(self.known_pids):
             if not Path(f"/proc/{pid}").exists():
                 self.known_pids.discard(pid)
@@ -386,6 +398,8 @@ class Session:
         self.flush()
         self.housekeeping()
         stop = now_ns()
+        self.stacks.finish()
+        self._store_capabilities()
         for tid, rec in self.probes.open_offcpu():
             ident = self.identity
             th = ident.thread(tid, rec.pid, bytes(rec.comm), rec.ts)

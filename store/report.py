@@ -160,6 +160,11 @@ def slow_calls(store: Store, session_id: int, start: int, end: int, limit: int =
             " GROUP BY o.reason, o.syscall_name ORDER BY dur DESC",
             (call["id"],),
         )
+        call["python_stack"] = [r["text"] for r in store.query(
+            "SELECT f.text FROM cuda_call c JOIN python_frame f ON f.stack_id = c.python_stack_id"
+            " WHERE c.id = ? ORDER BY f.depth", (call["id"],))]
+        site = store.one("SELECT python_line FROM cuda_call_python WHERE cuda_call_id = ?", (call["id"],))
+        call["python"] = site["python_line"] if site else None
         call["cause"] = _call_cause(call)
         call["text"] = _call_text(call)
     return calls
@@ -323,6 +328,7 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
         "blocked": [{"reason": b["reason"], "syscall": b["syscall_name"],
                      "intervals": b["intervals"], "dur_ns": b["dur"]} for b in c["blocked"]],
         "cause": c["cause"], "text": c["text"],
+        "python": c["python"], "python_stack": c["python_stack"],
     } for c in calls]
     negatives = []
     if "cuda" in caps["observed"] and not calls:
@@ -360,7 +366,16 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
     }
 
 
-def render_text(report: dict) -> str:
+def _python_lines(finding: dict, stack: bool, indent: str) -> list[str]:
+    """'at forward() at train.py:142' under a call, and with `stack` its frames, innermost first."""
+    out = [f"{indent}at {finding['python']}"] if finding.get("python") else []
+    if stack:
+        out += [f"{indent}    {frame}" for frame in finding.get("python_stack") or []]
+    return out
+
+
+def render_text(report: dict, stack: bool = False) -> str:
+    """The report as text; `stack` adds each slow call's whole Python stack under its line."""
     w = report["window"]
     s = report["session"]
     lines = [
@@ -373,13 +388,16 @@ def render_text(report: dict) -> str:
     if p:
         lines.append(f"Primary cause: {p['summary']}")
         lines.append(f"  {p['text']}")
+        lines += _python_lines(report["findings"][0], stack, "  ")
         lines.append(f"  thread {p['thread']}")
     else:
         lines.append("Primary cause: none: no stall found in this window")
     rest = report["findings"][1:]
     if rest:
         lines.append(f"Other slow calls ({report['cuda']['slow_calls']} in the window):")
-        lines += [f"  {f['utc']}  {f['text']}" for f in rest]
+        for f in rest:
+            lines.append(f"  {f['utc']}  {f['text']}")
+            lines += _python_lines(f, stack, "    ")
     if report["offcpu"]:
         parts = [f"{r['reason']} {ms(r['dur_ns'])} ({r['intervals']})" for r in report["offcpu"][:5]]
         lines.append("Off-CPU time of traced threads: " + ", ".join(parts))

@@ -1,0 +1,430 @@
+"""Stacks at traced calls: the Python stack (bpf/pystack.h) and the native user stack of each call,
+resolved while the process lives and stored once per distinct stack.
+
+The CUDA entry probe ends with PYSTACK_CAPTURE(ctx, ts), which sends exactly one `pystacks` record
+per call, keyed by (entry ts, pid, tid), before the call's own cuda_event (sent at return, with the
+same ts). `StackRecorder.add()` resolves those records as they arrive and keeps the stack id under
+that key until the call's row takes it (`python_id()`). Native stacks are ids in the `user_stacks`
+stack map; `native_id()` reads and symbolises them (pyelftools, symbols of the mapped ELF objects),
+cached per object and address. Both are interned: a million calls from one line cost one stack row.
+
+Per process (start, fork, exec) `seen()` configures the walker and one `capability` row says whether
+its Python frames are read and, if not, why. A Python whose libpython is not mapped yet at exec
+(shared builds: the dynamic loader runs after the exec event) is detected again on its next dlopen
+and once a second until it is.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from recorder.pyframes import (
+    COUNT_NAMES,
+    STATUS_NAMES,
+    STATUS_NOT_CONFIGURED,
+    STATUS_UNSUPPORTED,
+    PyStackProbe,
+    StackResolver,
+    Unsupported,
+    parse_pystack_event,
+)
+
+CAPABILITY_PROBE = "cpython frames"
+PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's row (long syncs)
+_PYTHON_NAME = re.compile(r"python\d|libpython")
+# bpf_get_stackid() errors, as the loss table names them
+_STACKID_ERRORS = {-14: "native stack unreadable", -17: "native stack map collision",
+                   -12: "native stack map full"}
+
+
+def _now_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+# ---------------------------------------------------------------------------------------------
+# Native symbols
+
+
+@dataclass(frozen=True)
+class NativeFrame:
+    address: int  # run-time instruction address (return address for callers)
+    object: str | None  # mapped file, None for anonymous memory (JIT, vdso)
+    symbol: str | None  # function symbol, None where the object has no symbol there
+    offset: int | None  # bytes from the symbol's start (or from the object's start without symbol)
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    start: int
+    end: int
+    offset: int
+    path: str
+
+
+class _ElfSymbols:
+    """Function symbols of one ELF object (.symtab, else .dynsym), looked up by virtual address."""
+
+    def __init__(self, path: str) -> None:
+        from elftools.elf.elffile import ELFFile  # deferred: only symbolisation needs it
+
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            self.loads = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
+                          if s["p_type"] == "PT_LOAD"]
+            found: dict[int, tuple[str, int]] = {}
+            for name in (".symtab", ".dynsym"):
+                sec = elf.get_section_by_name(name)
+                if sec is None or not hasattr(sec, "iter_symbols"):
+                    continue
+                for sym in sec.iter_symbols():
+                    if (sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"]
+                            and sym["st_shndx"] != "SHN_UNDEF" and sym.name):
+                        found.setdefault(sym["st_value"], (sym.name, sym["st_size"]))
+        self.starts = sorted(found)
+        self.entries = [found[s] for s in self.starts]
+
+    def vaddr(self, file_offset: int) -> int:
+        for off, vaddr, size in self.loads:
+            if off <= file_offset < off + size:
+                return file_offset - off + vaddr
+        return file_offset
+
+    def lookup(self, vaddr: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        if i < 0:
+            return None
+        name, size = self.entries[i]
+        start = self.starts[i]
+        if size and vaddr >= start + size:
+            return None
+        return name, vaddr - start
+
+
+class NativeSymbolizer:
+    """Addresses of a process -> NativeFrames, via /proc/PID/maps and the mapped files' symbols.
+    Objects are keyed by (device, inode) of the file actually mapped, so a library replaced on disk
+    is never read for a process that maps the old one; results are cached per (object, address)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, list[_Mapping]] = {}
+        self._objects: dict[tuple[int, int], _ElfSymbols | None] = {}
+        self._cache: dict[tuple[tuple[int, int], int], tuple[str, int] | None] = {}
+
+    def forget(self, pid: int) -> None:
+        self._maps.pop(pid, None)
+
+    def _read_maps(self, pid: int) -> list[_Mapping]:
+        out = []
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    parts = line.split(maxsplit=5)
+                    if len(parts) == 6 and parts[5].startswith("/"):
+                        lo, hi = parts[0].split("-")
+                        out.append(_Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16),
+                                            parts[5].rstrip("\n")))
+        except OSError:
+            return self._maps.get(pid, [])
+        self._maps[pid] = out
+        return out
+
+    def _mapping(self, pid: int, addr: int, reread: list[bool]) -> _Mapping | None:
+        for maps_now in (self._maps.get(pid), None):
+            if maps_now is None:
+                if reread[0]:
+                    return None
+                reread[0] = True
+                maps_now = self._read_maps(pid)
+            for m in maps_now:
+                if m.start <= addr < m.end:
+                    return m
+        return None
+
+    def _object(self, pid: int, m: _Mapping) -> tuple[tuple[int, int], _ElfSymbols | None] | None:
+        mapped = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+        try:
+            st = os.stat(mapped)
+        except OSError:
+            try:
+                st = os.stat(m.path)
+                mapped = m.path
+            except OSError:
+                return None
+        key = (st.st_dev, st.st_ino)
+        if key not in self._objects:
+            try:
+                self._objects[key] = _ElfSymbols(mapped)
+            except Exception:  # not an ELF file, or one pyelftools cannot read: addresses only
+                self._objects[key] = None
+        return key, self._objects[key]
+
+    def frames(self, pid: int, addresses: list[int]) -> list[NativeFrame]:
+        out = []
+        reread = [False]
+        for depth, addr in enumerate(addresses):
+            m = self._mapping(pid, addr, reread)
+            if m is None:
+                out.append(NativeFrame(addr, None, None, None))
+                continue
+            file_offset = addr - m.start + m.offset
+            obj = self._object(pid, m)
+            if obj is None or obj[1] is None:
+                out.append(NativeFrame(addr, m.path, None, file_offset))
+                continue
+            key, syms = obj
+            # a caller's address is where the call returns to: look up the call instruction
+            vaddr = syms.vaddr(file_offset - (1 if depth else 0))
+            ck = (key, vaddr)
+            if ck not in self._cache:
+                self._cache[ck] = syms.lookup(vaddr)
+            hit = self._cache[ck]
+            if hit is None:
+                out.append(NativeFrame(addr, m.path, None, file_offset))
+            else:
+                out.append(NativeFrame(addr, m.path, hit[0], hit[1] + (1 if depth else 0)))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The session side
+
+PY_CODE_COLUMNS = ("id", "session_id", "filename", "qualname", "first_line")
+PY_STACK_COLUMNS = ("id", "session_id", "hash", "depth", "status")
+PY_FRAME_COLUMNS = ("stack_id", "depth", "code_id", "line")
+NATIVE_STACK_COLUMNS = ("id", "session_id", "hash", "depth")
+NATIVE_FRAME_COLUMNS = ("stack_id", "depth", "address", "object", "symbol", "symbol_offset")
+
+
+def _hash(value: object) -> str:
+    return hashlib.sha1(repr(value).encode()).hexdigest()[:16]
+
+
+class StackRecorder:
+    """Resolves and interns the stacks of a session's calls; rows go through the session's Writer.
+
+    `probes` is the session's Probes (its `bpf` holds the walker and the `user_stacks` map, its
+    `capabilities` list is what the session stores)."""
+
+    def __init__(self, store: Any, writer: Any, session_id: int, probes: Any) -> None:
+        self.writer = writer
+        self.session_id = session_id
+        self.probes = probes
+        self.walker: PyStackProbe = probes.pystack  # installed by Probes
+        self.resolver = StackResolver(self.walker.targets)
+        self.natives = NativeSymbolizer()
+        for name, cols in (("python_code", PY_CODE_COLUMNS), ("python_stack", PY_STACK_COLUMNS),
+                           ("python_stack_frame", PY_FRAME_COLUMNS), ("native_stack", NATIVE_STACK_COLUMNS),
+                           ("native_stack_frame", NATIVE_FRAME_COLUMNS)):
+            writer.table(name, cols)
+        self._next = {t: store.one(f"SELECT coalesce(max(id), 0) AS n FROM {t}")["n"]
+                      for t in ("python_code", "python_stack", "native_stack")}
+        self._codes: dict[tuple[str, str, int], int] = {}
+        self._py_stacks: dict[str, int] = {}  # hash -> id
+        self._raw: dict[tuple, int] = {}  # (pid, status, raw frames) -> stack id
+        self._native_stacks: dict[str, int] = {}
+        self._native_raw: dict[tuple[int, int], int] = {}  # (pid, stack map id) -> stack id
+        self._join: dict[tuple[int, int, int], int] = {}  # (ts, pid, tid) -> python stack id
+        self.pending: set[int] = set()  # pids that may still turn out to be Python (libpython not mapped)
+        self._reported: set[int] = set()  # pids whose capability row is written
+        self._maps_seen: dict[int, int] = {}  # pending pid -> mapped files when last detected
+        self.losses: dict[str, int] = {}  # counted reasons, written to `loss` once a second
+        self._counts_seen: dict[str, int] = {}
+        self._failures_seen: dict[str, int] = {}
+
+    # -- processes --------------------------------------------------------------------------------
+    def seen(self, pid: int, how: str) -> None:
+        """A target process appeared (start, fork) or replaced its image (exec)."""
+        if how == "exec" or pid in self.walker.targets:
+            self.walker.forget(pid)  # the old image's recipe must not walk the new one meanwhile
+            self._drop(pid)
+        self._configure(pid)
+
+    def _configure(self, pid: int) -> None:
+        try:
+            target = self.walker.configure(pid)
+        except Exception as e:  # map update failed: report, never stop recording
+            self.walker.targets[pid] = target = Unsupported(pid, f"walker not configured: {e}")
+        if isinstance(target, Unsupported) and self._may_become_python(pid):
+            self.pending.add(pid)
+        else:
+            self.pending.discard(pid)
+
+    @staticmethod
+    def _may_become_python(pid: int) -> bool:
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            return False
+        return bool(_PYTHON_NAME.search(exe))
+
+    def retry_pending(self) -> None:
+        """Detect again the processes whose interpreter was not mapped yet, once it is (checked at
+        every flush, after a dlopen and once a second: a cheap read of /proc/PID/maps)."""
+        for pid in list(self.pending):
+            try:
+                with open(f"/proc/{pid}/maps", "rb") as f:
+                    maps = f.read()
+            except OSError:  # exited
+                self.pending.discard(pid)
+                continue
+            if maps.count(b"/") == self._maps_seen.get(pid):
+                continue
+            self._maps_seen[pid] = maps.count(b"/")
+            self._configure(pid)
+            if b"libpython" in maps:  # the interpreter is there: the answer is final
+                self.pending.discard(pid)
+
+    def _drop(self, pid: int) -> None:
+        self.resolver.forget(pid)
+        self.natives.forget(pid)
+        self.walker.targets.pop(pid, None)
+        self._raw = {k: v for k, v in self._raw.items() if k[0] != pid}
+        self._native_raw = {k: v for k, v in self._native_raw.items() if k[0] != pid}
+        self._reported.discard(pid)
+
+    def exited(self, pid: int) -> None:
+        self._report(pid)
+        self.pending.discard(pid)
+        self._drop(pid)
+        self.walker.forget(pid)
+
+    def _report(self, pid: int) -> None:
+        """One capability row per process image: whether its Python frames are read."""
+        if pid in self._reported or pid not in self.walker.targets:
+            return
+        from recorder.probes import Capability
+
+        target = self.walker.targets[pid]
+        self._reported.add(pid)
+        if isinstance(target, Unsupported):
+            cap = Capability("python", CAPABILITY_PROBE, "absent", target.reason, f"pid {pid}", _now_ns())
+        else:
+            cap = Capability("python", CAPABILITY_PROBE, "attached",
+                             f"CPython {target.version_text} ({target.elf_path})", f"pid {pid}", _now_ns())
+        self.probes.capabilities.append(cap)
+
+    # -- python stacks ----------------------------------------------------------------------------
+    def add(self, records: list[bytes]) -> None:
+        """Resolve `pystacks` records now, while their processes live (called at every flush)."""
+        retry = bool(self.pending)
+        for data in records:
+            ev = parse_pystack_event(data)
+            pid = ev.pid
+            if ev.status in (STATUS_NOT_CONFIGURED, STATUS_UNSUPPORTED) and pid in self.pending:
+                retry = True
+            elif pid not in self._reported and pid not in self.pending:
+                self._report(pid)
+            key = (pid, ev.status, ev.frames)
+            stack_id = self._raw.get(key)
+            if stack_id is None:
+                stack_id = self._python_stack(ev)
+            self._join[(ev.ts, pid, ev.tid)] = stack_id
+        if retry:
+            self.retry_pending()
+
+    def _python_stack(self, ev: Any) -> int:
+        status = STATUS_NAMES.get(ev.status, f"status {ev.status}")
+        frames: list[tuple[int | None, int | None]] = []
+        resolved = True
+        if ev.frames:
+            for f in self.resolver.resolve(ev.pid, ev.frames):
+                if not f.available:
+                    resolved = False
+                    frames.append((None, None))
+                    continue
+                ck = (f.filename, f.qualname, f.first_line or 0)
+                code_id = self._codes.get(ck)
+                if code_id is None:
+                    code_id = self._codes[ck] = self._new_id("python_code")
+                    self.writer.add("python_code", (code_id, self.session_id, *ck))
+                frames.append((code_id, f.line))
+        if not resolved and status in ("ok", "truncated"):
+            status = "unresolved"
+        h = _hash((status, frames))
+        stack_id = self._py_stacks.get(h)
+        if stack_id is None:
+            stack_id = self._py_stacks[h] = self._new_id("python_stack")
+            self.writer.add("python_stack", (stack_id, self.session_id, h, len(frames), status))
+            self.writer.extend("python_stack_frame",
+                               [(stack_id, d, code, line) for d, (code, line) in enumerate(frames)])
+        if resolved:  # a failed frame may resolve once re-read; a good one stays good
+            self._raw[(ev.pid, ev.status, ev.frames)] = stack_id
+        return stack_id
+
+    def _new_id(self, table: str) -> int:
+        self._next[table] += 1
+        return self._next[table]
+
+    def python_id(self, ts: int, pid: int, tid: int) -> int | None:
+        """The stack of the call entered at ts on (pid, tid); None (counted) when none came."""
+        stack_id = self._join.pop((ts, pid, tid), None)
+        if stack_id is None:
+            self._lose("python stack record missing")
+        return stack_id
+
+    # -- native stacks ----------------------------------------------------------------------------
+    def native_id(self, pid: int, map_id: int) -> int | None:
+        if map_id < 0:
+            self._lose(_STACKID_ERRORS.get(map_id, f"native stack error {map_id}"))
+            return None
+        cached = self._native_raw.get((pid, map_id))
+        if cached is not None:
+            return cached
+        try:
+            addresses = list(self.probes.bpf["user_stacks"].walk(map_id))
+        except Exception:
+            self._lose("native stack unreadable")
+            return None
+        frames = self.natives.frames(pid, addresses)
+        h = _hash([(f.address, f.object, f.symbol, f.offset) for f in frames])
+        stack_id = self._native_stacks.get(h)
+        if stack_id is None:
+            stack_id = self._native_stacks[h] = self._new_id("native_stack")
+            self.writer.add("native_stack", (stack_id, self.session_id, h, len(frames)))
+            self.writer.extend("native_stack_frame", [
+                (stack_id, d, f.address, f.object, f.symbol, f.offset) for d, f in enumerate(frames)])
+        self._native_raw[(pid, map_id)] = stack_id
+        return stack_id
+
+    # -- accounting -------------------------------------------------------------------------------
+    def _lose(self, reason: str) -> None:
+        self.losses[reason] = self.losses.get(reason, 0) + 1
+
+    def housekeeping(self, second: int) -> dict[str, int]:
+        """Counted reasons since the last call (written to `loss` by the session); prunes stacks
+        whose call never came (the call's own record was lost)."""
+        try:
+            counts = self.walker.counts()
+        except Exception:
+            counts = {}
+        for name in (COUNT_NAMES[len(STATUS_NAMES)], COUNT_NAMES[len(STATUS_NAMES) + 1]):
+            delta = counts.get(name, 0) - self._counts_seen.get(name, 0)
+            self._counts_seen[name] = counts.get(name, 0)
+            if delta > 0:
+                self.losses[f"python stack {name}"] = self.losses.get(f"python stack {name}", 0) + delta
+        for reason, n in self.resolver.failures.items():
+            delta = n - self._failures_seen.get(reason, 0)
+            self._failures_seen[reason] = n
+            if delta > 0:
+                key = f"python frame {reason}"
+                self.losses[key] = self.losses.get(key, 0) + delta
+        out, self.losses = self.losses, {}
+        horizon = second - PENDING_JOIN_NS
+        if self._join and next(iter(self._join))[0] < horizon:
+            self._join = {k: v for k, v in self._join.items() if k[0] >= horizon}
+        self.retry_pending()
+        return out
+
+    def finish(self) -> None:
+        for pid in list(self.walker.targets):
+            if pid not in self.pending:
+                self._report(pid)
+        for pid in list(self.pending):
+            self._report(pid)
+        self.resolver.close()
