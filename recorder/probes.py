@@ -179,7 +179,8 @@ class Probes:
             self.layers.append(layer)
             parts.append(self._optional_tracepoints(layer))
             parts.append(bpf.source(filename))
-        parts.append(bpf_source())  # pasted, not #included: the CUDA entries end with its capture
+        # pasted, not #included: the CUDA entries end with its capture; its ring as large as cuda_events'
+        parts.append("#define PYSTACK_RINGBUF_PAGES 2048\n" + bpf_source())
         parts.append(cuda.bpf_programs())
         parts.append(extra)
         return "\n".join(parts)

@@ -25,7 +25,7 @@ from recorder.identity import Identity
 from recorder.iolayer import IoLayer, KernelLog
 from recorder.libraries import gpu_libraries, resolve
 from recorder.probes import Probes, TargetSpec, now_ns
-from recorder.stacks import StackRecorder
+from recorder.stacks import DEFERRED, StackRecorder
 from store.db import Store, Writer, open_store
 
 VERSION = "0.1.0"
@@ -291,7 +291,7 @@ class Session:
             self.writer.extend("offcpu_interval", rows)
         self.stacks.add(self.raw["pystack"])  # before the calls: each call's stack came before it
         self.raw["pystack"].clear()
-        if raw_cuda:
+        if raw_cuda or self.stacks.deferred:
             self.writer.extend("cuda_call", self._cuda_rows(b"".join(raw_cuda)))
             raw_cuda.clear()
         if raw_task:
@@ -310,9 +310,12 @@ class Session:
         ident = self.identity
         threads = ident.threads
         rows = []
-        for rec in events.CUDA.iter_unpack(joined):
+        for rec in self.stacks.with_deferred(events.CUDA.iter_unpack(joined)):
             (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
              gx, gy, gz, bx, by, bz, shmem, flags, native_stack, _pad) = rec
+            py_stack = self.stacks.python_id(ts, pid, tid, rec)
+            if py_stack is DEFERRED:  # its stack record comes with the next poll
+                continue
             meaningful = _API_FIELDS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
             launch = "launch" in meaningful
@@ -329,7 +332,7 @@ class Session:
                 f"{bx},{by},{bz}" if launch else None,
                 shmem if launch else None,
                 cg,
-                self.stacks.python_id(ts, pid, tid),
+                py_stack,
                 self.stacks.native_id(pid, native_stack),
             ))
         return rows
@@ -399,7 +402,7 @@ class Session:
         self.housekeeping()
         stop = now_ns()
         self.stacks.finish()
-        self._store_capabilities()
+        self.flush()  # the calls held back for their stack record, and the capability rows
         for tid, rec in self.probes.open_offcpu():
             ident = self.identity
             th = ident.thread(tid, rec.pid, bytes(rec.comm), rec.ts)

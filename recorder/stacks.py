@@ -21,6 +21,7 @@ import hashlib
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from recorder.pyframes import (
 )
 
 CAPABILITY_PROBE = "cpython frames"
+DEFERRED = object()  # python_id(): the call's stack record has not been read yet; retry next flush
 PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's row (long syncs)
 _PYTHON_NAME = re.compile(r"python\d|libpython")
 # bpf_get_stackid() errors, as the loss table names them
@@ -230,12 +232,19 @@ class StackRecorder:
         self._native_stacks: dict[str, int] = {}
         self._native_raw: dict[tuple[int, int], int] = {}  # (pid, stack map id) -> stack id
         self._join: dict[tuple[int, int, int], int] = {}  # (ts, pid, tid) -> python stack id
+        # calls whose stack record was not read yet: the rings are read one after the other, so a
+        # call's own event can be read in the poll before its (earlier) stack record; held one flush
+        self.deferred: list[tuple] = []
+        self._retrying: set[tuple[int, int, int]] = set()
+        self._final = False
         self.pending: set[int] = set()  # pids that may still turn out to be Python (libpython not mapped)
         self._reported: set[int] = set()  # pids whose capability row is written
         self._maps_seen: dict[int, int] = {}  # pending pid -> mapped files when last detected
-        self.losses: dict[str, int] = {}  # counted reasons, written to `loss` once a second
+        self.losses: dict[str, int] = {}  # stack records lost, written to `loss` once a second
+        # calls without a native stack, by reason (not event losses: the call itself is recorded);
+        # unresolved Python frames are counted on the stack itself (python_stack.status)
+        self.native_errors: Counter[str] = Counter()
         self._counts_seen: dict[str, int] = {}
-        self._failures_seen: dict[str, int] = {}
 
     # -- processes --------------------------------------------------------------------------------
     def seen(self, pid: int, how: str) -> None:
@@ -361,17 +370,28 @@ class StackRecorder:
         self._next[table] += 1
         return self._next[table]
 
-    def python_id(self, ts: int, pid: int, tid: int) -> int | None:
-        """The stack of the call entered at ts on (pid, tid); None (counted) when none came."""
-        stack_id = self._join.pop((ts, pid, tid), None)
-        if stack_id is None:
-            self._lose("python stack record missing")
-        return stack_id
+    def with_deferred(self, records: Any) -> Any:
+        """The calls held back at the last flush, then `records` (unpacked cuda_events)."""
+        held, self.deferred = self.deferred, []
+        self._retrying = {(r[0], r[9], r[10]) for r in held}  # ts, pid, tid
+        yield from held
+        yield from records
+
+    def python_id(self, ts: int, pid: int, tid: int, rec: tuple) -> int | None | object:
+        """The stack of the call entered at ts on (pid, tid); DEFERRED (and `rec` kept for the next
+        flush) when its record has not been read yet; None when it was lost, which the walker has
+        counted (ring buffer full, scratch clobbered)."""
+        key = (ts, pid, tid)
+        stack_id = self._join.pop(key, None)
+        if stack_id is not None or self._final or key in self._retrying:
+            return stack_id
+        self.deferred.append(rec)
+        return DEFERRED
 
     # -- native stacks ----------------------------------------------------------------------------
     def native_id(self, pid: int, map_id: int) -> int | None:
-        if map_id < 0:
-            self._lose(_STACKID_ERRORS.get(map_id, f"native stack error {map_id}"))
+        if map_id < 0:  # no walk (e.g. unreadable user stack): the call keeps no native stack
+            self.native_errors[_STACKID_ERRORS.get(map_id, f"native stack error {map_id}")] += 1
             return None
         cached = self._native_raw.get((pid, map_id))
         if cached is not None:
@@ -379,7 +399,7 @@ class StackRecorder:
         try:
             addresses = list(self.probes.bpf["user_stacks"].walk(map_id))
         except Exception:
-            self._lose("native stack unreadable")
+            self.native_errors["native stack unreadable"] += 1
             return None
         frames = self.natives.frames(pid, addresses)
         h = _hash([(f.address, f.object, f.symbol, f.offset) for f in frames])
@@ -393,11 +413,8 @@ class StackRecorder:
         return stack_id
 
     # -- accounting -------------------------------------------------------------------------------
-    def _lose(self, reason: str) -> None:
-        self.losses[reason] = self.losses.get(reason, 0) + 1
-
     def housekeeping(self, second: int) -> dict[str, int]:
-        """Counted reasons since the last call (written to `loss` by the session); prunes stacks
+        """Stack records lost since the last call (written to `loss` by the session); prunes stacks
         whose call never came (the call's own record was lost)."""
         try:
             counts = self.walker.counts()
@@ -408,12 +425,6 @@ class StackRecorder:
             self._counts_seen[name] = counts.get(name, 0)
             if delta > 0:
                 self.losses[f"python stack {name}"] = self.losses.get(f"python stack {name}", 0) + delta
-        for reason, n in self.resolver.failures.items():
-            delta = n - self._failures_seen.get(reason, 0)
-            self._failures_seen[reason] = n
-            if delta > 0:
-                key = f"python frame {reason}"
-                self.losses[key] = self.losses.get(key, 0) + delta
         out, self.losses = self.losses, {}
         horizon = second - PENDING_JOIN_NS
         if self._join and next(iter(self._join))[0] < horizon:
@@ -422,6 +433,7 @@ class StackRecorder:
         return out
 
     def finish(self) -> None:
+        self._final = True
         for pid in list(self.walker.targets):
             if pid not in self.pending:
                 self._report(pid)
