@@ -26,6 +26,8 @@ from recorder.iolayer import IoLayer, KernelLog
 from recorder.libraries import gpu_libraries, resolve
 from recorder.probes import Probes, TargetSpec, now_ns
 from recorder.stacks import DEFERRED, StackRecorder
+from recorder.workload_layer import WorkloadLayer
+from recorder.workload_layer import library_kind as workload_library_kind
 from store.db import Store, Writer, open_store
 
 VERSION = "0.1.0"
@@ -151,8 +153,10 @@ class Session:
         self.writer.table("loss", ("session_id", "ts", "probe", "dropped"))
         self.writer.table("library", ("session_id", "path", "kind", "first_ts", "found_by"))
         self.identity = Identity(self.store, self.writer, self.session_id)
+        self.workload = WorkloadLayer(self)
+        self.workload.prepare()
         try:
-            self.probes = Probes(self.target)
+            self.probes = Probes(self.target, extra_source=self.workload.source())
         except UserError:
             self._abandon()
             raise
@@ -166,7 +170,11 @@ class Session:
         self.probes.attach_dlopen()
         for path in self.cuda_libs:
             if not Path(path).exists():
-                raise TargetError(f"--cuda-lib {path} does not exist: pass the path of libcudart.so or libcuda.so")
+                raise TargetError(f"--cuda-lib {path} does not exist: pass the path of libcudart.so, libcuda.so "
+                                  "or libnccl.so")
+            if workload_library_kind(path):
+                self.workload.attach(path, workload_library_kind(path), "option")
+                continue
             kind = cuda.library_kind(path) or "runtime"
             self._attach(path, kind, "option")
         self.probes.open_rings({
@@ -175,6 +183,7 @@ class Session:
             "cuda_events": self.raw["cuda"].append,
             "task_events": self.raw["task"].append,
             **self.io.sinks(),
+            **self.workload.sinks(),
         })
         for pid in self.target.pids:
             self._scan_process(pid, "maps", started)
@@ -242,6 +251,7 @@ class Session:
         self.stacks.seen(pid, found_by)
         for path, kind in gpu_libraries(pid):
             self._attach(resolve(pid, path), kind, found_by)
+        self.workload.scan(pid, found_by)
 
     def _store_capabilities(self) -> None:
         caps = self.probes.capabilities
@@ -273,6 +283,13 @@ class Session:
         self.counters.events["offcpu"] += len(raw_off)
         self.counters.events["cuda"] += len(raw_cuda)
         self.counters.events["task"] += len(raw_task)
+        # Forks and execs first, so this batch's events of a new process image get its identity;
+        # exits last, so the exiting thread's final events still find theirs.
+        tasks = list(events.TASK.iter_unpack(b"".join(raw_task))) if raw_task else []
+        raw_task.clear()
+        for rec in tasks:
+            if rec[1] != events.CONSTANTS["TASK_EXIT"]:
+                self._task_event(*rec)
         if raw_off:
             rows = []
             threads = ident.threads
@@ -294,10 +311,10 @@ class Session:
         if raw_cuda or self.stacks.deferred:
             self.writer.extend("cuda_call", self._cuda_rows(b"".join(raw_cuda)))
             raw_cuda.clear()
-        if raw_task:
-            for rec in events.TASK.iter_unpack(b"".join(raw_task)):
+        self.workload.flush()  # before task events: an exit retires the thread's identity
+        for rec in tasks:
+            if rec[1] == events.CONSTANTS["TASK_EXIT"]:
                 self._task_event(*rec)
-            raw_task.clear()
         self.io.flush()
         self.kernel_log.poll()
         self._store_capabilities()
@@ -357,6 +374,7 @@ class Session:
             self.stacks.retry_pending()  # a shared-build Python maps libpython after its exec
             for path, lib_kind in gpu_libraries(pid):
                 self._attach(resolve(pid, path), lib_kind, "dlopen")
+            self.workload.scan(pid, "dlopen")
 
     def housekeeping(self) -> None:
         ts = now_ns()
@@ -373,6 +391,7 @@ class Session:
                 continue
             for path, kind in gpu_libraries(pid):
                 self._attach(resolve(pid, path), kind, "rescan")
+            self.workload.scan(pid, "rescan")
         self._write_status()
 
     def _write_status(self) -> None:
@@ -420,6 +439,7 @@ class Session:
         )
         self.store.conn.commit()
         self.store.build_indexes()
+        self.store.store_baselines(self.session_id)
         self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         summary = session_summary(self.store, self.session_id)
         self.store.close()
