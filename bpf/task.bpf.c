@@ -43,6 +43,12 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
+#ifdef PYSTACK_H
+    /* the old image's CPython recipe must not walk the new one: "not configured" until user space
+     * has looked at the new image (recorder/stacks.py) */
+    u32 tgid = id >> 32;
+    pystack_procs.delete(&tgid);
+#endif
     task_send(TASK_EXEC, id >> 32, (u32)id, 0);
     return 0;
 }

@@ -169,6 +169,9 @@ class Probes:
             f"#define TARGET_CGROUP_LEVEL {cg_level}",
             f"#define SELF_TGID {os.getpid()}",
             bpf.source("common.h"),
+            # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
+            # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec
+            "#define PYSTACK_RINGBUF_PAGES 2048\n" + bpf_source(),
         ]
         for layer, (filename, tracepoints) in LAYER_SOURCES.items():
             missing = [tp for tp in tracepoints if not tracepoint_exists(tp)]
@@ -179,8 +182,6 @@ class Probes:
             self.layers.append(layer)
             parts.append(self._optional_tracepoints(layer))
             parts.append(bpf.source(filename))
-        # pasted, not #included: the CUDA entries end with its capture; its ring as large as cuda_events'
-        parts.append("#define PYSTACK_RINGBUF_PAGES 2048\n" + bpf_source())
         parts.append(cuda.bpf_programs())
         parts.append(extra)
         return "\n".join(parts)
