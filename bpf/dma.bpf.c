@@ -44,41 +44,36 @@ static __always_inline void dma_name(struct dma_event *e, void *args, u32 loc)
     bpf_probe_read_kernel_str(e->device, sizeof(e->device), (char *)args + (loc & 0xffff));
 }
 
-#if defined(HAVE_TP_dma_dma_map_phys)
-TRACEPOINT_PROBE(dma, dma_map_phys)
+/* dma_map_phys (recent kernels) and dma_map_page (older) carry the same fields */
+static __always_inline int dma_map_send(void *args, u64 phys, u64 dma, u64 size, u64 attrs, s32 dir, u32 loc)
 {
     if (!dma_wanted(bpf_get_current_pid_tgid()))
         return 0;
     struct dma_event *e = dma_reserve(DMA_KIND_MAP);
     if (!e)
         return 0;
-    e->addr = args->phys_addr;
-    e->dma_addr = args->dma_addr;
-    e->size = args->size;
-    e->attrs = args->attrs;
-    e->dir = args->dir;
+    e->addr = phys;
+    e->dma_addr = dma;
+    e->size = size;
+    e->attrs = attrs;
+    e->dir = dir;
     e->nents = 1;
-    dma_name(e, args, *(u32 *)&args->data_loc_device);
+    dma_name(e, args, loc);
     dma_events.ringbuf_submit(e, 0);
     return 0;
+}
+
+#if defined(HAVE_TP_dma_dma_map_phys)
+TRACEPOINT_PROBE(dma, dma_map_phys)
+{
+    return dma_map_send(args, args->phys_addr, args->dma_addr, args->size, args->attrs, args->dir,
+                        *(u32 *)&args->data_loc_device);
 }
 #elif defined(HAVE_TP_dma_dma_map_page)
 TRACEPOINT_PROBE(dma, dma_map_page)
 {
-    if (!dma_wanted(bpf_get_current_pid_tgid()))
-        return 0;
-    struct dma_event *e = dma_reserve(DMA_KIND_MAP);
-    if (!e)
-        return 0;
-    e->addr = args->phys_addr;
-    e->dma_addr = args->dma_addr;
-    e->size = args->size;
-    e->attrs = args->attrs;
-    e->dir = args->dir;
-    e->nents = 1;
-    dma_name(e, args, *(u32 *)&args->data_loc_device);
-    dma_events.ringbuf_submit(e, 0);
-    return 0;
+    return dma_map_send(args, args->phys_addr, args->dma_addr, args->size, args->attrs, args->dir,
+                        *(u32 *)&args->data_loc_device);
 }
 #endif
 

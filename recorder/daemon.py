@@ -12,7 +12,8 @@ from pathlib import Path
 
 from recorder.errors import UserError
 from recorder.probes import TargetSpec
-from recorder.session import Session, install_stop_signals, log_path, running_recorder, status_path
+from recorder.session import Session, already_recording, install_stop_signals, log_path, status_path
+from store.db import lock_holder
 
 
 def check_db_path(db: Path) -> None:
@@ -29,12 +30,9 @@ def check_db_path(db: Path) -> None:
 def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str) -> dict:
     """Fork a detached recorder; return its attach summary once the probes are attached."""
     check_db_path(db)
-    holder = running_recorder(db)
+    holder = lock_holder(db)
     if holder:
-        raise UserError(
-            f"a recorder (pid {holder}) is already recording into {db}: "
-            f"stop it with 'recorder stop --db {db}' or pass another --db"
-        )
+        raise already_recording(db, holder)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid:
@@ -91,12 +89,12 @@ def _reply_error(fd: int, message: str) -> None:
 
 def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
     """Signal the recorder on `db` to stop and wait until it has released the database."""
-    holder = running_recorder(db)
+    holder = lock_holder(db)
     if not holder:
         raise UserError(f"no recorder is running on {db}: start one with 'recorder start --db {db}'")
     os.kill(holder, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while running_recorder(db):
+    while lock_holder(db):
         if time.monotonic() > deadline:
             raise UserError(f"recorder pid {holder} did not stop within {timeout_s:.0f} s: see {log_path(db)}")
         time.sleep(0.05)
@@ -109,7 +107,7 @@ def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
 
 
 def read_status(db: Path) -> dict:
-    holder = running_recorder(db)
+    holder = lock_holder(db)
     if not holder:
         raise UserError(f"no recorder is running on {db}: start one with 'recorder start --db {db}'")
     try:
@@ -127,12 +125,9 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
     `on_started(pid)` is called once the probes are attached and the command runs.
     """
     check_db_path(db)
-    holder = running_recorder(db)
+    holder = lock_holder(db)
     if holder:
-        raise UserError(
-            f"a recorder (pid {holder}) is already recording into {db}: "
-            f"stop it with 'recorder stop --db {db}' or pass another --db"
-        )
+        raise already_recording(db, holder)
     go_r, go_w = os.pipe()
     child = os.fork()
     if child == 0:

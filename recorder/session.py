@@ -28,7 +28,7 @@ from recorder.probes import Probes, TargetSpec, now_ns
 from recorder.stacks import DEFERRED, StackRecorder
 from recorder.workload_layer import WorkloadLayer
 from recorder.workload_layer import library_kind as workload_library_kind
-from store.db import Store, Writer, open_store
+from store.db import Store, Writer, lock_path, open_store
 
 VERSION = "0.1.0"
 FLUSH_INTERVAL_S = 0.1
@@ -67,10 +67,6 @@ _LAYOUT_FIELDS = {
 _API_FIELDS = [_LAYOUT_FIELDS[api.layout] for api in cuda.APIS]
 
 
-def lock_path(db: Path) -> Path:
-    return db.with_name(db.name + ".lock")
-
-
 def status_path(db: Path) -> Path:
     return db.with_name(db.name + ".status.json")
 
@@ -79,20 +75,9 @@ def log_path(db: Path) -> Path:
     return db.with_name(db.name + ".log")
 
 
-def running_recorder(db: Path) -> int | None:
-    """pid of the recorder holding the database's lock, or None."""
-    path = lock_path(db)
-    if not path.exists():
-        return None
-    with path.open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            text = f.read().strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return None
+def already_recording(db: Path, holder: int | str) -> UserError:
+    return UserError(f"a recorder (pid {holder}) is already recording into {db}: "
+                     f"stop it with 'recorder stop --db {db}' or pass another --db")
 
 
 @dataclass
@@ -203,10 +188,7 @@ class Session:
             f.seek(0)
             holder = f.read().strip() or "?"
             f.close()
-            raise UserError(
-                f"a recorder (pid {holder}) is already recording into {self.db_path}: "
-                f"stop it with 'recorder stop --db {self.db_path}' or pass another --db"
-            ) from None
+            raise already_recording(self.db_path, holder) from None
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))

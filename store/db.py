@@ -8,6 +8,7 @@ as TEMP views on read-only connections, so a report always uses the views of the
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import queue
@@ -47,6 +48,27 @@ def view_sql() -> list[str]:
 
 def index_sql() -> list[str]:
     return [path.read_text() for _, path in _numbered("indexes")]
+
+
+def lock_path(db: Path) -> Path:
+    """The file a recording process holds an exclusive flock on while it writes `db`."""
+    return db.with_name(db.name + ".lock")
+
+
+def lock_holder(db: Path) -> int | None:
+    """pid of the recorder holding the database's lock (-1 if unreadable), or None when none does."""
+    path = lock_path(db)
+    if not path.exists():
+        return None
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            text = f.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
 
 
 def _check_file(path: Path) -> None:

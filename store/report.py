@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from store.db import Store
+from store.db import Store, lock_holder
 from store.errors import UserError
 
 NS = 1_000_000_000
@@ -63,23 +63,7 @@ def session_state(store: Store, session: dict) -> str:
     """'complete', 'recording' (a live recorder holds it) or 'incomplete' (the recorder died)."""
     if session["status"] != "recording":
         return session["status"]
-    from_recorder = _recorder_alive(store, session)
-    return "recording" if from_recorder else "incomplete"
-
-
-def _recorder_alive(store: Store, session: dict) -> bool:
-    import fcntl
-
-    lock = store.path.with_name(store.path.name + ".lock")
-    if not lock.exists():
-        return False
-    with lock.open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
+    return "recording" if lock_holder(store.path) else "incomplete"
 
 
 def session_end(store: Store, session: dict) -> int:

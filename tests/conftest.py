@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,15 @@ def native() -> dict[str, Path]:
     libs["busy_loop"] = native_build.build_busy_loop()
     libs["dir"] = libs["libcudart.so.12"].parent
     return libs
+
+
+def q(db: Path | str, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of one query on a recording, through a fresh connection."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
 
 
 def run_recorder(*args: str, timeout: float = 180, check: bool = False,

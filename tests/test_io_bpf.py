@@ -6,28 +6,19 @@ are removed even when a test fails."""
 from __future__ import annotations
 
 import math
-import sqlite3
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_bpf, run_recorder, workload_output
+from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "io_calls.py")
 BLKIO = Path("/sys/fs/cgroup/blkio")
 MEMORY = Path("/sys/fs/cgroup/memory")
 RATE = 2 * 1024 * 1024  # bytes/s allowed by the throttle
-
-
-def q(db, sql, params=()):
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 @pytest.fixture

@@ -110,12 +110,6 @@ def test_checkpoint_path_that_disappears(tmp_path):
         pass
 
 
-def test_markers_with_no_recorder_do_nothing_visible():
-    for n in range(1000):
-        recorder.step(n)
-    assert recorder.current_tag() == 0
-
-
 @needs_bpf
 def test_markers_are_visible_to_bpf(tmp_path):
     """A uprobe on the exported marker functions reads step, tag and label from the registers and

@@ -6,24 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import RECORDER, ROOT, needs_bpf, run_recorder, workload_output
+from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "cuda_calls.py")
-
-
-def q(db, sql, params=()):
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def record(db, *cmd, extra=()):
