@@ -207,6 +207,8 @@ int main(int argc, char **argv)
         cuda_malloc(&p, 1000 + i);
     }
     printf("{\"pid\": %d}\n", getpid());
+    fflush(stdout);
+    sleep(2); /* live long enough for the recorder to look at the process, as a real job does */
     return 0;
 }
 """

@@ -55,7 +55,9 @@ def rank_main(args: argparse.Namespace) -> None:
         rt.cudaStreamSynchronize(stream)
         times.append(round(time.monotonic() - t0, 4))
     nccl.ncclCommDestroy(comm)
-    print(json.dumps({"rank": args.rank, "pid": os.getpid(), "step_s": times}), flush=True)
+    # one write per line: ranks share the pipe, and print() writes the newline separately
+    sys.stdout.write(json.dumps({"rank": args.rank, "pid": os.getpid(), "step_s": times}) + "\n")
+    sys.stdout.flush()
 
 
 def launcher(args: argparse.Namespace) -> None:
