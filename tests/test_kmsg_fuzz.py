@@ -271,9 +271,15 @@ def test_roundtrip_nvme_timeout(tag: int, cid: int, opcode: int, qid: int, actio
                                          size_bytes=size)
 
 
+# the op names the kernel prints (blk_op_str); an arbitrary word could be another subsystem's keyword
+BLOCK_OPS = st.sampled_from(["READ", "WRITE", "FLUSH", "DISCARD", "SECURE_ERASE", "ZONE_RESET", "ZONE_RESET_ALL",
+                             "ZONE_OPEN", "ZONE_CLOSE", "ZONE_FINISH", "ZONE_APPEND", "WRITE_ZEROES", "DRV_IN",
+                             "DRV_OUT", "UNKNOWN"])
+
+
 @FAST
 @given(st.sampled_from(["I/O", "timeout", "critical medium", "critical target", "protection"]),
-       name, u64, u8, word, u32, u16, st.integers(0, 7))
+       name, u64, u8, BLOCK_OPS, u32, u16, st.integers(0, 7))
 def test_roundtrip_block_error(err: str, dev: str, sector: int, op_code: int, op: str,
                                flags: int, seg: int, prio: int) -> None:
     text = (f"{err} error, dev {dev}, sector {sector} op {op_code:#x}:({op}) flags {flags:#x} "
