@@ -157,7 +157,7 @@ class Driver:
 def measure(api: str, n: int, reps: int) -> dict:
     from bcc import BPF
 
-    import build as native  # tests/native/build.py
+    import native_libs as native  # tests/native/native_libs.py
     from recorder import cuda, kheaders
     from recorder.probes import TargetSpec
     from recorder.session import Session

@@ -292,7 +292,7 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
 
 def measure(api: str, threads: int, rates: list[int], seconds: float, burst: int,
             reps: int) -> dict:
-    import build as native  # tests/native/build.py
+    import native_libs as native  # tests/native/native_libs.py
 
     library = Path(os.path.realpath(native.build_libraries()["libcudart.so.12"]))
     exe = build_c("ingest_hammer", HAMMER_C, ("-pthread", "-ldl"))

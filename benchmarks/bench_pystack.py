@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "pyframes"))  # the probe the tests use
 import harness  # noqa: E402
-
 from recorder.pyframes import PyStackProbe, bpf_source, parse_pystack_event  # noqa: E402
 
 BATCH = 1000

@@ -22,8 +22,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bench_cuda_call  # noqa: E402
 import bench_ingest  # noqa: E402
+
+import bench_cuda_call  # noqa: E402
 
 
 def _python_bench(name: str, args: list[str], as_json: bool) -> tuple[int, str]:

@@ -31,7 +31,7 @@ def main() -> int:
         print(f"demo: {e}", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT / "tests" / "native"))
-    import build  # tests/native/build.py
+    import native_libs as build  # tests/native/native_libs.py
 
     out = ROOT / "build" / "native"
     build.build_libraries(out)

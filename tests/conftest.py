@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "native"))
-import build as native_build  # noqa: E402
+import native_libs as native_build  # noqa: E402
 
 RECORDER = [sys.executable, "-m", "recorder"]
 

@@ -20,7 +20,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pyframes"))  # not a package
 import harness  # noqa: E402
-
 from recorder import pyframes  # noqa: E402
 from recorder.pyframes import (  # noqa: E402
     MAX_FRAMES,

@@ -81,7 +81,7 @@ def test_gil_holding_extension_and_driver_calls(tmp_path, native):
 
 
 def native_build_ext():
-    import build
+    import native_libs as build
 
     return build.build_gil_extension(sys.executable)
 

@@ -1,5 +1,5 @@
 /* Stand-in libcudart.so.12: the CUDA runtime's exported names and signatures (x86-64 ABI), with
- * behaviour controlled by tests (standin.h). Built by tests/native/build.py. */
+ * behaviour controlled by tests (standin.h). Built by tests/native/native_libs.py. */
 #include <stddef.h>
 #include "standin.h"
 

@@ -1,6 +1,6 @@
 /* _gilcall: a C extension that calls the stand-in CUDA runtime while HOLDING the GIL, as PyTorch's
  * own extensions call libcudart from C++. Tests call it beside ctypes (which releases the GIL) so
- * both ways of reaching CUDA are covered. Built per interpreter by tests/native/build.py. */
+ * both ways of reaching CUDA are covered. Built per interpreter by tests/native/native_libs.py. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>

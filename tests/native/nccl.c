@@ -5,7 +5,7 @@
  * after the communicator's unique id (/dev/shm/standin-nccl-<hex>). Every collective call
  * advances the rank's sequence number, runs its own configured behaviour (standin.h: work, sleep,
  * return value; a test slows one rank this way), then arrives and waits until every rank of the
- * communicator has arrived for that sequence number. Built by tests/native/build.py.
+ * communicator has arrived for that sequence number. Built by tests/native/native_libs.py.
  */
 #include <fcntl.h>
 #include <stdio.h>

@@ -120,10 +120,10 @@ def load_probe(lib: Path, empty_pair: bool = False) -> Any:
 
 
 def build_native(out: Path, python: str) -> tuple[Path, Path]:
-    """(libcudart.so.12, folder holding _gilcall for `python`) from tests/native/build.py."""
+    """(libcudart.so.12, folder holding _gilcall for `python`) from tests/native/native_libs.py."""
     sys.path.insert(0, str(ROOT / "tests" / "native"))  # not a package
     try:
-        import build  # type: ignore[import-not-found]
+        import native_libs as build  # type: ignore[import-not-found]
     finally:
         sys.path.pop(0)
     libs = build.build_libraries(out)

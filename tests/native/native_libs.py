@@ -1,6 +1,6 @@
 """Builds the stand-in CUDA libraries and the GIL-holding extension with gcc.
 
-    python tests/native/build.py [OUTDIR]            # libcudart.so.12, libcuda.so.1
+    python tests/native/native_libs.py [OUTDIR]            # libcudart.so.12, libcuda.so.1
     build_gil_extension(python_exe, outdir)           # _gilcall for one interpreter
 
 Outputs are rebuilt only when a source is newer. Used by the tests, the benchmarks and `make demo`.
