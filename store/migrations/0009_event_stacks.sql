@@ -8,3 +8,9 @@ ALTER TABLE nccl_call ADD COLUMN python_stack_id INTEGER REFERENCES python_stack
 ALTER TABLE step_mark ADD COLUMN python_stack_id INTEGER REFERENCES python_stack(id); -- Python stack at the recorder.step call
 ALTER TABLE lineage_mark ADD COLUMN python_stack_id INTEGER REFERENCES python_stack(id); -- Python stack where the lineage scope was entered or left
 ALTER TABLE checkpoint_mark ADD COLUMN python_stack_id INTEGER REFERENCES python_stack(id); -- Python stack where the checkpoint scope was entered or left
+
+-- Markers are rare (one per step or scope), so their indexes are kept from the start rather than
+-- built at stop: the step view finds each step's end through them even while recording.
+CREATE INDEX IF NOT EXISTS step_mark_thread_ts ON step_mark(thread_id, ts);
+CREATE INDEX IF NOT EXISTS step_mark_session_step ON step_mark(session_id, step);
+CREATE INDEX IF NOT EXISTS lineage_mark_thread_ts ON lineage_mark(thread_id, ts);

@@ -4,21 +4,28 @@
 -- so no per-event stamping is needed in BPF for same-thread events.
 
 -- view: step
--- One row per step of a process: from its recorder.step(n) call to the next step call of the
--- same process (the last step ends at the process's last marker... or the session stop).
+-- One row per step of a marking thread: from its recorder.step(n) call to its next step call. The
+-- last step of a thread ends when the thread (or its process) exited, else at the session stop; it
+-- is flagged complete = 0, and may be a step still stalled when the recording stopped. Each row
+-- finds its end through the (thread_id, ts) index, so filtering on a step is cheap.
 CREATE VIEW step AS
 SELECT
+    m.id AS step_mark_id,               -- step_mark row that began the step
     m.session_id,
     t.process_id,
     m.thread_id,                        -- the thread that called recorder.step
     m.step,                             -- step number
     m.ts,                               -- ns the step began
-    coalesce(lead(m.ts) OVER w, s.stopped_ts, m.ts) - m.ts AS dur, -- ns until the next step began
+    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) AS end_ts, -- ns the step ended
+    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) - m.ts AS dur, -- ns
+    m.next_ts IS NOT NULL AS complete,  -- 1 when the next step began; 0 for a thread's last step
     m.inferred                          -- 1 when inferred without markers
-FROM step_mark m
+FROM (SELECT sm.*, (SELECT min(n.ts) FROM step_mark n WHERE n.thread_id = sm.thread_id AND n.ts > sm.ts)
+             AS next_ts
+      FROM step_mark sm) m
 JOIN thread t ON t.id = m.thread_id
-JOIN session s ON s.id = m.session_id
-WINDOW w AS (PARTITION BY m.session_id, t.process_id ORDER BY m.ts);
+LEFT JOIN process p ON p.id = t.process_id
+JOIN session s ON s.id = m.session_id;
 
 -- view: lineage_interval
 -- Per thread, the intervals during which a lineage tag was current, with its label.

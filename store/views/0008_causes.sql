@@ -1,0 +1,334 @@
+-- Views: the causal model. Steps against a rolling baseline, stalls, and for each step the time on
+-- the critical path of its thread (the thread that marks the steps) broken down by cause, with the
+-- rows that are the evidence: off-CPU intervals (and who held the CPU), slow CUDA calls, NCCL
+-- waits (and the straggler rank), block requests (and the device events that hit them), reclaim,
+-- dirty-page throttling, and what happened on the machine meanwhile (OOM kills, TCP retransmits,
+-- Xid, AER, IOMMU faults, SWIOTLB). causal_link joins them into one drill-down graph.
+-- Every per-step view is keyed by step_mark_id and finds its rows through (thread_id, ts) indexes,
+-- so `WHERE step_mark_id = ?` is cheap on large sessions. store/report.py words these views.
+
+-- view: step_baseline
+-- Every step with its baseline: the median duration of up to 10 steps before and 10 complete steps
+-- after it on the same thread (a rolling median: one slow step, or a slow stretch shorter than the
+-- window, does not move it). slow = 1 for a stall: at least 1.5 x the baseline and 1 ms more, over
+-- a baseline of at least 3 steps. Thresholds are here, in one place, so a report can quote them.
+CREATE VIEW step_baseline AS
+SELECT b.*,
+       b.dur - b.baseline_dur AS excess_dur,                 -- ns above the baseline
+       round(1.0 * b.dur / max(b.baseline_dur, 1), 2) AS ratio, -- dur / baseline
+       coalesce(b.baseline_steps >= 3 AND b.dur >= 1.5 * b.baseline_dur
+                AND b.dur - b.baseline_dur >= 1000000, 0) AS slow -- 1 for a stalled step
+FROM (
+    SELECT n.*,
+           (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
+                               FROM json_each(n.neighbours))
+             WHERE rn = (json_array_length(n.neighbours) + 1) / 2) AS baseline_dur, -- ns, rolling median (lower middle)
+           json_array_length(n.neighbours) AS baseline_steps  -- steps the median is taken over
+    FROM (
+        SELECT st.*,
+               (SELECT json_group_array(d) FROM (
+                    SELECT * FROM (SELECT p.dur AS d FROM step p
+                                   WHERE p.thread_id = st.thread_id AND p.ts < st.ts ORDER BY p.ts DESC LIMIT 10)
+                    UNION ALL
+                    SELECT * FROM (SELECT f.dur AS d FROM step f
+                                   WHERE f.thread_id = st.thread_id AND f.ts > st.ts AND f.complete
+                                   ORDER BY f.ts LIMIT 10))) AS neighbours
+        FROM step st
+    ) n
+) b;
+
+-- view: stall
+-- The stalled steps (step_baseline.slow = 1).
+CREATE VIEW stall AS
+SELECT * FROM step_baseline WHERE slow = 1;
+
+-- view: step_offcpu
+-- Causal link: a step -> each off-CPU interval of its thread inside it, clipped to the step, split
+-- into the time blocked (sleeping, I/O, futex...) and the time then spent waiting for a CPU, with
+-- the task that held the CPU. The thread is running when it marks a step, so every interval that
+-- overlaps the step starts inside it.
+CREATE VIEW step_offcpu AS
+SELECT
+    st.step_mark_id, st.session_id, st.step,
+    o.id AS offcpu_id,
+    o.ts, o.reason, o.syscall_name, o.state_letter,
+    min(st.end_ts, o.ts + o.dur) - o.ts AS overlap_dur,      -- ns of the step in this interval
+    max(0, min(st.end_ts, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS runq_dur, -- of which waiting for a CPU
+    min(st.end_ts, o.ts + o.dur) - o.ts
+      - max(0, min(st.end_ts, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS blocked_dur, -- of which blocked
+    coalesce(o.contender_pid, o.next_pid) AS contender_pid,  -- process that held the CPU meanwhile
+    coalesce(o.contender_name, o.next_process_name, o.next_name) AS contender_name,
+    coalesce(o.contender_tid, o.next_tid) AS contender_tid,
+    o.in_cpu AS contended_cpu,                               -- CPU it waited for
+    o.waker_pid, o.waker_name,                               -- who woke it
+    oi.python_stack_id                                       -- Python stack when it blocked, if captured
+FROM step st
+JOIN offcpu o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts
+JOIN offcpu_interval oi ON oi.id = o.id;
+
+-- view: step_cuda_call
+-- Causal link: a step -> the slow CUDA calls of its thread inside it (slow_cuda_call), with the
+-- part of their excess spent on the CPU inside the library (driver or device wait).
+CREATE VIEW step_cuda_call AS
+SELECT
+    st.step_mark_id, st.session_id, st.step,
+    c.id AS cuda_call_id, c.api, c.family, c.ts, c.dur, c.expected_dur, c.excess_dur, c.size_bytes,
+    c.offcpu_dur, c.cpu_wait_dur, c.blocked_dur,
+    max(0, c.excess_dur - c.offcpu_dur) AS oncpu_excess_dur, -- ns of the excess spent on-CPU in the call
+    cc.python_stack_id
+FROM step st
+JOIN slow_cuda_call c ON c.thread_id = st.thread_id AND c.ts >= st.ts AND c.ts < st.end_ts
+JOIN cuda_call cc ON cc.id = c.id;
+
+-- view: step_nccl_wait
+-- Causal link: a step -> the collectives of its thread inside it, the time it waited in them (the
+-- call and the synchronisation after it), and, where other ranks were recorded into the same
+-- database, the rank that entered last (the straggler) and how late it was.
+CREATE VIEW step_nccl_wait AS
+SELECT
+    st.step_mark_id, st.session_id, st.step,
+    w.nccl_call_id, w.api, w.rank, w.ts, w.wait_dur, w.sync_call_id,
+    n.comm_hash, n.seq, n.nranks,
+    g.straggler_rank, g.straggler_pid, g.lateness_dur, g.straggler_ts,
+    (SELECT c.id FROM nccl_collective c
+      WHERE c.comm_hash = n.comm_hash AND c.seq = n.seq AND c.rank = g.straggler_rank) AS straggler_call_id,
+    nc.python_stack_id
+FROM step st
+JOIN nccl_call_detail d ON d.thread_id = st.thread_id AND d.ts >= st.ts AND d.ts < st.end_ts AND d.kind = 'collective'
+JOIN nccl_collective_wait w ON w.nccl_call_id = d.id
+JOIN nccl_collective n ON n.id = d.id
+JOIN nccl_call nc ON nc.id = d.id
+LEFT JOIN nccl_straggler g ON g.comm_hash = n.comm_hash AND g.seq = n.seq;
+
+-- view: block_request_device
+-- Each block request with the device behind it: disk, NVMe controller and PCI function
+-- (block_device, read from sysfs), the keys device events are printed with.
+CREATE VIEW block_request_device AS
+SELECT r.id AS block_request_id, r.session_id, r.ts, r.dur, r.ts + r.dur AS end_ts, r.sector, r.size_bytes,
+       r.device, coalesce(d.disk, r.device) AS disk, d.controller, d.pci_address
+FROM block_request r
+LEFT JOIN block_device d
+       ON d.session_id = r.session_id AND d.dev_major = r.dev_major AND d.dev_minor = r.dev_minor;
+
+-- view: block_request_device_event
+-- Causal link: a block request -> the device events that hit it while it was in flight (and up to
+-- 100 ms after it completed, for the lines printed as the error is handled). match says how:
+-- 'sector' (the event names the request's disk and sector), 'device' (the event names the
+-- request's controller or PCI function, in flight at the time).
+CREATE VIEW block_request_device_event AS
+SELECT r.block_request_id, r.session_id, 'nvme_event' AS event_table, e.id AS event_id, e.ts,
+       'nvme_' || e.kind AS kind, e.controller AS device, 'device' AS match,
+       CASE e.kind WHEN 'timeout' THEN 'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.tag, '?')
+                                       || coalesce(', ' || e.action, '')
+                   WHEN 'abort_status' THEN printf('abort status 0x%x', e.status)
+                   WHEN 'controller_down' THEN printf('controller down, CSTS=0x%x', e.csts)
+                   ELSE replace(e.kind, '_', ' ') END AS detail
+FROM block_request_device r
+JOIN nvme_event e ON e.session_id = r.session_id AND e.controller = r.controller
+                 AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
+UNION ALL
+SELECT r.block_request_id, r.session_id, 'nvme_timeout_action', e.id, e.ts,
+       'nvme_timeout_' || e.action, coalesce(e.disk, e.controller),
+       CASE WHEN e.sector = r.sector THEN 'sector' ELSE 'device' END,
+       'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.rq_tag, '?')
+FROM block_request_device r
+JOIN nvme_timeout_action e ON e.session_id = r.session_id AND e.controller = r.controller
+                          AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
+UNION ALL
+SELECT r.block_request_id, r.session_id, 'block_error', e.id, e.ts,
+       'io_error', e.dev, 'sector', coalesce(e.error, e.kind) || coalesce(' on ' || e.op, '')
+FROM block_request_device r
+JOIN block_device bd ON bd.session_id = r.session_id AND bd.disk = r.disk
+JOIN block_error e ON e.session_id = r.session_id AND e.dev = bd.name
+                  AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
+                  AND e.sector >= r.sector AND e.sector < r.sector + max(r.size_bytes / 512, 1)
+UNION ALL
+SELECT r.block_request_id, r.session_id, 'dma_event', e.id, e.ts,
+       CASE e.kind WHEN 'swiotlb_bounce' THEN 'dma_bounce' ELSE e.kind END, e.device, 'device',
+       coalesce(e.size_bytes || ' bytes', '')
+FROM block_request_device r
+JOIN dma_event e ON e.session_id = r.session_id AND e.device = r.pci_address
+                AND e.kind IN ('swiotlb_bounce', 'iommu_fault') AND e.ts >= r.ts AND e.ts <= r.end_ts
+UNION ALL
+SELECT r.block_request_id, r.session_id, 'dma_event', e.id, e.ts, 'dma_map_slow', e.device, 'device',
+       (e.dur / 1000) || ' us to map'
+FROM block_request_device r
+JOIN dma_event e ON e.session_id = r.session_id AND e.device = r.pci_address
+                AND e.kind = 'map_latency' AND e.dur >= 1000000 AND e.ts >= r.ts AND e.ts <= r.end_ts
+UNION ALL
+SELECT r.block_request_id, r.session_id, 'swiotlb_event', e.id, e.ts, 'swiotlb_full', e.device, 'device',
+       e.size_bytes || ' bytes could not be bounced'
+FROM block_request_device r
+JOIN swiotlb_event e ON e.session_id = r.session_id AND e.device = r.pci_address
+                    AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
+UNION ALL
+SELECT r.block_request_id, r.session_id, 'iommu_fault', e.id, e.ts, 'iommu_fault', e.device, 'device',
+       coalesce(e.reason_text, e.event_type, e.kind)
+FROM block_request_device r
+JOIN iommu_fault e ON e.session_id = r.session_id AND e.device = r.pci_address
+                  AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
+UNION ALL
+SELECT r.block_request_id, r.session_id, 'aer_event', e.id, e.ts, 'pcie_aer', coalesce(e.source, e.device),
+       'device', coalesce(e.severity, '') || coalesce(' ' || e.error_type, '') || coalesce(' ' || e.bit_name, '')
+FROM block_request_device r
+JOIN aer_event e ON e.session_id = r.session_id AND (e.device = r.pci_address OR e.source = r.pci_address)
+                AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000;
+
+-- view: step_block_request
+-- Causal link: a step -> the block requests its process had in flight during it (submitted by
+-- any of its threads, or deferred from them by throttling), and the requests kernel threads
+-- (writeback, journal) completed while the step's thread was blocked on I/O. overlap_dur: ns of
+-- the step the request was in flight.
+CREATE VIEW step_block_request AS
+SELECT st.step_mark_id, st.session_id, st.step, r.id AS block_request_id, r.device, r.op, r.ts, r.dur,
+       r.queued_dur, r.device_dur, r.size_bytes, r.submitter_kind, r.error, r.io_tag, r.python_stack_id,
+       min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts) AS overlap_dur
+FROM step st
+JOIN thread t ON t.process_id = st.process_id
+JOIN block_request r ON r.thread_id = t.id AND r.ts < st.end_ts AND r.ts + r.dur > st.ts
+                    AND r.ts > st.ts - 600000000000
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, r.id, r.device, r.op, r.ts, r.dur,
+       r.queued_dur, r.device_dur, r.size_bytes, r.submitter_kind, r.error, r.io_tag, r.python_stack_id,
+       min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts)
+FROM step st
+JOIN offcpu o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts
+             AND o.reason IN ('io', 'uninterruptible')
+JOIN block_request r ON r.session_id = st.session_id AND r.submitter_kind = 'kernel_thread'
+                    AND r.ts + r.dur >= o.ts AND r.ts + r.dur <= o.ts + o.dur
+                    AND r.ts > st.ts - 600000000000 AND r.ts < st.end_ts;
+
+-- view: step_device_event
+-- Causal link: a step -> device events that hit its block requests (block_request_device_event).
+CREATE VIEW step_device_event AS
+SELECT DISTINCT b.step_mark_id, b.session_id, b.step, b.block_request_id, e.event_table, e.event_id,
+       e.ts, e.kind, e.device, e.match, e.detail
+FROM step_block_request b
+JOIN block_request_device_event e ON e.block_request_id = b.block_request_id;
+
+-- view: step_reclaim
+-- Causal link: a step -> direct reclaim by its thread inside it (allocation stalls).
+CREATE VIEW step_reclaim AS
+SELECT st.step_mark_id, st.session_id, st.step, r.id AS reclaim_id, r.kind, r.ts,
+       min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts) AS overlap_dur, r.pages_reclaimed
+FROM step st
+JOIN reclaim_interval r ON r.thread_id = st.thread_id AND r.ts < st.end_ts AND r.ts + r.dur > st.ts
+                       AND r.ts >= st.ts - 60000000000;
+
+-- view: step_dirty_throttle
+-- Causal link: a step -> balance_dirty_pages pauses of its thread (it dirtied pages faster than
+-- the disk took them).
+CREATE VIEW step_dirty_throttle AS
+SELECT st.step_mark_id, st.session_id, st.step, d.id AS dirty_throttle_id, d.ts, d.bdi,
+       max(0, min(st.end_ts, d.ts + d.dur) - max(st.ts, d.ts)) AS overlap_dur
+FROM step st
+JOIN dirty_throttle d ON d.thread_id = st.thread_id AND d.ts >= st.ts AND d.ts < st.end_ts AND d.dur > 0;
+
+-- view: step_machine_event
+-- Events on the machine during a step that are not tied to its thread: OOM kills, TCP
+-- retransmits, GPU Xid errors, PCIe AER, IOMMU faults, SWIOTLB exhaustion and bounces, NVMe
+-- controller trouble. They are secondary signals, or a cause when the step's wait matches them.
+CREATE VIEW step_machine_event AS
+SELECT st.step_mark_id, st.session_id, st.step, 'oom_kill' AS event_table, e.id AS event_id, e.ts,
+       'oom_kill' AS kind, e.comm AS device, coalesce(e.scope, '') || ' OOM killed pid ' || e.pid
+         || coalesce(' (' || e.comm || ')', '') AS detail
+FROM step st JOIN oom_kill e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+                             AND e.kind = 'killed'
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'oom_victim', e.id, e.ts, 'oom_kill', e.comm,
+       'OOM killer chose pid ' || e.pid || coalesce(' (' || e.comm || ')', '')
+FROM step st JOIN oom_victim e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'tcp_retransmit', e.id, e.ts, 'tcp_retransmit',
+       e.daddr || ':' || e.dport, e.saddr || ':' || e.sport || ' -> ' || e.daddr || ':' || e.dport
+FROM step st JOIN tcp_retransmit e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'gpu_xid', e.id, e.ts, 'gpu_xid', e.device,
+       'Xid ' || e.xid || coalesce(': ' || e.meaning, '')
+FROM step st JOIN gpu_xid e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'aer_event', e.id, e.ts, 'pcie_aer', coalesce(e.source, e.device),
+       trim(coalesce(e.severity, '') || coalesce(' ' || e.error_type, '') || coalesce(' ' || e.bit_name, ''))
+FROM step st JOIN aer_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'iommu_fault', e.id, e.ts, 'iommu_fault', e.device,
+       coalesce(e.reason_text, e.event_type, e.kind)
+FROM step st JOIN iommu_fault e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'dma_event', e.id, e.ts,
+       CASE e.kind WHEN 'swiotlb_bounce' THEN 'dma_bounce' ELSE e.kind END, e.device,
+       coalesce(e.size_bytes || ' bytes', '')
+FROM step st JOIN dma_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+                              AND e.kind IN ('swiotlb_bounce', 'iommu_fault')
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'swiotlb_event', e.id, e.ts, 'swiotlb_full', e.device,
+       e.size_bytes || ' bytes could not be bounced'
+FROM step st JOIN swiotlb_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, 'nvme_event', e.id, e.ts, 'nvme_' || e.kind, e.controller,
+       'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.tag, '?')
+FROM step st JOIN nvme_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts;
+
+-- view: step_cause
+-- The breakdown: for each step, the time of its thread by cause, from the evidence views above.
+-- Causes are not exclusive (a slow CUDA call may contain the preemption that made it slow): each
+-- row is the time that cause accounts for on the critical path. cause: 'cpu_wait' (detail: the
+-- process that held the CPU), 'blocked' (detail: reason - io, futex, sleep, net, poll,
+-- uninterruptible...), 'reclaim', 'dirty_throttle', 'cuda_call' (on-CPU excess of slow calls,
+-- detail: API), 'nccl_wait' (detail: API, and the straggler rank when known).
+CREATE VIEW step_cause AS
+SELECT step_mark_id, 'cpu_wait' AS cause,
+       coalesce(contender_name || ' (pid ' || coalesce(contender_pid, '?') || ')', 'unknown') AS detail,
+       sum(runq_dur) AS dur, count(*) AS events
+FROM step_offcpu WHERE runq_dur > 0 GROUP BY step_mark_id, contender_pid, contender_name
+UNION ALL
+SELECT step_mark_id, 'blocked', reason, sum(blocked_dur), count(*)
+FROM step_offcpu WHERE blocked_dur > 0 GROUP BY step_mark_id, reason
+UNION ALL
+SELECT step_mark_id, 'reclaim', kind, sum(overlap_dur), count(*) FROM step_reclaim GROUP BY step_mark_id, kind
+UNION ALL
+SELECT step_mark_id, 'dirty_throttle', bdi, sum(overlap_dur), count(*)
+FROM step_dirty_throttle GROUP BY step_mark_id, bdi
+UNION ALL
+SELECT step_mark_id, 'cuda_call', api, sum(oncpu_excess_dur), count(*)
+FROM step_cuda_call WHERE oncpu_excess_dur > 0 GROUP BY step_mark_id, api
+UNION ALL
+SELECT step_mark_id, 'nccl_wait',
+       api || CASE WHEN straggler_rank != rank THEN ' waiting for rank ' || straggler_rank ELSE '' END,
+       sum(wait_dur), count(*)
+FROM step_nccl_wait GROUP BY 1, 2, 3;
+
+-- view: causal_link
+-- One drill-down graph over every causal link above: from a row (table, id) to a row it is
+-- explained by, with the relation and the ns it accounts for. Start from a step
+-- (from_table = 'step_mark') and follow to_table/to_id.
+CREATE VIEW causal_link AS
+SELECT session_id, 'step_mark' AS from_table, step_mark_id AS from_id, 'off_cpu' AS relation,
+       'offcpu_interval' AS to_table, offcpu_id AS to_id, overlap_dur AS dur
+FROM step_offcpu
+UNION ALL
+SELECT o.session_id, 'offcpu_interval', o.id, 'waited_behind', 'thread', o.contender_thread_id, o.contender_run_dur
+FROM offcpu_interval o WHERE o.contender_thread_id IS NOT NULL
+UNION ALL
+SELECT session_id, 'step_mark', step_mark_id, 'slow_call', 'cuda_call', cuda_call_id, excess_dur FROM step_cuda_call
+UNION ALL
+SELECT c.session_id, 'cuda_call', l.cuda_call_id, 'off_cpu', 'offcpu_interval', l.offcpu_id, l.overlap_dur
+FROM cuda_call_offcpu l JOIN cuda_call c ON c.id = l.cuda_call_id
+UNION ALL
+SELECT session_id, 'step_mark', step_mark_id, 'collective_wait', 'nccl_call', nccl_call_id, wait_dur FROM step_nccl_wait
+UNION ALL
+SELECT session_id, 'nccl_call', nccl_call_id, 'waited_for_rank', 'nccl_call', straggler_call_id, lateness_dur
+FROM step_nccl_wait WHERE straggler_call_id IS NOT NULL AND straggler_call_id != nccl_call_id
+UNION ALL
+SELECT session_id, 'step_mark', step_mark_id, 'io', 'block_request', block_request_id, overlap_dur
+FROM step_block_request
+UNION ALL
+SELECT session_id, 'block_request', block_request_id, 'hit_by', event_table, event_id, NULL
+FROM block_request_device_event
+UNION ALL
+SELECT session_id, 'step_mark', step_mark_id, 'reclaim', 'reclaim_interval', reclaim_id, overlap_dur FROM step_reclaim
+UNION ALL
+SELECT session_id, 'step_mark', step_mark_id, 'dirty_throttle', 'dirty_throttle', dirty_throttle_id, overlap_dur
+FROM step_dirty_throttle
+UNION ALL
+SELECT session_id, 'step_mark', step_mark_id, 'during', event_table, event_id, NULL FROM step_machine_event;
