@@ -21,6 +21,7 @@ _CTYPES: dict[str, tuple[str, int]] = {
     "char16": ("16s", 16),
     "char128": ("128s", 128),
     "char32": ("32s", 32),
+    "char256": ("256s", 256),
 }
 
 
@@ -428,4 +429,93 @@ PROBE_NAMES.update({
     CONSTANTS["PROBE_NCCL"]: "nccl ring buffer",
     CONSTANTS["PROBE_NCCL_MAP"]: "nccl in-flight map full",
     CONSTANTS["PROBE_MARKER"]: "marker ring buffer",
+})
+
+
+# -- checkpoint integrity (bpf/checkpoint.bpf.c, recorder/checkpoint.py) ---------------------------
+CKPT_OPEN = Layout(
+    "ckpt_open_event",
+    (
+        ("ts", "u64"),  # openat entered
+        ("dur", "u64"),  # entry -> return, ns
+        ("open_id", "u64"),  # with pid and fd, names this open until its close
+        ("flags", "u64"),  # O_* flags as passed
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("fd", "s32"),  # the new descriptor (opens that failed are not sent)
+        ("dirfd", "s32"),  # directory a relative path is relative to, -100 = AT_FDCWD
+        ("in_scope", "u32"),  # 1: the opening thread was inside recorder.checkpoint()
+        ("pad", "u32"),
+        ("path", "char256"),  # as passed, cut at 255 bytes
+    ),
+    "a target opened a file for writing (classified by user space unless in a checkpoint scope)",
+)
+
+CKPT_IO = Layout(
+    "ckpt_io_event",
+    (
+        ("ts", "u64"),  # syscall entered
+        ("dur", "u64"),  # entry -> return, ns
+        ("open_id", "u64"),
+        ("offset", "s64"),  # file offset written at (writes), new length (ftruncate); -1 unknown (O_APPEND)
+        ("count", "u64"),  # bytes asked for (writes)
+        ("ret", "s64"),  # the syscall's return: bytes written, 0, or -errno
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("fd", "s32"),
+        ("op", "u32"),  # CKPT_OP_*
+    ),
+    "a write, fsync, fdatasync, ftruncate or close on a file opened for writing",
+)
+
+CKPT_RENAME = Layout(
+    "ckpt_rename_event",
+    (
+        ("ts", "u64"),
+        ("dur", "u64"),
+        ("ret", "s64"),  # 0 or -errno
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("olddirfd", "s32"),  # -100 = AT_FDCWD
+        ("newdirfd", "s32"),
+        ("flags", "u32"),  # renameat2 RENAME_* flags
+        ("pad", "u32"),
+        ("oldpath", "char256"),
+        ("newpath", "char256"),
+    ),
+    "rename/renameat/renameat2 by a target",
+)
+
+CKPT_SCOPE = Layout(
+    "ckpt_scope_event",
+    (
+        ("ts", "u64"),
+        ("phase", "u64"),  # 1 begin, 2 end
+        ("tag", "u64"),  # lineage tag current on the thread
+        ("path_addr", "u64"),  # the path stays alive in the process during the scope
+        ("path_len", "u64"),
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("path", "char256"),  # the first 255 bytes of the path
+    ),
+    "recorder.checkpoint(path) entered or left (uprobe on stall_recorder_checkpoint)",
+)
+
+LAYOUTS = (*LAYOUTS, CKPT_OPEN, CKPT_IO, CKPT_RENAME, CKPT_SCOPE)
+_CKPT_PROBES = ("PROBE_CKPT", "PROBE_CKPT_MAP")
+for _i, _name in enumerate(_CKPT_PROBES):
+    CONSTANTS[_name] = CONSTANTS["PROBE_COUNT"] + _i
+CONSTANTS["PROBE_COUNT"] += len(_CKPT_PROBES)
+CONSTANTS.update({
+    "CKPT_OP_WRITE": 1, "CKPT_OP_PWRITE64": 2, "CKPT_OP_WRITEV": 3, "CKPT_OP_PWRITEV": 4,
+    "CKPT_OP_PWRITEV2": 5, "CKPT_OP_SENDFILE": 6, "CKPT_OP_COPY_FILE_RANGE": 7, "CKPT_OP_FSYNC": 8,
+    "CKPT_OP_FDATASYNC": 9, "CKPT_OP_FTRUNCATE": 10, "CKPT_OP_CLOSE": 11,
+    "CKPT_OP_OPEN": 12, "CKPT_OP_LSEEK": 13, "CKPT_OP_RENAME": 14,  # stashed between entry and exit only
+    "CKPT_PENDING": 0,  # not classified by user space yet: its events are sent and held there
+    "CKPT_OPTED": 1,  # a checkpoint file: events sent
+    "CKPT_IGNORED": 2,  # not a checkpoint: nothing sent
+})
+PROBE_NAMES.update({
+    CONSTANTS["PROBE_CKPT"]: "checkpoint ring buffer",
+    CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint descriptor map full",
 })
