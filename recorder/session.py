@@ -26,6 +26,7 @@ from recorder.iolayer import IoLayer, KernelLog
 from recorder.libraries import gpu_libraries, resolve
 from recorder.probes import Probes, TargetSpec, now_ns
 from recorder.stacks import DEFERRED, StackRecorder
+from recorder.steps_infer import infer_steps
 from recorder.workload_layer import WorkloadLayer
 from recorder.workload_layer import library_kind as workload_library_kind
 from store.db import Store, Writer, lock_path, open_store
@@ -421,6 +422,7 @@ class Session:
         )
         self.store.conn.commit()
         self.store.build_indexes()
+        infer_steps(self.store, self.session_id)  # steps of processes that called no recorder.step
         self.store.store_baselines(self.session_id)
         self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         summary = session_summary(self.store, self.session_id)

@@ -1,7 +1,10 @@
 """A stand-in training loop: each step allocates, launches kernels, synchronises and frees, through
-the stand-in CUDA runtime. Pinned to one CPU so a hog pinned there contends with it.
+the stand-in CUDA runtime. Pinned to one CPU so a hog pinned there contends with it. With
+--markers it calls recorder.step(n) at the top of each step; --slow-step makes one step longer and
+--jitter varies the host work per step. Prints the CLOCK_MONOTONIC ns each step began.
 
     python train_steps.py --libdir build/native [--steps 200] [--cpu 1] [--malloc-work-us 600]
+                          [--markers] [--slow-step 40 --slow-ms 300] [--jitter 0.3]
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import argparse
 import ctypes
 import json
 import os
+import random
+import sys
 import time
 
 
@@ -28,7 +33,19 @@ def main() -> None:
     ap.add_argument("--step-sleep-us", type=int, default=2000)
     ap.add_argument("--host-work-us", type=int, default=6000,
                     help="CPU work in Python per step (data loading, bookkeeping)")
+    ap.add_argument("--markers", action="store_true", help="call recorder.step(n) at each step")
+    ap.add_argument("--slow-step", type=int, default=-1, help="this step sleeps --slow-ms longer")
+    ap.add_argument("--slow-ms", type=int, default=300)
+    ap.add_argument("--jitter", type=float, default=0.0,
+                    help="host work varies per step by up to this fraction, either way")
     args = ap.parse_args()
+    step_marker = None
+    if args.markers:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        import recorder
+
+        step_marker = recorder.step
+    rng = random.Random(1)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     rt = ctypes.CDLL(os.path.join(args.libdir, "libcudart.so.12"))
@@ -43,8 +60,11 @@ def main() -> None:
     rt.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
     stream = ctypes.c_void_p(0x5151)
     kernel = ctypes.c_void_p(0x4000AA)
-    step_times = []
-    for _ in range(args.steps):
+    step_times, step_starts = [], []
+    for step in range(args.steps):
+        step_starts.append(time.monotonic_ns())
+        if step_marker:
+            step_marker(step)
         t0 = time.monotonic()
         ptr = ctypes.c_void_p()
         rt.cudaMalloc(ctypes.byref(ptr), 64 << 20)
@@ -52,13 +72,14 @@ def main() -> None:
             rt.cudaLaunchKernel(kernel, Dim3(128, 1, 1), Dim3(256, 1, 1), None, 0, stream)
         rt.cudaStreamSynchronize(stream)
         rt.cudaFree(ptr)
-        until = time.thread_time() + args.host_work_us / 1e6
+        host_s = args.host_work_us / 1e6 * (1 + rng.uniform(-args.jitter, args.jitter))
+        until = time.thread_time() + host_s
         while time.thread_time() < until:
             sum(range(200))
-        time.sleep(args.step_sleep_us / 1e6)
+        time.sleep(args.step_sleep_us / 1e6 + (args.slow_ms / 1000 if step == args.slow_step else 0))
         step_times.append(time.monotonic() - t0)
     print(json.dumps({"pid": os.getpid(), "steps": len(step_times),
-                      "max_step_s": round(max(step_times), 4)}), flush=True)
+                      "max_step_s": round(max(step_times), 4), "step_start_ns": step_starts}), flush=True)
 
 
 if __name__ == "__main__":
