@@ -28,7 +28,14 @@ EXAMPLES = {
                 "  recorder explain --worst               # only the worst stall\n"
                 "  recorder explain --since 5m --json\n"
                 "  recorder explain --window 12..20       # seconds after the session start\n"
-                "  recorder explain --window 2026-04-28T22:14:40Z..2026-04-28T22:15:10Z"),
+                "  recorder explain --window 2026-04-28T22:14:40Z..2026-04-28T22:15:10Z\n"
+                "  recorder explain --step 80042 --stack  # one step, with the Python stack"),
+    "steps": ("recorder steps                         # every step with its baseline\n"
+              "  recorder steps --slow --json           # only the stalls"),
+    "top": "recorder top\n  recorder top --limit 10 --json",
+    "demo": ("recorder demo --no-gpu --list\n"
+             "  recorder demo --no-gpu nvme-timeout-checkpoint\n"
+             "  recorder demo --no-gpu nccl-straggler --db /tmp/straggler.db --json"),
 }
 
 
@@ -84,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     _db_arg(p)
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
-    p = _sub(subs, "explain", "explain the stalls of a session: slow calls and what caused them")
+    p = _sub(subs, "explain", "explain a stall: the slowest step (or slow CUDA calls) and what caused it")
     _db_arg(p)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     g = p.add_mutually_exclusive_group()
@@ -92,8 +99,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds after the session start (5..12.5) or UTC times A..B")
     g.add_argument("--since", metavar="DURATION", help="the last DURATION of the session (30s, 5m)")
     g.add_argument("--worst", action="store_true", help="only the worst stall")
+    g.add_argument("--step", type=int, metavar="N", help="explain step N (stalled or not)")
     p.add_argument("-j", "--json", action="store_true", help="the report as JSON (same content)")
-    p.add_argument("--stack", action="store_true", help="print each slow call's whole Python stack")
+    p.add_argument("--stack", action="store_true", help="print the whole Python stack under each Python line")
+
+    p = _sub(subs, "steps", "list the steps of a session with their rolling baseline; --slow for the stalls")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("--slow", action="store_true", help="only the stalled steps")
+    p.add_argument("--limit", type=int, default=0, metavar="N", help="at most N steps (default: all)")
+    p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "top", "the worst stalls, the Python lines and the devices that cost the most")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("--limit", type=int, default=5, metavar="N", help="rows per table (default 5)")
+    p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "demo", "write a synthetic recording of a known stall (no root, no BPF, no GPU) and explain it")
+    p.add_argument("--no-gpu", action="store_true", help="synthetic scenarios (the only kind there is)")
+    p.add_argument("--list", action="store_true", help="name the scenarios")
+    p.add_argument("scenario", nargs="?", help="scenario name (see --list)")
+    p.add_argument("--db", type=Path, help="database to write (default demo-SCENARIO.db; a new session is added)")
+    p.add_argument("-j", "--json", action="store_true", help="print the report as JSON")
 
     mcp_help = "serve a recording to MCP clients (Claude Code, Cursor): stdio, or HTTPS with --http"
     p = subs.add_parser("mcp", help=mcp_help, description=mcp_help,
@@ -212,8 +240,59 @@ def cmd_explain(args) -> int:
     from store.report import explain, render_text
 
     with open_store(args.db, readonly=True) as store:
-        report = explain(store, args.session, args.window, args.since, args.worst)
+        report = explain(store, args.session, args.window, args.since, args.worst, args.step)
     print(json.dumps(report, indent=1) if args.json else render_text(report, stack=args.stack))
+    return 0
+
+
+def cmd_steps(args) -> int:
+    from store.db import open_store
+    from store.listing import render_steps, steps
+
+    with open_store(args.db, readonly=True) as store:
+        result = steps(store, args.session, slow_only=args.slow, limit=args.limit)
+    print(json.dumps(result, indent=1) if args.json else render_steps(result))
+    return 0
+
+
+def cmd_top(args) -> int:
+    from store.db import open_store
+    from store.listing import render_top, top
+
+    with open_store(args.db, readonly=True) as store:
+        result = top(store, args.session, limit=args.limit)
+    print(json.dumps(result, indent=1) if args.json else render_top(result))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from recorder.demo import SCENARIOS, write_scenario
+    from store.db import open_store
+    from store.report import explain, render_text
+
+    if args.list:
+        width = max(map(len, SCENARIOS))
+        for s in SCENARIOS.values():
+            print(f"{s.name:{width}}  {s.summary}")
+        return 0
+    if not args.no_gpu:
+        raise UserError("recorder demo writes synthetic recordings: pass --no-gpu SCENARIO "
+                        "('make demo' records a live one with real probes)")
+    if not args.scenario:
+        raise UserError("name a scenario: recorder demo --no-gpu SCENARIO (--list names them)")
+    if args.scenario not in SCENARIOS:
+        raise UserError(f"no scenario {args.scenario!r}: choose one of {', '.join(SCENARIOS)}")
+    db = args.db or Path(f"demo-{args.scenario}.db")
+    session_id = write_scenario(args.scenario, db)
+    with open_store(db, readonly=True) as store:
+        report = explain(store, session_id)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(render_text(report))
+        print(f"\n(session {session_id} written to {db}: recorder explain --db {shlex.quote(str(db))} --json, "
+              f"recorder steps --db {shlex.quote(str(db))} --slow, or sqlite3 {shlex.quote(str(db))} "
+              "'SELECT * FROM step_cause')")
     return 0
 
 
@@ -233,7 +312,8 @@ def cmd_mcp(args) -> int:
 
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
-    "status": cmd_status, "explain": cmd_explain, "mcp": cmd_mcp,
+    "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
+    "mcp": cmd_mcp,
 }
 
 
@@ -246,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (recorder steps | head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -271,11 +271,15 @@ def _io_negatives(store: Store, sid: int, start: int, end: int, observed: list[s
 
 
 def explain(store: Store, session_id: int | None = None, window: str | None = None,
-            since: str | None = None, worst: bool = False) -> dict:
+            since: str | None = None, worst: bool = False, step: int | None = None) -> dict:
+    """The stall report of a session: per step when its threads mark steps (or `step` is given),
+    else per slow CUDA call."""
     session = session_row(store, session_id)
     sid = session["id"]
     state = session_state(store, session)
     start, end = resolve_window(store, session, window, since)
+    if step is not None or has_steps(store, sid):
+        return explain_steps(store, session, state, start, end, step, worst)
     off = session["wall_offset_ns"]
     limit = 1 if worst else SLOW_LIMIT
     calls = slow_calls(store, sid, start, end, limit)
@@ -360,6 +364,8 @@ def _python_lines(finding: dict, stack: bool, indent: str) -> list[str]:
 
 def render_text(report: dict, stack: bool = False) -> str:
     """The report as text; `stack` adds each slow call's whole Python stack under its line."""
+    if report.get("mode") == "step":
+        return render_step_text(report, stack)
     w = report["window"]
     s = report["session"]
     lines = [
@@ -394,6 +400,589 @@ def render_text(report: dict, stack: bool = False) -> str:
     lines.append("Data loss: " + ("none" if not loss["dropped_events"] else
                                   f"{loss['dropped_events']} events dropped "
                                   + ", ".join(f"{k}: {v}" for k, v in loss["by_probe"].items())))
+    if report["next_actions"]:
+        lines.append("Recommended next actions:")
+        lines += [f"  {i}. {a}" for i, a in enumerate(report["next_actions"], 1)]
+    return "\n".join(lines)
+
+
+# == step reports ====================================================================================
+# A session whose threads mark steps (recorder.step, or inferred) is explained step by step: the
+# stalled step, its breakdown by cause against its neighbours (store/causes.py), the root cause
+# and its evidence down to the device event and the Python line.
+
+STEP_LAYERS = {
+    **LAYERS,
+    "mm": "memory pressure (reclaim, dirty throttling, OOM)",
+    "net": "TCP retransmits",
+    "dma": "DMA mapping, SWIOTLB bounces, IOMMU faults",
+    "gpu": "GPU utilisation (NVML)",
+}
+OTHER_STALLS = 5
+
+
+def has_steps(store: Store, session_id: int) -> bool:
+    return store.one("SELECT 1 AS x FROM step_mark WHERE session_id = ? LIMIT 1", (session_id,)) is not None
+
+
+def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
+    rows = store.query("SELECT * FROM step_baseline WHERE session_id = ? AND step = ? ORDER BY excess_dur DESC",
+                       (sid, number))
+    if not rows:
+        span = store.one("SELECT min(step) AS a, max(step) AS b, count(*) AS n FROM step_mark WHERE session_id = ?",
+                         (sid,))
+        raise UserError(f"no step {number} in session {sid}: its {span['n']} steps run {span['a']}..{span['b']}"
+                        " ('recorder steps' lists them)")
+    return rows
+
+
+def _thread_names(store: Store, step: dict) -> dict:
+    return store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?",
+                     (step["thread_id"],)) or {}
+
+
+def _event_rows(store: Store, events: list[dict]) -> list[dict]:
+    """The typed rows behind device events (nvme_event, block_error, ...), in time order."""
+    out = []
+    for e in events:
+        row = store.one(f"SELECT * FROM {e['event_table']} WHERE id = ?", (e["event_id"],))
+        if row:
+            out.append({**row, "event_table": e["event_table"], "kind": e["kind"], "link_detail": e["detail"]})
+    return out
+
+
+def _nvme_facts(store: Store, cand: dict) -> dict:
+    rows = _event_rows(store, cand.get("hit") or [])
+    first = next((r for r in rows if r.get("qid") is not None), rows[0] if rows else {})
+    request = cand.get("request") or {}
+    disk = request.get("device")
+    ctrl = first.get("controller")
+    pci = store.one("SELECT pci_address FROM block_device WHERE session_id = ? AND controller = ? LIMIT 1",
+                    (request.get("session_id"), ctrl)) if ctrl else None
+    actions = []
+    for r in rows:
+        if r.get("kind") in ("nvme_timeout", "nvme_timeout_abort", "nvme_timeout_reset") and r.get("action"):
+            actions.append(NVME_ACTIONS.get(r["action"], r["action"]))
+        elif r["event_table"] == "nvme_event" and r["kind"] != "nvme_timeout":
+            actions.append(r["link_detail"])
+    return {"device": disk, "controller": ctrl, "queue": first.get("qid"),
+            "request_tag": first.get("tag", first.get("rq_tag")), "pci_address": pci["pci_address"] if pci else None,
+            "actions": list(dict.fromkeys(actions)), "first_event_ts": rows[0]["ts"] if rows else None}
+
+
+NVME_ACTIONS = {"aborting": "abort", "reset controller": "controller reset", "reset": "controller reset",
+                "abort": "abort", "disable controller": "controller disabled", "disable": "controller disabled"}
+
+
+def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
+    """What the report says about a cause: summary, device facts, kernel path, next actions."""
+    kind = cand["kind"]
+    request = cand.get("request") or {}
+    wait = cand.get("wait") or {}
+    syscall = wait.get("syscall_name")
+    disk = request.get("device")
+    dur = cand["dur_ns"]
+    facts: dict = {"kind": kind, "dur_ns": dur, "excess_dur_ns": cand["excess_dur_ns"]}
+    path: list[str] = []
+    io_path = []
+    if syscall:
+        io_path.append(f"{syscall}()")
+    if request:
+        if request.get("op") == "write" and syscall in ("fsync", "fdatasync", "sync_file_range", "msync"):
+            io_path.append("writeback of the file's dirty pages")
+        if request.get("submitter_kind") == "target_deferred":
+            io_path.append(f"blk-throttle (queued {ms(request.get('queued_dur'))})")
+        else:
+            io_path.append(f"blk-mq (queued {ms(request.get('queued_dur'))})")
+        io_path.append(f"{disk} (on device {ms(request.get('device_dur'))})")
+    if kind == "nvme_timeout":
+        nv = _nvme_facts(store, cand)
+        facts.update(nv)
+        facts["summary"] = (f"NVMe timeout on {disk} (controller {nv['controller']}, queue {nv['queue']}, "
+                            f"request tag {nv['request_tag']})" +
+                            (", then controller reset" if "controller reset" in nv["actions"] else "") +
+                            f": the thread waited {ms(dur)} for I/O")
+        path = io_path + ["NVMe timeout"] + nv["actions"][:4] + ["request completed"]
+        ctrl, pci = nv["controller"], nv["pci_address"]
+        facts["next_actions"] = [
+            f"Read the drive's health and error log: nvme smart-log /dev/{ctrl}; nvme error-log /dev/{ctrl} "
+            "(media errors, critical warnings, entries at the time of the timeout)",
+            f"Check the PCIe link of {pci or ctrl}: lspci -vvv -s {pci or '<pci address>'} (LnkSta, AER status) "
+            "and the kernel log for AER lines around it",
+            f"Compare {disk}'s write latency during checkpoints with the rest of the session: "
+            f"SELECT * FROM block_latency WHERE device = '{disk}'",
+            f"If timeouts recur, update the drive firmware or move checkpoints off {disk}",
+        ]
+    elif kind in ("io_error", "iommu_fault", "pcie_aer", "dma_bounce"):
+        rows = _event_rows(store, cand.get("hit") or [])
+        first = rows[0] if rows else {}
+        device = first.get("device") or first.get("dev") or first.get("source")
+        pci = store.one("SELECT pci_address FROM block_device WHERE session_id = ? AND disk = ? LIMIT 1",
+                        (request.get("session_id"), disk)) if disk else None
+        if pci and pci["pci_address"] and device and pci["pci_address"].endswith(device):
+            device = pci["pci_address"]  # VT-d prints bus:dev.fn without the PCI segment
+        n = len(rows)
+        facts.update(device=disk, event_device=device, events=n)
+        if kind == "io_error":
+            facts["summary"] = (f"I/O error on {disk} at sector {first.get('sector')} ({cand['hit'][0]['detail']}):"
+                                f" the thread waited {ms(dur)} for I/O")
+            facts["next_actions"] = [f"Check the disk: smartctl -a /dev/{disk} (or nvme smart-log), and the kernel "
+                                     f"log around the error", f"Verify the data read from sector "
+                                     f"{first.get('sector')} of {disk} (the file system may need a check)"]
+        elif kind == "iommu_fault":
+            facts["summary"] = (f"IOMMU fault on {device} ({cand['hit'][0]['detail']}) while {disk} I/O was in "
+                                f"flight: the thread waited {ms(dur)} for I/O")
+            facts["next_actions"] = [
+                f"Find the driver and mapping that faulted: dmesg around the fault, lspci -k -s {device}",
+                "Check the IOMMU mode (iommu=pt / intel_iommu=on) and the device's DMA mask; a recurring fault at "
+                "the same address points to a driver or firmware bug",
+            ]
+        elif kind == "pcie_aer":
+            facts["summary"] = (f"PCIe AER error on {device} ({cand['hit'][0]['detail']}) while {disk} I/O was in "
+                                f"flight: the thread waited {ms(dur)} for I/O")
+            facts["next_actions"] = [f"Inspect the link: lspci -vvv -s {device} (LnkSta, AER counters)",
+                                     "Reseat or replace the device or riser if correctable errors keep counting"]
+        else:
+            full = any(r["kind"] == "swiotlb_full" for r in rows)
+            bounces = sum(1 for r in rows if r["kind"] == "dma_bounce")
+            facts["summary"] = (f"DMA through SWIOTLB bounce buffers on {device} ({disk}): {bounces} bounces "
+                                f"during the step" + (", and the bounce pool was full" if full else "") +
+                                f"; the thread waited {ms(dur)} for I/O")
+            facts["next_actions"] = [
+                f"Find why {device} bounces: its DMA mask (dmesg | grep -i 'dma mask'), swiotlb=force on the "
+                "kernel command line, an IOMMU in passthrough with a device that cannot reach all memory",
+                "Enable the IOMMU for the device or give it a 64-bit DMA mask; as a stopgap enlarge the pool "
+                "(swiotlb=<slabs>)",
+            ]
+        path = io_path + [f"{kind.replace('_', ' ')} on {device}"]
+    elif kind in ("slow_io", "io_queued", "io_throttled", "blocked_io"):
+        pct = cand.get("percentile") or {}
+        facts.update(device=disk, percentile=pct)
+        if kind == "slow_io":
+            where = ""
+            if pct.get("requests"):
+                where = (f" (slower than {100 * (pct['rank'] - 1) / pct['requests']:.1f}% of its {pct['requests']} "
+                         f"{request['op']}s; median {ms(pct['median_dur_ns'])})")
+            facts["summary"] = (f"slow {request['op']} on {disk}: one request took {ms(request['device_dur'])} on "
+                                f"the device{where}; the thread waited {ms(dur)} for I/O")
+            facts["next_actions"] = [
+                f"Look at {disk}'s latency over the session: SELECT * FROM block_latency_window WHERE device = "
+                f"'{disk}' (queue depth and competing I/O at that second)",
+                f"Check the drive: nvme smart-log /dev/{disk} (or smartctl -a), firmware and temperature",
+                "Prefetch or read ahead the training data so one slow read does not stall a step",
+            ]
+        elif kind in ("io_queued", "io_throttled"):
+            what = "blk-throttle (a cgroup I/O limit)" if kind == "io_throttled" else "the block layer's queue"
+            facts["summary"] = (f"I/O queued in {what} for {ms(request.get('queued_dur'))} before reaching {disk}; "
+                                f"the thread waited {ms(dur)} for I/O")
+            facts["next_actions"] = [
+                "Check the cgroup's I/O limits (io.max, blkio.throttle.*) of the job" if kind == "io_throttled"
+                else f"Check the I/O scheduler and queue depth of {disk} (cat /sys/block/{disk}/queue/scheduler)",
+                f"See who else used {disk} then: SELECT * FROM block_request_named WHERE device = '{disk}' "
+                f"AND ts BETWEEN {request.get('ts')} AND {request.get('ts', 0) + request.get('dur', 0)}",
+            ]
+        else:
+            facts["summary"] = (f"blocked on I/O ({syscall or 'no syscall'}) for {ms(dur)}; "
+                                "no block request was recorded")
+            facts["next_actions"] = ["Record with the block layer attached to see the requests behind the wait "
+                                     "(recorder doctor says whether it can)"]
+        path = io_path
+    elif kind == "cpu_contention":
+        top = cand.get("contender") or {}
+        facts.update(contender_pid=top.get("contender_pid"), contender_name=top.get("contender_name"),
+                     cpus=top.get("cpus"), preemptions=top.get("preemptions"))
+        pre = top.get("preemptions") or 0
+        facts["summary"] = (f"CPU contention: the thread waited {ms(dur)} for the CPU behind "
+                            f"{top.get('contender_name')} (pid {top.get('contender_pid')}) on cpu {top.get('cpus')}"
+                            + (f", preempted {pre} times" if pre else ""))
+        path = [f"runnable on cpu {top.get('cpus')}", f"{top.get('contender_name')} (pid {top.get('contender_pid')})"
+                " ran instead"]
+        pid = top.get("contender_pid")
+        names = _thread_names(store, step)
+        facts["next_actions"] = [
+            f"See what {top.get('contender_name')} (pid {pid}) is and why it runs there: "
+            f"ps -o pid,psr,pcpu,cmd -p {pid}",
+            f"Keep it off the training threads' CPUs: an exclusive cpuset for the job, "
+            f"or taskset -cp <other cpus> {pid}",
+            f"Check that thread {names.get('tid')} ({names.get('thread_name')}) is pinned where you expect: "
+            f"taskset -cp {names.get('tid')}",
+        ]
+    elif kind == "memory_reclaim":
+        kills = cand.get("oom_kills") or []
+        facts.update(scope=cand.get("scope"), oom_kills=[k["detail"] for k in kills])
+        facts["summary"] = (f"memory reclaim: the thread spent {ms(dur)} in {cand.get('scope')} direct reclaim"
+                            + (f"; {kills[0]['detail']}" if kills else ""))
+        path = ["page allocation", f"{cand.get('scope')} direct reclaim ({ms(dur)})"] + (["OOM kill"] if kills else [])
+        facts["next_actions"] = [
+            "Compare the job's memory use with its cgroup limit (memory.max, memory.current, memory.events)",
+            "Lower the data loader's memory (fewer workers, smaller prefetch) or raise the limit",
+        ] + (["Restart the killed worker's work: " + kills[0]["detail"]] if kills else [])
+    elif kind in ("tcp_retransmit", "network_wait"):
+        re_ = cand.get("retransmits") or []
+        facts.update(syscall=syscall, retransmits=sum(r["n"] for r in re_), peer=re_[0]["peer"] if re_ else None)
+        if re_:
+            facts["summary"] = (f"TCP retransmits: {facts['retransmits']} retransmits to {re_[0]['peer']} while the "
+                                f"thread waited {ms(dur)} in {syscall or 'a network call'}")
+            path = [f"{syscall}()" if syscall else "network wait", f"TCP retransmission to {re_[0]['peer']}"]
+            facts["next_actions"] = [
+                f"Check the path to {re_[0]['peer']}: ss -ti dst {re_[0]['peer'].split(':')[0]} (retrans, rto), "
+                "interface errors (ip -s link), switch port counters",
+                "Look for packet loss or congestion on that link at the time (NIC ring drops: ethtool -S)",
+            ]
+        else:
+            facts["summary"] = f"waiting on the network in {syscall or 'a network call'} for {ms(dur)}"
+            path = [f"{syscall}()" if syscall else "network wait"]
+            facts["next_actions"] = ["Find the peer the thread waited for and its latency (ss -ti)"]
+    elif kind in ("nccl_straggler", "nccl_wait"):
+        w = cand.get("wait") or {}
+        facts.update(api=w.get("api"), rank=w.get("rank"), straggler_rank=w.get("straggler_rank"),
+                     straggler_pid=w.get("straggler_pid"), lateness_dur_ns=w.get("lateness_dur"),
+                     comm_hash=w.get("comm_hash"), seq=w.get("seq"))
+        if kind == "nccl_straggler":
+            facts["summary"] = (f"NCCL straggler: rank {w.get('straggler_rank')} (pid {w.get('straggler_pid')})"
+                                f" entered {w.get('api')} {ms(w.get('lateness_dur'))} after the first rank; rank "
+                                f"{w.get('rank')} waited {ms(w.get('wait_dur'))}")
+            path = [f"{w.get('api')} (collective {w.get('seq')})", f"waiting for rank {w.get('straggler_rank')}"]
+            facts["next_actions"] = [f"Explain rank {w.get('straggler_rank')}'s step: it is the one that was slow "
+                                     "(below, when its recording is in this database)",
+                                     "If one rank is always last, look at its host (CPU, disk, thermals)"]
+        else:
+            facts["summary"] = f"waiting in {w.get('api')} for {ms(dur)}"
+            path = [f"{w.get('api')}"]
+            facts["next_actions"] = ["Record the other ranks into the same database to see which one was late"]
+    elif kind in ("slow_cuda_call", "gpu_xid"):
+        c = cand.get("call") or {}
+        facts.update(api=c.get("api"), expected_dur_ns=c.get("expected_dur"), call_dur_ns=c.get("dur"))
+        if kind == "gpu_xid":
+            x = cand["xids"][0]
+            facts.update(device=x["device"], detail=x["detail"])
+            facts["summary"] = f"GPU error on {x['device']} ({x['detail']}) during {c.get('api')}"
+            facts["next_actions"] = [f"nvidia-smi -q -i {x['device']} and the driver's documentation of the Xid",
+                                     "Drain the node if the Xid is a hardware or bus error"]
+        else:
+            facts["summary"] = (f"slow {c.get('api')}: {ms(c.get('dur'))} against ~{ms(c.get('expected_dur'))}, "
+                                "on the CPU inside the library (driver or device wait)")
+            facts["next_actions"] = [f"Compare with the driver's own timing of {c.get('api')} (Nsight Systems) and "
+                                     "check GPU health (nvidia-smi -q) for that period"]
+        path = [f"{c.get('api')}", "on-CPU in the CUDA library"]
+    elif kind == "dirty_throttle":
+        facts["summary"] = f"dirty-page throttling: the thread was paused {ms(dur)} writing to {cand.get('bdi')}"
+        path = ["write()", "balance_dirty_pages pause"]
+        facts["next_actions"] = ["Write checkpoints with O_DIRECT or from another thread, or raise dirty_bytes"]
+    else:  # blocked
+        facts.update(reason=cand.get("reason"), syscall=syscall, waker=wait.get("waker_name"))
+        how = f"in {syscall}()" if syscall == cand.get("reason") else (
+            f"{cand.get('reason')}" + (f" in {syscall}()" if syscall else ""))
+        facts["summary"] = (f"blocked {how} for {ms(dur)}"
+                            + (f", woken by {wait.get('waker_name')} (pid {wait.get('waker_pid')})"
+                               if wait.get("waker_name") else ""))
+        path = [f"{syscall}()" if syscall else cand.get("reason")]
+        facts["next_actions"] = ["Find what the thread waited for: the waker above, or the lock or event at the "
+                                 "Python line"]
+    facts["kernel_path"] = path
+    return facts
+
+
+def _step_negatives(store: Store, sid: int, a: int, b: int, observed: set[str], primary_kind: str | None,
+                    rows: list[dict]) -> list[str]:
+    span = {"s": sid, "a": a, "b": b}
+
+    def none(sql: str) -> bool:
+        return not store.one(sql, span)["n"]
+
+    out = []
+    kmsg = "kmsg" in observed
+    if kmsg and primary_kind != "nvme_timeout" and none(
+            "SELECT count(*) AS n FROM nvme_event WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no NVMe timeout or reset")
+    if ("block" in observed or kmsg) and primary_kind != "io_error" and none(
+            "SELECT (SELECT count(*) FROM block_request WHERE session_id = :s AND ts >= :a AND ts < :b AND error != 0)"
+            " + (SELECT count(*) FROM block_error WHERE session_id = :s AND ts >= :a AND ts < :b) AS n"):
+        out.append("no block I/O errors")
+    if ("dma" in observed or kmsg) and primary_kind != "dma_bounce" and none(
+            "SELECT (SELECT count(*) FROM dma_event WHERE session_id = :s AND ts >= :a AND ts < :b"
+            " AND kind = 'swiotlb_bounce') + (SELECT count(*) FROM swiotlb_event WHERE session_id = :s"
+            " AND ts >= :a AND ts < :b) AS n"):
+        out.append("no SWIOTLB bounce detected")
+    if ("dma" in observed or kmsg) and primary_kind != "iommu_fault" and none(
+            "SELECT (SELECT count(*) FROM dma_event WHERE session_id = :s AND ts >= :a AND ts < :b"
+            " AND kind = 'iommu_fault') + (SELECT count(*) FROM iommu_fault WHERE session_id = :s"
+            " AND ts >= :a AND ts < :b) AS n"):
+        out.append("no IOMMU fault")
+    if kmsg and primary_kind != "pcie_aer" and none(
+            "SELECT count(*) AS n FROM aer_event WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no PCIe AER error")
+    if kmsg and primary_kind != "gpu_xid" and none(
+            "SELECT count(*) AS n FROM gpu_xid WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no GPU Xid")
+    if ("mm" in observed or kmsg) and none(
+            "SELECT (SELECT count(*) FROM oom_kill WHERE session_id = :s AND ts >= :a AND ts < :b)"
+            " + (SELECT count(*) FROM oom_victim WHERE session_id = :s AND ts >= :a AND ts < :b) AS n"):
+        out.append("no OOM kill")
+    if "mm" in observed and primary_kind != "memory_reclaim" and not any(r["cause"] == "reclaim" for r in rows):
+        out.append("no direct reclaim by the step's thread")
+    if "net" in observed and primary_kind != "tcp_retransmit" and none(
+            "SELECT count(*) AS n FROM tcp_retransmit WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no TCP retransmits")
+    if "sched" in observed and primary_kind != "cpu_contention" and rows:
+        wait = sum(r["dur_ns"] for r in rows if r["cause"] == "cpu_wait")
+        out.append(f"CPU wait normal ({ms(wait)} in the step)")
+    if "cuda" in observed and primary_kind not in ("slow_cuda_call", "gpu_xid") and not any(
+            r["cause"] == "cuda_call" for r in rows):
+        out.append("no CUDA call took more than twice its baseline")
+    if "nccl" in observed and primary_kind != "nccl_straggler" and not any(
+            r["cause"] == "nccl_wait" and "waiting for rank" in (r["detail"] or "") for r in rows):
+        out.append("no NCCL straggler")
+    return out
+
+
+def _gpu_during(store: Store, sid: int, a: int, b: int) -> dict | None:
+    during = store.one("SELECT avg(util_gpu) AS u, count(*) AS n FROM gpu_sample WHERE session_id = ?"
+                       " AND ts >= ? AND ts < ?", (sid, a, b))
+    if not during or not during["n"]:
+        return None
+    rows = store.query("SELECT util_gpu FROM gpu_sample WHERE session_id = ? AND util_gpu IS NOT NULL"
+                       " ORDER BY util_gpu", (sid,))
+    typical = rows[(len(rows) - 1) // 2]["util_gpu"] if rows else None
+    return {"util_gpu_pct": round(during["u"], 1), "samples": during["n"], "session_median_util_gpu_pct": typical}
+
+
+def analyse_step(store: Store, session: dict, step: dict) -> dict:
+    """Everything a report says about one step (stalled or not)."""
+    from store import causes
+
+    sid = session["id"]
+    off = session["wall_offset_ns"]
+    rows = causes.breakdown(store, step)
+    excess = max(step["excess_dur"] or 0, 0)
+    cands = causes.candidates(store, step, rows)
+    chosen = causes.primary(cands, excess) if step["slow"] else None
+    names = _thread_names(store, step)
+    primary_cause = None
+    if chosen is not None:
+        facts = _cause_facts(store, chosen, step)
+        at = causes.evidence_ts(chosen, step)
+        stack = causes.evidence_stack(chosen) or causes.nearest_stack(store, step["thread_id"], at, step["ts"])
+        site, frames = causes.python_site(store, stack)
+        request = chosen.get("request") or {}
+        facts.update(
+            python=site, python_stack=frames,
+            lineage=causes.lineage_at(store, sid, step["thread_id"], at, request.get("io_tag")),
+            share_of_stall=round(min(chosen["excess_dur_ns"] / max(excess, 1), 1.0), 3),
+            evidence={k: chosen[k].get(i) for k, i in (("request", "block_request_id"), ("wait", "offcpu_id"),
+                                                         ("call", "cuda_call_id")) if chosen.get(k)},
+            utc=utc(at + off),
+        )
+        if chosen["kind"] in ("nccl_straggler", "nccl_wait") and chosen.get("wait"):
+            facts["evidence"]["nccl_call_id"] = chosen["wait"].get("nccl_call_id")
+        primary_cause = facts
+    secondary = []
+    for c in cands:
+        if c is chosen or c["excess_dur_ns"] < 0.05 * max(excess, 1) or not step["slow"]:
+            continue
+        if chosen is not None and c["kind"] == "blocked":  # the sleep the primary cause is made of
+            continue
+        secondary.append(_cause_facts(store, c, step)["summary"])
+    used = {"oom_kill"} if chosen is not None and chosen["kind"] == "memory_reclaim" else set()
+    if chosen is not None and chosen["kind"] == "tcp_retransmit":
+        used.add("tcp_retransmit")
+    for e in store.query("SELECT kind, count(*) AS n, min(detail) AS detail FROM step_machine_event"
+                         " WHERE step_mark_id = ? GROUP BY kind", (step["step_mark_id"],)):
+        if e["kind"] in used or (primary_cause and EVENT_KIND_OF.get(e["kind"]) == primary_cause["kind"]):
+            continue
+        secondary.append(f"{e['n']} {e['kind'].replace('_', ' ')} event{'s' if e['n'] != 1 else ''} "
+                         f"during the step ({e['detail']})")
+    return {
+        "step": step["step"], "step_mark_id": step["step_mark_id"], "ts": step["ts"], "utc": utc(step["ts"] + off),
+        "dur_ns": step["dur"], "baseline_dur_ns": step["baseline_dur"], "baseline_steps": step["baseline_steps"],
+        "ratio": step["ratio"], "excess_dur_ns": step["excess_dur"], "slow": bool(step["slow"]),
+        "complete": bool(step["complete"]), "inferred": bool(step["inferred"]),
+        "thread": {"tid": names.get("tid"), "pid": names.get("pid"), "name": names.get("thread_name"),
+                   "process": names.get("process_name")},
+        "breakdown": rows, "primary_cause": primary_cause, "secondary": secondary,
+        "candidates": [c["kind"] for c in cands],
+    }
+
+
+EVENT_KIND_OF = {"iommu_fault": "iommu_fault", "dma_bounce": "dma_bounce", "swiotlb_full": "dma_bounce",
+                 "pcie_aer": "pcie_aer", "gpu_xid": "gpu_xid", "nvme_timeout": "nvme_timeout",
+                 "nvme_resetting": "nvme_timeout", "nvme_abort_status": "nvme_timeout"}
+
+
+def _choose(store: Store, session: dict, rows: list[dict]) -> tuple[dict, dict | None]:
+    """Among the processes' rows of one step number: the one whose wait another rank explains
+    (the collective's victim, with the straggler analysed too), else the most stalled."""
+    analyses = [analyse_step(store, session, r) for r in rows[:8]]
+    for a in analyses:
+        p = a["primary_cause"]
+        if p and p["kind"] == "nccl_straggler":
+            late = next((b for b in analyses if b["thread"]["pid"] == p.get("straggler_pid")), None)
+            return a, late
+    return analyses[0], None
+
+
+def explain_steps(store: Store, session: dict, state: str, start: int, end: int, step: int | None,
+                  worst: bool) -> dict:
+    sid = session["id"]
+    off = session["wall_offset_ns"]
+    if step is not None:
+        rows = _step_rows(store, sid, step)
+    else:
+        stalls = store.query("SELECT * FROM stall WHERE session_id = ? AND ts >= ? AND ts < ?"
+                             " ORDER BY excess_dur DESC", (sid, start, end))
+        if stalls:
+            rows = [r for r in stalls if r["step"] == stalls[0]["step"]]
+        else:
+            rows = []
+    caps = _capabilities_all(store, sid)
+    observed = set(caps["observed"])
+    lost = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
+    base = {
+        "mode": "step",
+        "session": {"id": sid, "state": state, "host": session["hostname"], "kernel": session["kernel_release"],
+                    "target": session["target"]},
+        "observed_layers": caps["observed"], "not_observed": caps["not_observed"],
+        "loss": {"dropped_events": sum(r["dropped"] for r in lost),
+                 "by_probe": {r["probe"]: r["dropped"] for r in lost}},
+    }
+    if not rows:
+        summary = store.one("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_baseline"
+                            " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
+        med = store.query("SELECT dur FROM step WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
+                          " ORDER BY dur", (sid, start, end))
+        typical = med[(len(med) - 1) // 2]["dur"] if med else None
+        return {**base,
+                "window": _window(start, end, off), "stall": False, "step": None,
+                "symptom": f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
+                           " (a stall is 1.5x the rolling median and 1 ms more)",
+                "primary_cause": None, "findings": [], "secondary": [], "other_stalls": [],
+                "negatives": _step_negatives(store, sid, start, end, observed, None, []),
+                "gpu": _gpu_during(store, sid, start, end), "next_actions": [], "straggler": None}
+    chosen, late = _choose(store, session, rows)
+    a, b = chosen["ts"], chosen["ts"] + chosen["dur_ns"]
+    p = chosen["primary_cause"]
+    gpu = _gpu_during(store, sid, a, b)
+    symptom = (f"step {chosen['step']} took {ms(chosen['dur_ns'])}, {chosen['ratio']}x its median of "
+               f"{ms(chosen['baseline_dur_ns'])} over {chosen['baseline_steps']} neighbouring steps"
+               if chosen["slow"] else
+               f"step {chosen['step']} took {ms(chosen['dur_ns'])}, within its median of "
+               f"{ms(chosen['baseline_dur_ns'])}: not a stall")
+    if not chosen["complete"]:
+        symptom += " (still running when the recording stopped)"
+    if gpu:
+        symptom += f"; GPU utilisation {gpu['util_gpu_pct']}% (session median {gpu['session_median_util_gpu_pct']}%)"
+    others = []
+    if step is None:
+        for r in store.query("SELECT step, thread_id, dur, baseline_dur, ratio FROM stall WHERE session_id = ?"
+                             " AND ts >= ? AND ts < ? AND step != ? ORDER BY excess_dur DESC LIMIT ?",
+                             (sid, start, end, chosen["step"], 0 if worst else OTHER_STALLS)):
+            others.append({"step": r["step"], "dur_ns": r["dur"], "baseline_dur_ns": r["baseline_dur"],
+                           "ratio": r["ratio"]})
+    straggler = None
+    if late is not None:
+        lp = late["primary_cause"]
+        straggler = {"rank": p.get("straggler_rank"), "pid": late["thread"]["pid"], "step": late["step"],
+                     "dur_ns": late["dur_ns"], "summary": lp["summary"] if lp else "no recorded wait explains it",
+                     "python": lp.get("python") if lp else None, "kernel_path": lp.get("kernel_path") if lp else []}
+    next_actions = list(p["next_actions"]) if p else (
+        ["Nothing recorded explains the step: profile the thread's own code at that time (py-spy dump, or "
+         "recorder explain --stack on its CUDA calls)"] if chosen["slow"] else [])
+    return {**base,
+            "window": _window(a, b, off), "stall": chosen["slow"],
+            "step": {k: chosen[k] for k in ("step", "step_mark_id", "utc", "dur_ns", "baseline_dur_ns",
+                                            "baseline_steps", "ratio", "excess_dur_ns", "complete", "inferred",
+                                            "thread")},
+            "symptom": symptom,
+            "primary_cause": p,
+            "breakdown": chosen["breakdown"],
+            "findings": [],
+            "secondary": chosen["secondary"],
+            "straggler": straggler,
+            "other_stalls": others,
+            "negatives": _step_negatives(store, sid, a, b, observed, p["kind"] if p else None, chosen["breakdown"]),
+            "gpu": gpu,
+            "next_actions": next_actions}
+
+
+def _window(a: int, b: int, off: int) -> dict:
+    return {"start_ts": a, "end_ts": b, "start_utc": utc(a + off), "end_utc": utc(b + off), "dur_ns": b - a}
+
+
+def _capabilities_all(store: Store, session_id: int) -> dict:
+    rows = store.query("SELECT layer, status FROM capability WHERE session_id = ?", (session_id,))
+    attached = {r["layer"] for r in rows if r["status"] == "attached"}
+    observed = [k for k in STEP_LAYERS if k in attached]
+    not_observed = []
+    for layer, label in STEP_LAYERS.items():
+        if layer in attached:
+            continue
+        reasons = store.query(
+            "SELECT DISTINCT status || ': ' || probe"
+            " || CASE WHEN detail != '' THEN ' (' || detail || ')' ELSE '' END AS why"
+            " FROM capability WHERE session_id = ? AND layer = ? LIMIT 3", (session_id, layer))
+        not_observed.append({"layer": layer, "what": label,
+                             "why": "; ".join(r["why"] for r in reasons) or "not recorded by this session"})
+    return {"observed": observed, "not_observed": not_observed}
+
+
+def render_step_text(report: dict, stack: bool = False) -> str:
+    w = report["window"]
+    s = report["session"]
+    lines = ["Stall report", f"Session: {s['id']} on {s['host']} ({s['state']}), target {s['target']}"]
+    st = report["step"]
+    where = ""
+    if st:
+        t = st["thread"]
+        where = (f"   step {st['step']} ({ms(st['dur_ns'])}, median {ms(st['baseline_dur_ns'])})"
+                 f"{' [inferred]' if st['inferred'] else ''}")
+        lines.append(f"Window: {w['start_utc']} -> {w['end_utc']}{where}")
+        lines.append(f"Thread: {t['name']} (tid {t['tid']}) of {t['process']} (pid {t['pid']})")
+    else:
+        lines.append(f"Window: {w['start_utc']} -> {w['end_utc']} ({w['dur_ns'] / NS:.1f} s)")
+    lines.append(f"Symptom: {report['symptom']}")
+    p = report["primary_cause"]
+    if p:
+        lines.append(f"Primary cause: {p['summary']}")
+        lineage = p.get("lineage")
+        if lineage:
+            lines.append(f"Workload lineage: tag {lineage['tag_hex']}  {lineage['label'] or '(no label)'}"
+                         + (f"  checkpoint {lineage['checkpoint']}" if lineage.get("checkpoint") else ""))
+        if p.get("python"):
+            lines.append(f"Python: {p['python']}")
+            if stack:
+                lines += [f"    {f}" for f in p.get("python_stack") or []]
+        if p.get("kernel_path"):
+            lines.append("Kernel path: " + " -> ".join(p["kernel_path"]))
+        lines.append(f"Share of the stall: {100 * p['share_of_stall']:.0f}% ({ms(p['excess_dur_ns'])} above the "
+                     "usual in the neighbouring steps)")
+    elif report["stall"]:
+        lines.append("Primary cause: none recorded: no wait of the thread explains the step (it ran on the CPU)")
+    else:
+        lines.append("Primary cause: none: no stall")
+    late = report.get("straggler")
+    if late:
+        lines.append(f"Why rank {late['rank']} (pid {late['pid']}) was late: {late['summary']}"
+                     + (f" at {late['python']}" if late.get("python") else ""))
+    if report.get("breakdown"):
+        parts = []
+        for r in report["breakdown"][:6]:
+            label = r["cause"] + (f" {r['detail']}" if r["detail"] else "")
+            parts.append(f"{label} {ms(r['dur_ns'])} (usually {ms(r['usual_dur_ns'])})")
+        lines.append("Breakdown: " + "; ".join(parts))
+    if report.get("secondary"):
+        lines.append("Secondary signals: " + "; ".join(report["secondary"]))
+    if report["negatives"]:
+        lines.append("Checked and clean: " + "; ".join(report["negatives"]))
+    lines.append("Observed: " + (", ".join(STEP_LAYERS[k] for k in report["observed_layers"]) or "nothing"))
+    for n in report["not_observed"]:
+        lines.append(f"Not observed: {n['what']} ({n['why']})")
+    loss = report["loss"]
+    lines.append("Data loss: " + ("none" if not loss["dropped_events"] else
+                                  f"{loss['dropped_events']} events dropped "
+                                  + ", ".join(f"{k}: {v}" for k, v in loss["by_probe"].items())))
+    if report.get("other_stalls"):
+        lines.append("Other stalled steps: " + ", ".join(
+            f"{o['step']} ({ms(o['dur_ns'])}, {o['ratio']}x)" for o in report["other_stalls"]))
     if report["next_actions"]:
         lines.append("Recommended next actions:")
         lines += [f"  {i}. {a}" for i, a in enumerate(report["next_actions"], 1)]

@@ -122,6 +122,7 @@ SELECT r.block_request_id, r.session_id, 'nvme_event' AS event_table, e.id AS ev
                                        || coalesce(', ' || e.action, '')
                    WHEN 'abort_status' THEN printf('abort status 0x%x', e.status)
                    WHEN 'controller_down' THEN printf('controller down, CSTS=0x%x', e.csts)
+                   WHEN 'resetting' THEN 'controller reset'
                    ELSE replace(e.kind, '_', ' ') END AS detail
 FROM block_request_device r
 JOIN nvme_event e ON e.session_id = r.session_id AND e.controller = r.controller
@@ -165,7 +166,8 @@ UNION ALL
 SELECT r.block_request_id, r.session_id, 'iommu_fault', e.id, e.ts, 'iommu_fault', e.device, 'device',
        coalesce(e.reason_text, e.event_type, e.kind)
 FROM block_request_device r
-JOIN iommu_fault e ON e.session_id = r.session_id AND e.device = r.pci_address
+JOIN iommu_fault e ON e.session_id = r.session_id
+                  AND e.device IN (r.pci_address, substr(r.pci_address, 6)) -- VT-d prints bus:dev.fn without the segment
                   AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
 UNION ALL
 SELECT r.block_request_id, r.session_id, 'aer_event', e.id, e.ts, 'pcie_aer', coalesce(e.source, e.device),

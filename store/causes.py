@@ -1,0 +1,245 @@
+"""Why a step was slow: the step's breakdown by cause against its neighbours, and the evidence.
+
+The numbers come from the views in store/views/0008_causes.sql (step_cause and the step_* link
+views); this module decides which cause made the step slow and gathers what a report says about
+it. A cause's share of a stall is its time in the step minus its median time in the neighbouring
+steps (the same 20 steps the step's baseline is taken over): 300 ms asleep in a synchronisation
+that every step has is not a cause, 3 s blocked on I/O that no other step has is.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from store.db import Store
+
+NEIGHBOURS = 10  # steps on each side, as in step_baseline
+SPECIFIC_SHARE = 0.5  # a more specific cause wins when it explains this share of the top excess
+EXPLAINED_SHARE = 0.2  # below this share of the stall, no recorded cause explains it
+
+# How specific each cause kind is: among causes of similar size, the deeper one is the root cause
+# (a futex sleep inside a collective is explained by the rank that was late, D state inside
+# reclaim by the reclaim, an I/O wait by the NVMe timeout that hit its request).
+SPECIFICITY = {
+    "nvme_timeout": 9, "io_error": 9, "iommu_fault": 9, "pcie_aer": 9, "gpu_xid": 9,
+    "dma_bounce": 8, "nccl_straggler": 7, "memory_reclaim": 7, "tcp_retransmit": 7, "dirty_throttle": 6,
+    "io_throttled": 5, "io_queued": 5, "slow_io": 5, "cpu_contention": 4, "slow_cuda_call": 4,
+    "nccl_wait": 3, "network_wait": 3, "blocked_io": 2, "blocked": 1,
+}
+EVENT_KIND = {  # device event kind (block_request_device_event.kind) -> cause kind
+    "nvme_timeout": "nvme_timeout", "nvme_abort_status": "nvme_timeout", "nvme_resetting": "nvme_timeout",
+    "nvme_controller_down": "nvme_timeout", "nvme_reset_failure": "nvme_timeout", "nvme_not_ready": "nvme_timeout",
+    "nvme_timeout_abort": "nvme_timeout", "nvme_timeout_reset": "nvme_timeout",
+    "nvme_timeout_disable": "nvme_timeout", "nvme_timeout_polled": "nvme_timeout",
+    "io_error": "io_error", "iommu_fault": "iommu_fault", "pcie_aer": "pcie_aer",
+    "dma_bounce": "dma_bounce", "swiotlb_full": "dma_bounce", "dma_map_slow": "dma_bounce",
+}
+IO_REASONS = ("io", "uninterruptible")
+
+
+def neighbour_ids(store: Store, step: dict) -> list[int]:
+    before = store.query("SELECT step_mark_id FROM step WHERE thread_id = ? AND ts < ? ORDER BY ts DESC LIMIT ?",
+                         (step["thread_id"], step["ts"], NEIGHBOURS))
+    after = store.query("SELECT step_mark_id FROM step WHERE thread_id = ? AND ts > ? AND complete"
+                        " ORDER BY ts LIMIT ?", (step["thread_id"], step["ts"], NEIGHBOURS))
+    return [r["step_mark_id"] for r in before + after]
+
+
+def breakdown(store: Store, step: dict) -> list[dict]:
+    """step_cause rows of the step, each with its median over the neighbours and its excess."""
+    others = neighbour_ids(store, step)
+    ids = [step["step_mark_id"], *others]
+    marks = ",".join("?" * len(ids))
+    rows = store.query(f"SELECT * FROM step_cause WHERE step_mark_id IN ({marks})", ids)
+    usual: dict[tuple, list[int]] = {}
+    for r in rows:
+        if r["step_mark_id"] != step["step_mark_id"]:
+            usual.setdefault((r["cause"], r["detail"]), []).append(r["dur"] or 0)
+    out = []
+    for r in rows:
+        if r["step_mark_id"] != step["step_mark_id"]:
+            continue
+        seen = usual.get((r["cause"], r["detail"]), [])
+        typical = median(seen + [0] * (len(others) - len(seen))) if others else 0
+        out.append({"cause": r["cause"], "detail": r["detail"], "dur_ns": r["dur"] or 0, "events": r["events"],
+                    "usual_dur_ns": int(typical), "excess_dur_ns": max(0, int((r["dur"] or 0) - typical))})
+    out.sort(key=lambda r: -r["dur_ns"])
+    return out
+
+
+# -- candidates -------------------------------------------------------------------------------------
+def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
+    sid = step["step_mark_id"]
+    events = store.query("SELECT * FROM step_device_event WHERE step_mark_id = ? ORDER BY ts", (sid,))
+    requests = store.query(
+        "SELECT * FROM step_block_request WHERE step_mark_id = ? ORDER BY overlap_dur DESC LIMIT 5", (sid,))
+    waits = store.query(
+        "SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason IN ('io', 'uninterruptible')"
+        " ORDER BY blocked_dur DESC LIMIT 1", (sid,))
+    cand = {"dur_ns": dur, "excess_dur_ns": excess, "events": events, "requests": requests,
+            "wait": waits[0] if waits else None}
+    kinds = [EVENT_KIND[e["kind"]] for e in events if e["kind"] in EVENT_KIND]
+    if kinds:
+        kind = max(kinds, key=lambda k: SPECIFICITY[k])
+        hit = [e for e in events if EVENT_KIND.get(e["kind"]) == kind]
+        request = next((r for r in requests if r["block_request_id"] == hit[0]["block_request_id"]), None)
+        if request is None:
+            request = store.one("SELECT * FROM step_block_request WHERE step_mark_id = ? AND block_request_id = ?",
+                                (sid, hit[0]["block_request_id"]))
+        cand.update(kind=kind, request=request, hit=hit)
+    elif requests:
+        worst = max(requests, key=lambda r: r["dur"])
+        if worst["submitter_kind"] == "target_deferred" and (worst["queued_dur"] or 0) > (worst["device_dur"] or 0):
+            kind = "io_throttled"
+        elif (worst["queued_dur"] or 0) > (worst["device_dur"] or 0):
+            kind = "io_queued"
+        else:
+            kind = "slow_io"
+        cand.update(kind=kind, request=worst, percentile=_percentile(store, step["session_id"], worst))
+    else:
+        cand.update(kind="blocked_io", request=None)
+    return cand
+
+
+def _percentile(store: Store, session_id: int, request: dict) -> dict:
+    """Where the request's latency falls among the session's requests of its device and op."""
+    span = {"s": session_id, "d": request["device"], "o": request["op"], "v": request["dur"]}
+    n = store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o",
+                  span)["n"]
+    below = store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o"
+                      " AND dur <= :v", span)["n"]
+    mid = store.one("SELECT dur FROM block_request WHERE session_id = :s AND device = :d AND op = :o"
+                    " ORDER BY dur LIMIT 1 OFFSET :h", {**span, "h": max(n - 1, 0) // 2})
+    return {"requests": n, "rank": below, "fraction": round(below / n, 5) if n else None,
+            "median_dur_ns": mid["dur"] if mid else None}
+
+
+def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
+    """One candidate cause per kind, with the excess it explains and its evidence rows."""
+    sid = step["step_mark_id"]
+    out: list[dict] = []
+    # D state inside direct reclaim is the reclaim's, not I/O's
+    reasons = ("io",) if any(r["cause"] == "reclaim" for r in rows) else IO_REASONS
+    io = [r for r in rows if r["cause"] == "blocked" and r["detail"] in reasons]
+    if io:
+        out.append(_io_candidate(store, step, sum(r["excess_dur_ns"] for r in io), sum(r["dur_ns"] for r in io)))
+    for r in rows:
+        cause, detail = r["cause"], r["detail"]
+        base = {"dur_ns": r["dur_ns"], "excess_dur_ns": r["excess_dur_ns"], "detail": detail}
+        if cause == "cpu_wait":
+            top = store.one(
+                "SELECT contender_pid, contender_name, contender_tid, group_concat(DISTINCT contended_cpu) AS cpus,"
+                " sum(reason = 'preempted') AS preemptions, sum(reason != 'preempted') AS delayed_wakeups,"
+                " min(ts) AS first_ts FROM step_offcpu WHERE step_mark_id = ? AND runq_dur > 0"
+                " AND coalesce(contender_name || ' (pid ' || coalesce(contender_pid, '?') || ')', 'unknown') = ?"
+                " GROUP BY contender_pid, contender_name", (sid, detail))
+            out.append({**base, "kind": "cpu_contention", "contender": top})
+        elif cause == "blocked" and detail == "net":
+            retrans = store.query(
+                "SELECT device AS peer, count(*) AS n, min(ts) AS first_ts, max(detail) AS connection"
+                " FROM step_machine_event WHERE step_mark_id = ? AND kind = 'tcp_retransmit'"
+                " GROUP BY device ORDER BY n DESC", (sid,))
+            wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = 'net'"
+                             " ORDER BY blocked_dur DESC LIMIT 1", (sid,))
+            out.append({**base, "kind": "tcp_retransmit" if retrans else "network_wait", "retransmits": retrans,
+                        "wait": wait})
+        elif cause == "blocked" and detail not in reasons:
+            wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = ?"
+                             " ORDER BY blocked_dur DESC LIMIT 1", (sid, detail))
+            out.append({**base, "kind": "blocked", "reason": detail, "wait": wait})
+        elif cause == "reclaim":
+            kills = store.query("SELECT * FROM step_machine_event WHERE step_mark_id = ? AND kind = 'oom_kill'"
+                                " ORDER BY ts", (sid,))
+            wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND python_stack_id IS NOT NULL"
+                             " AND ts >= (SELECT min(ts) FROM step_reclaim WHERE step_mark_id = ?)"
+                             " ORDER BY ts LIMIT 1", (sid, sid))
+            out.append({**base, "kind": "memory_reclaim", "scope": detail, "oom_kills": kills, "wait": wait})
+        elif cause == "dirty_throttle":
+            out.append({**base, "kind": "dirty_throttle", "bdi": detail})
+        elif cause == "cuda_call":
+            call = store.one("SELECT * FROM step_cuda_call WHERE step_mark_id = ? AND api = ?"
+                             " ORDER BY oncpu_excess_dur DESC LIMIT 1", (sid, detail))
+            xids = store.query("SELECT * FROM step_machine_event WHERE step_mark_id = ?"
+                               " AND kind IN ('gpu_xid') ORDER BY ts", (sid,))
+            out.append({**base, "kind": "gpu_xid" if xids else "slow_cuda_call", "call": call, "xids": xids})
+        elif cause == "nccl_wait":
+            straggling = " waiting for rank " in (detail or "")
+            wait = store.one(
+                "SELECT * FROM step_nccl_wait WHERE step_mark_id = ? ORDER BY wait_dur DESC LIMIT 1", (sid,))
+            out.append({**base, "kind": "nccl_straggler" if straggling else "nccl_wait", "wait": wait})
+    merged: dict[str, dict] = {}
+    for c in out:  # one candidate per kind: the largest (cpu_wait rows are per contender)
+        have = merged.get(c["kind"])
+        if have is None or c["excess_dur_ns"] > have["excess_dur_ns"]:
+            merged[c["kind"]] = c
+    return sorted(merged.values(), key=lambda c: -c["excess_dur_ns"])
+
+
+def primary(cands: list[dict], stall_excess: int) -> dict | None:
+    """The root cause: among candidates explaining at least half of the largest excess, the most
+    specific; None when nothing recorded explains a fifth of the stall."""
+    if not cands or cands[0]["excess_dur_ns"] < EXPLAINED_SHARE * max(stall_excess, 1):
+        return None
+    top = cands[0]["excess_dur_ns"]
+    close = [c for c in cands if c["excess_dur_ns"] >= SPECIFIC_SHARE * top]
+    return max(close, key=lambda c: (SPECIFICITY[c["kind"]], c["excess_dur_ns"]))
+
+
+# -- context of the evidence ------------------------------------------------------------------------
+def evidence_stack(cand: dict) -> int | None:
+    """The Python stack the evidence rows carry, if any."""
+    for key in ("request", "wait", "call"):
+        row = cand.get(key)
+        if row and row.get("python_stack_id"):
+            return row["python_stack_id"]
+    for row in cand.get("requests") or []:
+        if row.get("python_stack_id"):
+            return row["python_stack_id"]
+    return None
+
+
+def evidence_ts(cand: dict, step: dict) -> int:
+    for key in ("request", "wait", "call"):
+        row = cand.get(key)
+        if row and row.get("ts"):
+            return row["ts"]
+    contender = cand.get("contender")
+    if contender and contender.get("first_ts"):
+        return contender["first_ts"]
+    return step["ts"]
+
+
+def nearest_stack(store: Store, thread_id: int, ts: int, since: int) -> int | None:
+    """The Python stack of the thread's latest event with one at or before ts (within the step)."""
+    best = None
+    for table in ("cuda_call", "offcpu_interval", "block_request", "nccl_call"):
+        row = store.one(f"SELECT ts, python_stack_id FROM {table} WHERE thread_id = ? AND ts <= ? AND ts >= ?"
+                        " AND python_stack_id IS NOT NULL ORDER BY ts DESC LIMIT 1", (thread_id, ts, since))
+        if row and (best is None or row["ts"] > best["ts"]):
+            best = row
+    return best["python_stack_id"] if best else None
+
+
+def python_site(store: Store, stack_id: int | None) -> tuple[str | None, list[str]]:
+    if stack_id is None:
+        return None, []
+    site = store.one("SELECT text FROM python_call_site WHERE stack_id = ?", (stack_id,))
+    frames = [r["text"] for r in store.query("SELECT text FROM python_frame WHERE stack_id = ? ORDER BY depth",
+                                             (stack_id,))]
+    return (site["text"] if site else None), frames
+
+
+def lineage_at(store: Store, session_id: int, thread_id: int, ts: int, io_tag: int | None) -> dict | None:
+    """The lineage tag current on the thread at ts (or the request's own tag) with its label."""
+    tag = io_tag
+    if not tag:
+        row = store.one("SELECT tag FROM lineage_mark WHERE thread_id = ? AND ts <= ? ORDER BY ts DESC LIMIT 1",
+                        (thread_id, ts))
+        tag = row["tag"] if row else None
+    if not tag:
+        return None
+    label = store.one("SELECT label FROM lineage_label WHERE session_id = ? AND tag = ?", (session_id, tag))
+    ckpt = store.one("SELECT path, phase FROM checkpoint_mark WHERE thread_id = ? AND ts <= ? ORDER BY ts DESC LIMIT 1",
+                     (thread_id, ts))
+    return {"tag": tag, "tag_hex": f"0x{tag & (2**64 - 1):016x}", "label": label["label"] if label else None,
+            "checkpoint": ckpt["path"] if ckpt and ckpt["phase"] == 1 else None}
