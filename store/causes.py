@@ -123,17 +123,23 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
     io = [r for r in rows if r["cause"] == "blocked" and r["detail"] in reasons]
     if io:
         out.append(_io_candidate(store, step, sum(r["excess_dur_ns"] for r in io), sum(r["dur_ns"] for r in io)))
+    waits = [r for r in rows if r["cause"] == "cpu_wait"]
+    if waits:
+        # every task that held the CPU counts: three copies of a hog split the wait between them
+        contenders = store.query(
+            "SELECT contender_name, group_concat(DISTINCT contender_pid) AS pids, count(DISTINCT contender_pid) AS n,"
+            " min(contender_pid) AS contender_pid, group_concat(DISTINCT contended_cpu) AS cpus,"
+            " sum(reason = 'preempted') AS preemptions, sum(reason != 'preempted') AS delayed_wakeups,"
+            " sum(runq_dur) AS dur, min(ts) AS first_ts FROM step_offcpu WHERE step_mark_id = ? AND runq_dur > 0"
+            " AND contender_name IS NOT NULL GROUP BY contender_name ORDER BY dur DESC", (sid,))
+        out.append({"dur_ns": sum(r["dur_ns"] for r in waits), "excess_dur_ns": sum(r["excess_dur_ns"] for r in waits),
+                    "detail": None, "kind": "cpu_contention", "contender": contenders[0] if contenders else None,
+                    "contenders": contenders})
     for r in rows:
         cause, detail = r["cause"], r["detail"]
         base = {"dur_ns": r["dur_ns"], "excess_dur_ns": r["excess_dur_ns"], "detail": detail}
         if cause == "cpu_wait":
-            top = store.one(
-                "SELECT contender_pid, contender_name, contender_tid, group_concat(DISTINCT contended_cpu) AS cpus,"
-                " sum(reason = 'preempted') AS preemptions, sum(reason != 'preempted') AS delayed_wakeups,"
-                " min(ts) AS first_ts FROM step_offcpu WHERE step_mark_id = ? AND runq_dur > 0"
-                " AND coalesce(contender_name || ' (pid ' || coalesce(contender_pid, '?') || ')', 'unknown') = ?"
-                " GROUP BY contender_pid, contender_name", (sid, detail))
-            out.append({**base, "kind": "cpu_contention", "contender": top})
+            continue
         elif cause == "blocked" and detail == "net":
             retrans = store.query(
                 "SELECT device AS peer, count(*) AS n, min(ts) AS first_ts, max(detail) AS connection"

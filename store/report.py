@@ -285,22 +285,21 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
     calls = slow_calls(store, sid, start, end, limit)
     if worst and calls:
         start, end = calls[0]["ts"], calls[0]["ts"] + calls[0]["dur"]
-    totals = store.one(
-        "SELECT count(*) AS calls, coalesce(sum(dur), 0) AS dur FROM cuda_call"
-        " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
-    slow_total = store.one(
-        "SELECT count(*) AS n FROM slow_cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?",
-        (sid, start, end))["n"]
-    offcpu = store.query(
-        "SELECT reason, count(*) AS intervals, sum(dur) AS dur FROM offcpu"
-        " WHERE session_id = ? AND ts >= ? AND ts < ? GROUP BY reason ORDER BY dur DESC",
-        (sid, start, end))
     lost = store.query(
         "SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
     caps = _capabilities(store, sid)
     primary = calls[0] if calls else None
     cause = primary["cause"] if primary else None
-    findings = [{
+    findings = _call_findings(calls, off)
+    negatives = []
+    if "cuda" in caps["observed"] and not calls:
+        negatives.append("no CUDA call took more than twice its baseline")
+    return _call_report(store, session, state, sid, start, end, off, calls, primary, cause, findings, negatives,
+                        caps, lost)
+
+
+def _call_findings(calls: list[dict], off: int) -> list[dict]:
+    return [{
         "kind": "slow_cuda_call",
         "cuda_call_id": c["id"], "api": c["api"], "ts": c["ts"], "utc": utc(c["ts"] + off),
         "dur_ns": c["dur"], "expected_dur_ns": c["expected_dur"], "excess_dur_ns": c["excess_dur"],
@@ -318,15 +317,28 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
         "cause": c["cause"], "text": c["text"],
         "python": c["python"], "python_stack": c["python_stack"],
     } for c in calls]
-    negatives = []
-    if "cuda" in caps["observed"] and not calls:
-        negatives.append("no CUDA call took more than twice its baseline")
+
+
+def _call_report(store: Store, session: dict, state: str, sid: int, start: int, end: int, off: int,
+                 calls: list[dict], primary: dict | None, cause: dict | None, findings: list[dict],
+                 negatives: list[str], caps: dict, lost: list[dict]) -> dict:
+    totals = store.one(
+        "SELECT count(*) AS calls, coalesce(sum(dur), 0) AS dur FROM cuda_call"
+        " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
+    slow_total = store.one(
+        "SELECT count(*) AS n FROM slow_cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?",
+        (sid, start, end))["n"]
+    offcpu = store.query(
+        "SELECT reason, count(*) AS intervals, sum(dur) AS dur FROM offcpu"
+        " WHERE session_id = ? AND ts >= ? AND ts < ? GROUP BY reason ORDER BY dur DESC",
+        (sid, start, end))
     wait = store.one("SELECT coalesce(sum(runq_dur), 0) AS w FROM offcpu"
                      " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))["w"]
     if "sched" in caps["observed"] and wait < 0.05 * (end - start):
         negatives.append(f"traced threads waited only {ms(wait)} for a CPU in the window")
     negatives += _io_negatives(store, sid, start, end, caps["observed"])
     return {
+        "mode": "call",
         "session": {"id": sid, "state": state, "host": session["hostname"],
                     "kernel": session["kernel_release"], "target": session["target"]},
         "window": {"start_ts": start, "end_ts": end, "start_utc": utc(start + off),
@@ -589,14 +601,22 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
         path = io_path
     elif kind == "cpu_contention":
         top = cand.get("contender") or {}
+        everyone = cand.get("contenders") or []
         facts.update(contender_pid=top.get("contender_pid"), contender_name=top.get("contender_name"),
-                     cpus=top.get("cpus"), preemptions=top.get("preemptions"))
-        pre = top.get("preemptions") or 0
-        facts["summary"] = (f"CPU contention: the thread waited {ms(dur)} for the CPU behind "
-                            f"{top.get('contender_name')} (pid {top.get('contender_pid')}) on cpu {top.get('cpus')}"
-                            + (f", preempted {pre} times" if pre else ""))
-        path = [f"runnable on cpu {top.get('cpus')}", f"{top.get('contender_name')} (pid {top.get('contender_pid')})"
-                " ran instead"]
+                     cpus=top.get("cpus"), preemptions=sum(c["preemptions"] or 0 for c in everyone),
+                     contenders=[{"name": c["contender_name"], "pids": c["pids"], "cpus": c["cpus"],
+                                  "cpu_wait_dur_ns": c["dur"], "preemptions": c["preemptions"],
+                                  "delayed_wakeups": c["delayed_wakeups"]} for c in everyone])
+
+        def who(c: dict) -> str:
+            pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
+            return f"{c['contender_name']} ({pids}; {ms(c['dur'])})"
+
+        pre = facts["preemptions"]
+        named = ", then ".join(who(c) for c in everyone[:2]) or "tasks not recorded"
+        facts["summary"] = (f"CPU contention: the thread waited {ms(dur)} for the CPU, behind {named} "
+                            f"on cpu {top.get('cpus')}" + (f", preempted {pre} times" if pre else ""))
+        path = [f"runnable on cpu {top.get('cpus')}", f"{top.get('contender_name')} ran instead"]
         pid = top.get("contender_pid")
         names = _thread_names(store, step)
         facts["next_actions"] = [
@@ -727,8 +747,8 @@ def _step_negatives(store: Store, sid: int, a: int, b: int, observed: set[str], 
     if "sched" in observed and primary_kind != "cpu_contention" and rows:
         wait = sum(r["dur_ns"] for r in rows if r["cause"] == "cpu_wait")
         out.append(f"CPU wait normal ({ms(wait)} in the step)")
-    if "cuda" in observed and primary_kind not in ("slow_cuda_call", "gpu_xid") and not any(
-            r["cause"] == "cuda_call" for r in rows):
+    if "cuda" in observed and primary_kind not in ("slow_cuda_call", "gpu_xid") and none(
+            "SELECT count(*) AS n FROM slow_cuda_call WHERE session_id = :s AND ts >= :a AND ts < :b"):
         out.append("no CUDA call took more than twice its baseline")
     if "nccl" in observed and primary_kind != "nccl_straggler" and not any(
             r["cause"] == "nccl_wait" and "waiting for rank" in (r["detail"] or "") for r in rows):
@@ -895,7 +915,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
             "symptom": symptom,
             "primary_cause": p,
             "breakdown": chosen["breakdown"],
-            "findings": [],
+            "findings": _call_findings(slow_calls(store, sid, a, b), off),
             "secondary": chosen["secondary"],
             "straggler": straggler,
             "other_stalls": others,
@@ -969,6 +989,11 @@ def render_step_text(report: dict, stack: bool = False) -> str:
             label = r["cause"] + (f" {r['detail']}" if r["detail"] else "")
             parts.append(f"{label} {ms(r['dur_ns'])} (usually {ms(r['usual_dur_ns'])})")
         lines.append("Breakdown: " + "; ".join(parts))
+    if report.get("findings"):
+        lines.append(f"Slow CUDA calls in the step ({len(report['findings'])}):")
+        for f in report["findings"]:
+            lines.append(f"  {f['utc']}  {f['text']}")
+            lines += _python_lines(f, stack, "    ")
     if report.get("secondary"):
         lines.append("Secondary signals: " + "; ".join(report["secondary"]))
     if report["negatives"]:
