@@ -14,6 +14,14 @@
  * Keys are (whole-disk dev_t, absolute sector): block_bio_queue reports a partition's dev_t with
  * the sector already remapped, block_rq_* the disk's; `part_disk` (filled by user space from
  * /sys/class/block) maps a partition to its disk and start sector. Tracepoint fields only.
+ *
+ * The submitter's Python stack is captured at block_bio_queue in a target thread's context; one
+ * capture serves a whole syscall (an fsync's bios and its waits share it: pystack_key in
+ * bpf/pystack.h). A bio a kworker queues for a target's I/O intent takes the capture the target
+ * made in the syscall that recorded the intent (it queued a bio itself, or blocked waiting for the
+ * throttled one), so the intent itself costs no walk: file-system lookups record intents in most
+ * syscalls (open, getdents), and few of those ever reach a kworker. Kernel-thread I/O of no
+ * target's intent (writeback, journal) has none.
  */
 BPF_RINGBUF_OUTPUT(block_events, 256);
 
@@ -38,6 +46,7 @@ struct io_intent {
     u64 end;
     u64 ts;
     u64 cgroup_id;
+    u64 epoch;  /* entry time of the submitter's syscall (its Python stack capture, pystack_last) */
     u32 pid;
     u32 tid;
     char comm[16];
@@ -73,11 +82,11 @@ static __always_inline int is_kernel_writer(const char *c)
     return 0;
 }
 
-static __always_inline void intent(u32 fsdev, u64 sector, u64 sectors)
+static __always_inline int intent(u32 fsdev, u64 sector, u64 sectors)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32) || sectors == 0)
-        return;
+        return 0;
     u32 disk = disk_of(fsdev, &sector);
     struct io_intent it = {};
     it.start = sector;
@@ -86,10 +95,12 @@ static __always_inline void intent(u32 fsdev, u64 sector, u64 sectors)
     it.cgroup_id = bpf_get_current_cgroup_id();
     it.pid = id >> 32;
     it.tid = (u32)id;
+    it.epoch = syscall_epoch(it.tid);
     bpf_get_current_comm(it.comm, sizeof(it.comm));
     io_intent.update(&disk, &it);
     u8 one = 1;
     target_devs.update(&disk, &one);
+    return 0;
 }
 
 static __always_inline u32 fs_block_shift(u32 fsdev)
@@ -105,8 +116,7 @@ TRACEPOINT_PROBE(iomap, iomap_iter_dstmap)
     /* IOMAP_MAPPED = 2: only extents with disk blocks are I/O */
     if (args->type != 2)
         return 0;
-    intent(args->bdev, args->addr >> 9, args->length >> 9);
-    return 0;
+    return intent(args->bdev, args->addr >> 9, args->length >> 9);
 }
 #endif
 
@@ -117,8 +127,7 @@ TRACEPOINT_PROBE(ext4, ext4_ext_map_blocks_exit)
     if (args->ret <= 0)
         return 0;
     u32 shift = fs_block_shift(args->dev);
-    intent(args->dev, args->pblk << shift, (u64)args->len << shift);
-    return 0;
+    return intent(args->dev, args->pblk << shift, (u64)args->len << shift);
 }
 #endif
 
@@ -129,8 +138,7 @@ TRACEPOINT_PROBE(ext4, ext4_es_lookup_extent_exit)
     if (!args->found || args->pblk == 0)
         return 0;
     u32 shift = fs_block_shift(args->dev);
-    intent(args->dev, args->pblk << shift, (u64)args->len << shift);
-    return 0;
+    return intent(args->dev, args->pblk << shift, (u64)args->len << shift);
 }
 #endif
 
@@ -142,6 +150,7 @@ TRACEPOINT_PROBE(block, block_bio_queue)
     u32 flags = 0;
     struct block_event e = {};
     u64 now = bpf_ktime_get_ns();
+    int fresh = 0;
     if (is_target(tgid)) {
         u32 disk = disk_of(args->dev, &sector);
         u8 one = 1;
@@ -151,6 +160,7 @@ TRACEPOINT_PROBE(block, block_bio_queue)
         e.pid = tgid;
         e.tid = (u32)id;
         e.cgroup_id = bpf_get_current_cgroup_id();
+        e.stack_ts = pystack_key(syscall_epoch(e.tid), now, &fresh);
         bpf_get_current_comm(e.comm, sizeof(e.comm));
     } else {
         char comm[16];
@@ -168,6 +178,11 @@ TRACEPOINT_PROBE(block, block_bio_queue)
             e.pid = it->pid;
             e.tid = it->tid;
             e.cgroup_id = it->cgroup_id;
+            /* the submitter's capture in the intent's syscall, if it made one (see above) */
+            u32 sub = it->tid;
+            struct pystack_last *last = pystack_last.lookup(&sub);
+            if (it->epoch && last && last->epoch == it->epoch)
+                e.stack_ts = last->key;
             __builtin_memcpy(e.comm, it->comm, sizeof(e.comm));
             flags |= BLOCK_FLAG_INTENT;
         } else {
@@ -186,6 +201,8 @@ TRACEPOINT_PROBE(block, block_bio_queue)
     struct block_key k = {.sector = sector, .dev = e.dev};
     if (block_inflight.update(&k, &e))
         count_drop(PROBE_BLOCK_MAP);
+    if (fresh)
+        PYSTACK_CAPTURE_TP(args, now);
     return 0;
 }
 

@@ -11,6 +11,22 @@ BPF_HASH(targets, u32, u8, 16384);
 /* events lost per probe (index PROBE_*), read by user space every second into the loss table */
 BPF_PERCPU_ARRAY(drops, u64, PROBE_COUNT);
 
+/* the syscall each traced thread is in, filled by raw_syscalls in sched.bpf.c: off-CPU intervals
+ * name it, and its entry time tells the stack captures of one syscall apart (bpf/pystack.h) */
+struct syscall_t {
+    u64 ts;  /* entry */
+    s32 nr;
+    u32 pad;
+};
+BPF_TABLE("lru_hash", u32, struct syscall_t, in_syscall, 65536);
+
+/* entry time of the current thread's syscall, 0 outside one (or without the sched layer) */
+static __always_inline u64 syscall_epoch(u32 tid)
+{
+    struct syscall_t *sc = in_syscall.lookup(&tid);
+    return sc ? sc->ts : 0;
+}
+
 static __always_inline void count_drop(u32 probe)
 {
     u64 *v = drops.lookup(&probe);

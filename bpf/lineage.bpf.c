@@ -1,7 +1,9 @@
 /* lineage: the markers a training script calls (recorder.step, recorder.lineage,
  * recorder.checkpoint), read from the registers of the exported marker functions in
  * recorder/_markers*.so. One marker_event per call; user space turns them into step, lineage and
- * checkpoint intervals per thread, and joins every other event to them by thread and time.
+ * checkpoint intervals per thread, and joins every other event to them by thread and time. Each
+ * marker ends by capturing the Python stack (bpf/pystack.h), keyed by the marker's (ts, pid, tid):
+ * the script's line is its first frame below recorder/markers.py.
  */
 BPF_RINGBUF_OUTPUT(marker_events, 256);
 
@@ -16,7 +18,8 @@ static __always_inline int marker_send(struct pt_regs *ctx, u32 kind, u64 value,
         count_drop(PROBE_MARKER);
         return 0;
     }
-    e->ts = bpf_ktime_get_ns();
+    u64 ts = bpf_ktime_get_ns();
+    e->ts = ts;
     e->value = value;
     e->tag = tag;
     e->text_addr = text; /* the label or path stays alive in the process: read later, in full */
@@ -29,7 +32,7 @@ static __always_inline int marker_send(struct pt_regs *ctx, u32 kind, u64 value,
     if (text)
         bpf_probe_read_user_str(e->text, sizeof(e->text), (void *)text);
     marker_events.ringbuf_submit(e, 0);
-    return 0;
+    PYSTACK_CAPTURE(ctx, ts);
 }
 
 /* stall_recorder_step(u64 step) */

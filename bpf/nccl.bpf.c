@@ -5,7 +5,8 @@
  * record keyed by thread and API; the return program adds the return code and, for
  * ncclCommInitRank, the communicator handle the call wrote, and sends one nccl_event stamped with
  * the entry time. The communicator's identity across ranks is a hash of its ncclUniqueId, read at
- * init: every rank of one communicator gets the same comm_hash.
+ * init: every rank of one communicator gets the same comm_hash. The entry ends by capturing the
+ * Python stack (bpf/pystack.h), one pystacks record keyed by the same (entry ts, pid, tid).
  */
 struct nccl_inflight {
     u64 ts;
@@ -48,12 +49,12 @@ static __always_inline void nccl_hash_id(struct pt_regs *ctx, struct nccl_inflig
     e->comm_hash = h;
 }
 
-static __always_inline int nccl_save(struct nccl_inflight *e, u32 api)
+/* Not the last statement of an entry: the generated entry ends with PYSTACK_CAPTURE(ctx, e.ts). */
+static __always_inline void nccl_save(struct nccl_inflight *e, u32 api)
 {
     u64 key = (bpf_get_current_pid_tgid() << 32) | api;
     if (nccl_inflight.update(&key, e))
         count_drop(PROBE_NCCL_MAP);
-    return 0;
 }
 
 static __always_inline int nccl_end(struct pt_regs *ctx, u32 api)

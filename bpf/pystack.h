@@ -1,16 +1,22 @@
-/* pystack.h: capture the calling thread's CPython stack at a uprobe.
+/* pystack.h: capture the current thread's CPython stack at a uprobe or a tracepoint.
  *
- * Pasted as text (recorder.pyframes.bpf_source()) in front of a program that has uprobes: BCC
- * rewrites map syntax (map.lookup(), prog_array.call()) only in the main text, not in #included
- * files. A probe finishes its own work and ends
- * with PYSTACK_CAPTURE(ctx, ts): that stashes (ts, pid, tid) in per-CPU scratch and tail-calls the
- * walker, which never returns to the probe. The walker finds the thread's PyThreadState by matching
- * tstate->thread_id (pthread_self(), the fs base on x86-64) against the current task's fs base,
- * without looking at the GIL (ctypes and PyTorch release it before calling into CUDA), walks up to
- * PYSTACK_MAX_FRAMES frames and submits one pystack_event to the `pystacks` ring buffer, always:
- * status says why a record has no (or only part of a) stack. User space (recorder/pyframes.py)
- * fills pystack_procs per process, wires the walker into pystack_progs and resolves each frame's
- * (code, instr, checksum) to file, function and executing line.
+ * Pasted as text (recorder.pyframes.bpf_source()) in front of the probes that use it: BCC rewrites
+ * map syntax (map.lookup(), prog_array.call()) only in the main text, not in #included files. A
+ * probe finishes its own work and ends with PYSTACK_CAPTURE(ctx, ts) (uprobes) or
+ * PYSTACK_CAPTURE_TP(args, ts) (tracepoints that run in the thread's own context, where its user
+ * memory is readable: sched_switch for the task switching out, block_bio_queue in the submitter's).
+ * That stashes (ts, pid, tid) in per-CPU scratch and tail-calls the walker, which never returns to
+ * the probe. A program array holds programs of one type only, so the walker is loaded twice, as
+ * kprobe programs (pystack_progs, for uprobes) and as tracepoint programs (pystack_tp_progs): the
+ * same inline bodies, sharing every other map.
+ *
+ * The walker finds the thread's PyThreadState by matching tstate->thread_id (pthread_self(), the fs
+ * base on x86-64) against the current task's fs base, without looking at the GIL (ctypes and
+ * PyTorch release it before calling into CUDA), walks up to PYSTACK_MAX_FRAMES frames and submits
+ * one pystack_event to the `pystacks` ring buffer, always: status says why a record has no (or only
+ * part of a) stack. User space (recorder/pyframes.py) fills pystack_procs per process, wires the
+ * walker into the program arrays and resolves each frame's (code, instr, checksum) to file,
+ * function and executing line.
  *
  * Everything version-specific is data in pystack_procs; nothing here depends on kernel headers
  * (the task's fs base offset comes from the running kernel's BTF, in the same map value).
@@ -126,7 +132,17 @@ BPF_HASH(pystack_procs, u32, struct pystack_proc, 4096);
 BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
-BPF_PROG_ARRAY(pystack_progs, 3);
+BPF_PROG_ARRAY(pystack_progs, 3);    /* the walker as kprobe programs: uprobes tail-call these */
+BPF_PROG_ARRAY(pystack_tp_progs, 3); /* the same walker as tracepoint programs */
+
+/* Per thread: the key (capture ts) of its latest tracepoint capture and the syscall it was made in.
+ * Inside one syscall no Python code runs, so the stack cannot change: the events of a syscall (its
+ * I/O intent, the bios it queues, each time it blocks) share one capture. */
+struct pystack_last {
+    u64 epoch;  /* entry time of the syscall the capture was made in */
+    u64 key;    /* the capture's ts: pystack_event.ts of its record */
+};
+BPF_TABLE("lru_hash", u32, struct pystack_last, pystack_last, 16384);
 
 static __always_inline void pystack_count(u32 slot)
 {
@@ -162,7 +178,18 @@ static __always_inline struct pystack_scratch *pystack_own_scratch(void)
     return st;
 }
 
-static __always_inline int pystack_capture(struct pt_regs *ctx, u64 ts)
+/* Continue in walker program `slot` of the caller's flavour (tp: tracepoint, else kprobe); returns
+ * only when the tail call failed. `tp` is a constant after inlining, so each flavour references
+ * only its own program array (the kernel refuses a program array shared by two program types). */
+static __always_inline void pystack_next(void *ctx, int tp, u32 slot)
+{
+    if (tp)
+        pystack_tp_progs.call(ctx, slot);
+    else
+        pystack_progs.call(ctx, slot);
+}
+
+static __always_inline int pystack_capture(void *ctx, u64 ts, int tp)
 {
     u32 zero = 0;
     struct pystack_scratch *st = pystack_scratch.lookup(&zero);
@@ -175,14 +202,33 @@ static __always_inline int pystack_capture(struct pt_regs *ctx, u64 ts)
     st->ev.tid = (u32)id;
     st->ev.nframes = 0;
     st->ev.status = PYSTACK_OK;
-    pystack_progs.call(ctx, PYSTACK_PROG_FIND);
+    pystack_next(ctx, tp, PYSTACK_PROG_FIND);
     /* reached only when the tail call failed */
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
 }
 
-/* Ends the calling probe: nothing after it runs when the walker is installed. */
-#define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((struct pt_regs *)(ctx), (ts))
+/* End the calling probe: nothing after them runs when the walker is installed. */
+#define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((ctx), (ts), 0)
+#define PYSTACK_CAPTURE_TP(ctx, ts) return pystack_capture((ctx), (ts), 1)
+
+/* For a tracepoint event of the current thread at `now`: the key of the Python stack it gets. That
+ * is the capture already made in the same syscall (`epoch`: the syscall's entry time, 0 outside a
+ * syscall, e.g. in a page fault), or a new one at `now`: then *fresh is set and the caller must end
+ * with PYSTACK_CAPTURE_TP(ctx, now). */
+static __always_inline u64 pystack_key(u64 epoch, u64 now, int *fresh)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct pystack_last *last = pystack_last.lookup(&tid);
+    if (epoch && last && last->epoch == epoch && last->key) {
+        *fresh = 0;
+        return last->key;
+    }
+    struct pystack_last now_last = {.epoch = epoch, .key = now};
+    pystack_last.update(&tid, &now_last);
+    *fresh = 1;
+    return now;
+}
 
 static __always_inline u64 pystack_read_ptr(u64 addr, int *err)
 {
@@ -193,8 +239,8 @@ static __always_inline u64 pystack_read_ptr(u64 addr, int *err)
 }
 
 /* Read the thread's top frame into st->frame and continue with the walk. */
-static __always_inline int pystack_start_walk(struct pt_regs *ctx, struct pystack_scratch *st,
-                                              u64 tstate)
+static __always_inline int pystack_start_walk(void *ctx, struct pystack_scratch *st, u64 tstate,
+                                              int tp)
 {
     struct pystack_proc *c = &st->cfg;
     int err = 0;
@@ -206,13 +252,13 @@ static __always_inline int pystack_start_walk(struct pt_regs *ctx, struct pystac
         return 0;
     }
     st->frame = frame;
-    pystack_progs.call(ctx, PYSTACK_PROG_WALK);
+    pystack_next(ctx, tp, PYSTACK_PROG_WALK);
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
 }
 
 /* Slot PYSTACK_PROG_FIND: look up the recipe and the thread's cached PyThreadState. */
-int pystack_find(struct pt_regs *ctx)
+static __always_inline int pystack_find_body(void *ctx, int tp)
 {
     struct pystack_scratch *st = pystack_own_scratch();
     if (!st)
@@ -244,7 +290,7 @@ int pystack_find(struct pt_regs *ctx)
     u64 *cached = pystack_tstates.lookup(&tid);
     if (cached && *cached &&
         pystack_read_ptr(*cached + c->tstate_thread_id, &err) == fsbase && !err)
-        return pystack_start_walk(ctx, st, *cached);
+        return pystack_start_walk(ctx, st, *cached, tp);
 
     st->interp = pystack_read_ptr(c->runtime + c->runtime_interpreters_head, &err);
     st->interps = 0;
@@ -252,7 +298,7 @@ int pystack_find(struct pt_regs *ctx)
         pystack_submit(st, PYSTACK_READ_ERROR);
         return 0;
     }
-    pystack_progs.call(ctx, PYSTACK_PROG_SCAN);
+    pystack_next(ctx, tp, PYSTACK_PROG_SCAN);
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
 }
@@ -260,7 +306,7 @@ int pystack_find(struct pt_regs *ctx)
 /* Slot PYSTACK_PROG_SCAN: one interpreter's thread list per program (3.12+ can have several).
  * One loop per program keeps the verifier linear: a flat loop over (interpreter, thread) made it
  * explore every interleaving and give up at 1M instructions. */
-int pystack_scan(struct pt_regs *ctx)
+static __always_inline int pystack_scan_body(void *ctx, int tp)
 {
     struct pystack_scratch *st = pystack_own_scratch();
     if (!st)
@@ -282,7 +328,7 @@ int pystack_scan(struct pt_regs *ctx)
     if (found) {
         u32 tid = st->ev.tid;
         pystack_tstates.update(&tid, &found);
-        return pystack_start_walk(ctx, st, found);
+        return pystack_start_walk(ctx, st, found, tp);
     }
     if (err) {
         pystack_submit(st, PYSTACK_READ_ERROR);
@@ -293,13 +339,13 @@ int pystack_scan(struct pt_regs *ctx)
         pystack_submit(st, err ? PYSTACK_READ_ERROR : PYSTACK_NO_THREAD_STATE);
         return 0;
     }
-    pystack_progs.call(ctx, PYSTACK_PROG_SCAN);
+    pystack_next(ctx, tp, PYSTACK_PROG_SCAN);
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
 }
 
 /* Slot PYSTACK_PROG_WALK: up to PYSTACK_FRAMES_PER_PROG frames, then itself again or submit. */
-int pystack_walk(struct pt_regs *ctx)
+static __always_inline int pystack_walk_body(void *ctx, int tp)
 {
     struct pystack_scratch *st = pystack_own_scratch();
     if (!st)
@@ -363,11 +409,19 @@ int pystack_walk(struct pt_regs *ctx)
         frame = back;
     }
     st->frame = frame;
-    pystack_progs.call(ctx, PYSTACK_PROG_WALK);
+    pystack_next(ctx, tp, PYSTACK_PROG_WALK);
     /* out of tail calls (never at 64 frames) */
     pystack_submit(st, PYSTACK_TRUNCATED);
     return 0;
 }
+
+/* The walker programs, per flavour (recorder/pyframes.py PyStackProbe.install loads and wires them) */
+int pystack_find(struct pt_regs *ctx) { return pystack_find_body(ctx, 0); }
+int pystack_scan(struct pt_regs *ctx) { return pystack_scan_body(ctx, 0); }
+int pystack_walk(struct pt_regs *ctx) { return pystack_walk_body(ctx, 0); }
+int pystack_tp_find(void *ctx) { return pystack_find_body(ctx, 1); }
+int pystack_tp_scan(void *ctx) { return pystack_scan_body(ctx, 1); }
+int pystack_tp_walk(void *ctx) { return pystack_walk_body(ctx, 1); }
 
 #endif /* PYSTACK_LAYOUT_ONLY */
 #endif /* PYSTACK_H */

@@ -9,6 +9,12 @@
  * that CPU while it was runnable is named as the contender: the preemptor, or the task it waited
  * behind after waking up. raw_syscalls keep the syscall in progress per traced thread, so user
  * space can tell a futex wait from a read.
+ *
+ * When a traced thread switches out blocked (sleeping, D state: not preempted) the switch ends by
+ * capturing its Python stack (bpf/pystack.h; it is `current` here, so its user memory is readable):
+ * the line it waits at. Preemptions are not captured: under CPU contention they can be far more
+ * frequent, and the line a thread was preempted at is where it ran, not what it waited for. Blocking
+ * again inside the same syscall reuses that syscall's capture. sched_settings[0] = 0 turns it off.
  */
 #define TASK_DEAD_STATES 0x30 /* X (dead) and Z (zombie): the thread never comes back */
 
@@ -20,6 +26,7 @@ struct offcpu_open_t {
     u32 cpu;
     u32 next_tid;
     s32 syscall;
+    u64 stack_ts; /* key of its Python stack record, 0 when none was captured */
     char comm[16];
     char next_comm[16];
 };
@@ -49,8 +56,12 @@ struct cpu_runs_t {
 BPF_PERCPU_ARRAY(cpu_runs, struct cpu_runs_t, 1);
 BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
-BPF_TABLE("lru_hash", u32, s32, in_syscall, 65536);
 BPF_RINGBUF_OUTPUT(offcpu_events, 2048);
+/* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/probes.py) */
+BPF_ARRAY(sched_settings, u32, 1);
+
+/* prev_state as sched_switch reports it: 0 running (yield), 256 (TASK_REPORT_MAX) preempted */
+#define SWITCH_BLOCKED(state) ((state) & 0xff)
 
 TRACEPOINT_PROBE(sched, sched_switch)
 {
@@ -84,6 +95,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
             e->next_tid = open->next_tid;
             e->syscall = open->syscall;
             e->flags = 0;
+            e->stack_ts = open->stack_ts;
             e->in_cpu = bpf_get_smp_processor_id();
             e->contender_tid = 0;
             e->contender_run = 0;
@@ -142,12 +154,18 @@ TRACEPOINT_PROBE(sched, sched_switch)
     st.pid = tgid;
     st.cpu = bpf_get_smp_processor_id();
     st.next_tid = next;
-    s32 *sc = in_syscall.lookup(&prev);
-    st.syscall = sc ? *sc : -1;
+    struct syscall_t *sc = in_syscall.lookup(&prev);
+    st.syscall = sc ? sc->nr : -1;
     __builtin_memcpy(st.comm, args->prev_comm, 16);
     __builtin_memcpy(st.next_comm, args->next_comm, 16);
+    int fresh = 0;
+    u32 *stacks_on = sched_settings.lookup(&zero);
+    if (stacks_on && *stacks_on && SWITCH_BLOCKED(st.state))
+        st.stack_ts = pystack_key(sc ? sc->ts : 0, now, &fresh);
     if (offcpu_open.update(&prev, &st))
         count_drop(PROBE_SCHED_MAP);
+    if (fresh) /* even without the interval: later events of this syscall share the capture */
+        PYSTACK_CAPTURE_TP(args, now);
     return 0;
 }
 
@@ -171,8 +189,8 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter)
     if (!is_target(id >> 32))
         return 0;
     u32 tid = (u32)id;
-    s32 nr = (s32)args->id;
-    in_syscall.update(&tid, &nr);
+    struct syscall_t sc = {.ts = bpf_ktime_get_ns(), .nr = (s32)args->id};
+    in_syscall.update(&tid, &sc);
     return 0;
 }
 

@@ -82,6 +82,9 @@ OFFCPU = Layout(
         ("state", "s64"),  # sched_switch prev_state as the tracepoint reports it
         ("wakeup_ts", "u64"),  # when it was woken (became runnable again), 0 if never asleep
         ("contender_run", "u64"),  # ns the contender ran on in_cpu while this thread was runnable
+        # key (ts) of its Python stack record: the switch-out, or an earlier capture in the same
+        # syscall; 0: none (preempted, or captures turned off)
+        ("stack_ts", "u64"),
         ("pid", "u32"),
         ("tid", "u32"),
         ("cpu", "u32"),  # cpu it left
@@ -198,6 +201,7 @@ BLOCK = Layout(
         ("sector", "u64"),
         ("cgroup_id", "u64"),  # cgroup v2 id of the submitter
         ("io_tag", "u64"),  # lineage tag from block_ai_rq_complete, 0 without the patch series
+        ("stack_ts", "u64"),  # key (ts) of the submitter's Python stack record, 0: none (kernel thread)
         ("dev", "u32"),  # whole-disk dev_t, kernel encoding (major << 20 | minor)
         ("nr_bytes", "u32"),
         ("pid", "u32"),  # submitter

@@ -54,7 +54,7 @@ BLOCK_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "submitter_kind", "device", "dev_major", "dev_minor",
     "sector", "size_bytes", "op", "rwbs", "sync", "metadata", "fua", "readahead", "preflush",
     "bio_queue_ts", "insert_ts", "issue_ts", "complete_ts", "queued_dur", "device_dur", "error",
-    "requeues", "merges", "io_tag", "cgroup_id",
+    "requeues", "merges", "io_tag", "cgroup_id", "python_stack_id",
 )
 RECLAIM_COLUMNS = ("session_id", "ts", "dur", "thread_id", "kind", "alloc_order", "gfp_flags", "pages_reclaimed",
                    "cgroup_id")
@@ -162,8 +162,9 @@ def _ip(raw: bytes, family: int) -> str:
 class IoLayer:
     """Rows for the I/O layer's ring buffers; one per session."""
 
-    def __init__(self, writer: Writer, identity: Identity, session_id: int, probes) -> None:
+    def __init__(self, writer: Writer, identity: Identity, session_id: int, probes, stacks=None) -> None:
         self.writer = writer
+        self.stacks = stacks  # the session's StackRecorder: submitters' Python stacks (None: not joined)
         self.identity = identity
         self.session_id = session_id
         self.raw: dict[str, list[bytes]] = {kind: [] for kind in RINGS.values()}
@@ -217,11 +218,14 @@ class IoLayer:
     def flush(self) -> None:
         raw = self.raw
         sid = self.session_id
-        if raw["block"]:
+        if raw["block"] or (self.stacks and self.stacks.held("block")):
             rows = []
-            for rec in events.BLOCK.iter_unpack(b"".join(raw["block"])):
-                (ts, bio_ts, insert_ts, issue_ts, complete_ts, sector, cg, io_tag, dev, nbytes, pid, tid,
-                 error, requeues, merges, flags, rwbs, comm) = rec
+            records = events.BLOCK.iter_unpack(b"".join(raw["block"]))
+            joined = (self.stacks.join("block", records, _block_stack_key, shared=True) if self.stacks
+                      else ((rec, None) for rec in records))
+            for rec, py_stack in joined:
+                (ts, bio_ts, insert_ts, issue_ts, complete_ts, sector, cg, io_tag, stack_ts, dev, nbytes, pid,
+                 tid, error, requeues, merges, flags, rwbs, comm) = rec
                 if flags & C["BLOCK_FLAG_INTENT"]:
                     kind, traced = "target_deferred", True
                 elif flags & C["BLOCK_FLAG_KTHREAD"] and self._is_kthread(tid):
@@ -237,7 +241,7 @@ class IoLayer:
                     major, minor, sector, nbytes, op, rw, sync, meta, fua, ra, preflush, bio_ts,
                     insert_ts or None, issued, complete_ts, (issue_ts - ts) if issued else None,
                     (complete_ts - issue_ts) if issued else None, error, requeues, merges,
-                    io_tag if flags & C["BLOCK_FLAG_AI"] else None, cg))
+                    io_tag if flags & C["BLOCK_FLAG_AI"] else None, cg, py_stack))
             self.writer.extend("block_request", rows)
             self.events += len(rows)
             raw["block"].clear()
@@ -295,6 +299,14 @@ class IoLayer:
             major, minor = dev_numbers(dev)
             self.writer.add("checkpoint_write", (sid, ts, self._thread(tid, pid, b"", ts), major, minor, ino,
                                                  _text(name), pos, count, _signed(io_tag)))
+
+
+_STACK_TS, _PID, _TID = (events.BLOCK.names.index(n) for n in ("stack_ts", "pid", "tid"))
+
+
+def _block_stack_key(rec: tuple) -> tuple[int, int, int] | None:
+    """(stack_ts, pid, tid) of a block request's submitter stack record; None for kernel threads."""
+    return (rec[_STACK_TS], rec[_PID], rec[_TID]) if rec[_STACK_TS] else None
 
 
 def _signed(value: int) -> int:

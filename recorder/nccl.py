@@ -82,7 +82,8 @@ def bpf_programs() -> str:
             f"    struct nccl_inflight e = {{}};\n"
             f"    if (!nccl_begin(&e)) return 0;\n"
             f"    {ARG_LAYOUTS[api.layout]}\n"
-            f"    return nccl_save(&e, {i});\n"
+            f"    nccl_save(&e, {i});\n"
+            f"    PYSTACK_CAPTURE(ctx, e.ts);\n"
             f"}}\n"
             f"int nccl_return_{i}(struct pt_regs *ctx) {{ return nccl_end(ctx, {i}); }}\n"
         )

@@ -121,7 +121,7 @@ def check_privileges() -> None:
 class Probes:
     """The session's BPF object and everything attached to it."""
 
-    def __init__(self, target: TargetSpec, extra_source: str = "") -> None:
+    def __init__(self, target: TargetSpec, extra_source: str = "", offcpu_stacks: bool = True) -> None:
         check_privileges()
         if not ensure_tracefs():
             raise ProbeError("tracefs is not mounted and could not be: mount -t tracefs nodev /sys/kernel/tracing")
@@ -147,12 +147,16 @@ class Probes:
         for layer in self.layers:
             for tp in LAYER_SOURCES[layer][1] + getattr(self, "optional", {}).get(layer, ()):
                 self._cap(layer, tp, "attached")
-        # the CPython stack walker, tail-called by every CUDA entry (per-process status: recorder/stacks.py)
+        # the CPython stack walker, tail-called by every CUDA, NCCL and marker entry, and its
+        # tracepoint copy for blocking switches and block I/O (per-process status: recorder/stacks.py)
         self.pystack = PyStackProbe(self.bpf)
-        try:
-            self.pystack.install()
-        except Exception as e:  # every record then says "walker not installed"
-            self._cap("python", "cpython frames walker", "failed", str(e).splitlines()[0][:200])
+        for probe, install in (("cpython frames walker", self.pystack.install),
+                               ("cpython frames walker (tracepoints)", self.pystack.install_tracepoints)):
+            try:
+                install()
+            except Exception as e:  # every record then says "walker not installed"
+                self._cap("python", probe, "failed", str(e).splitlines()[0][:200])
+        self.set_offcpu_stacks(offcpu_stacks)
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
 
@@ -199,6 +203,11 @@ class Probes:
             self._cap(layer, tp, "absent", "not recorded by this version" if tracepoint_exists(tp)
                       else "tracepoint not in this kernel")
         return "\n".join(f"#define HAVE_TP_{tp.replace(':', '_')} 1" for tp in present)
+
+    def set_offcpu_stacks(self, on: bool) -> None:
+        """Capture (or not) the Python stack of a traced thread each time it blocks."""
+        if "sched" in self.layers:
+            self.bpf["sched_settings"][ctypes.c_int(0)] = ctypes.c_uint32(int(on))
 
     # -- targets ----------------------------------------------------------------------------------
     def add_pid(self, pid: int) -> None:

@@ -428,6 +428,8 @@ class PyStackProbe:
 
         bpf = BPF(text=bpf_source() + probes)   # probes end with PYSTACK_CAPTURE(ctx, ts)
         probe = PyStackProbe(bpf); probe.install(); probe.configure(pid)
+
+    Tracepoint probes end with PYSTACK_CAPTURE_TP(args, ts) and need install_tracepoints().
     """
 
     def __init__(self, bpf: Any) -> None:
@@ -436,13 +438,21 @@ class PyStackProbe:
         self.targets: dict[int, PythonTarget | Unsupported] = {}
 
     def install(self) -> None:
+        """Wire the walker for uprobes (PYSTACK_CAPTURE)."""
         from bcc import BPF  # deferred: importing bcc needs the distribution's package
 
-        progs = self.bpf.get_table("pystack_progs")
-        slots = ((PROG_FIND, "pystack_find"), (PROG_WALK, "pystack_walk"),
-                 (PROG_SCAN, "pystack_scan"))
-        for slot, name in slots:
-            fn = self.bpf.load_func(name, BPF.KPROBE)
+        self._install("pystack_progs", "pystack_", BPF.KPROBE)
+
+    def install_tracepoints(self) -> None:
+        """Wire the walker's tracepoint copy (PYSTACK_CAPTURE_TP: sched_switch, block_bio_queue)."""
+        from bcc import BPF
+
+        self._install("pystack_tp_progs", "pystack_tp_", BPF.TRACEPOINT)
+
+    def _install(self, table: str, prefix: str, prog_type: int) -> None:
+        progs = self.bpf.get_table(table)
+        for slot, name in ((PROG_FIND, "find"), (PROG_WALK, "walk"), (PROG_SCAN, "scan")):
+            fn = self.bpf.load_func(prefix + name, prog_type)
             progs[ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
 
     def _fsbase_offset(self) -> int:

@@ -25,7 +25,7 @@ from recorder.identity import Identity
 from recorder.iolayer import IoLayer, KernelLog
 from recorder.libraries import gpu_libraries, resolve
 from recorder.probes import Probes, TargetSpec, now_ns
-from recorder.stacks import DEFERRED, StackRecorder
+from recorder.stacks import StackRecorder
 from recorder.steps_infer import infer_steps
 from recorder.workload_layer import WorkloadLayer
 from recorder.workload_layer import library_kind as workload_library_kind
@@ -38,7 +38,7 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 OFFCPU_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "cpu", "state", "syscall", "next_thread_id",
     "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
-    "open",
+    "open", "python_stack_id",
 )
 CUDA_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "api_id", "ret", "size_bytes",
@@ -149,7 +149,7 @@ class Session:
         self.stacks = StackRecorder(self.store, self.writer, self.session_id, self.probes)
         for pid in self.target.pids:
             self.probes.add_pid(pid)
-        self.io = IoLayer(self.writer, self.identity, self.session_id, self.probes)
+        self.io = IoLayer(self.writer, self.identity, self.session_id, self.probes, self.stacks)
         self.kernel_log = KernelLog(self.store, self.writer, self.session_id, started)
         for probe, status, detail in self.kernel_log.capability:
             self.writer.add("capability", (self.session_id, "kmsg", probe, "", status, detail, now_ns()))
@@ -273,11 +273,14 @@ class Session:
         for rec in tasks:
             if rec[1] != events.CONSTANTS["TASK_EXIT"]:
                 self._task_event(*rec)
-        if raw_off:
+        self.stacks.add(self.raw["pystack"])  # before the events: each event's stack came before it
+        self.raw["pystack"].clear()
+        if raw_off or self.stacks.held("offcpu"):
             rows = []
             threads = ident.threads
-            for rec in events.OFFCPU.iter_unpack(b"".join(raw_off)):
-                (ts, dur, cg, state, wakeup_ts, contender_run, pid, tid, cpu, next_tid, waker_tid,
+            for rec, py_stack in self.stacks.join("offcpu", events.OFFCPU.iter_unpack(b"".join(raw_off)),
+                                                  _offcpu_stack_key, shared=True):
+                (ts, dur, cg, state, wakeup_ts, contender_run, stack_ts, pid, tid, cpu, next_tid, waker_tid,
                  waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,
                  contender_comm) = rec
                 th = threads.get(tid) or ident.thread(tid, pid, comm, ts)
@@ -286,12 +289,10 @@ class Session:
                 rival = ident.thread(contender, None, contender_comm, ts, False) if contender else None
                 rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
                              wk, waker_cpu if waker_tid else None, wakeup_ts or None, in_cpu,
-                             rival, contender_run if contender else None, cg, flags & 1))
+                             rival, contender_run if contender else None, cg, flags & 1, py_stack))
             raw_off.clear()
             self.writer.extend("offcpu_interval", rows)
-        self.stacks.add(self.raw["pystack"])  # before the calls: each call's stack came before it
-        self.raw["pystack"].clear()
-        if raw_cuda or self.stacks.deferred:
+        if raw_cuda or self.stacks.held("cuda"):
             self.writer.extend("cuda_call", self._cuda_rows(b"".join(raw_cuda)))
             raw_cuda.clear()
         self.workload.flush()  # before task events: an exit retires the thread's identity
@@ -310,12 +311,9 @@ class Session:
         ident = self.identity
         threads = ident.threads
         rows = []
-        for rec in self.stacks.with_deferred(events.CUDA.iter_unpack(joined)):
+        for rec, py_stack in self.stacks.join("cuda", events.CUDA.iter_unpack(joined), _cuda_stack_key):
             (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
              gx, gy, gz, bx, by, bz, shmem, flags, native_stack, _pad) = rec
-            py_stack = self.stacks.python_id(ts, pid, tid, rec)
-            if py_stack is DEFERRED:  # its stack record comes with the next poll
-                continue
             meaningful = _API_FIELDS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
             launch = "launch" in meaningful
@@ -411,7 +409,8 @@ class Session:
             self.writer.add("offcpu_interval", (
                 self.session_id, rec.ts, stop - rec.ts, th, rec.cpu, rec.state,
                 rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
-                None, rec.cgroup_id, 1))
+                None, rec.cgroup_id, 1,
+                self.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None))
         self.kernel_log.close()
         self.io.flush()
         self.writer.close()
@@ -446,6 +445,20 @@ def session_summary(store: Store, session_id: int) -> dict:
     return {"session_id": session_id, "status": s["status"], "duration_s": round(dur, 3),
             "rows": counts, "dropped": lost, "db": str(store.path),
             "db_bytes": _db_bytes(store.path)}
+
+
+_OFF_STACK, _OFF_PID, _OFF_TID = (events.OFFCPU.names.index(n) for n in ("stack_ts", "pid", "tid"))
+_CUDA_PID, _CUDA_TID = (events.CUDA.names.index(n) for n in ("pid", "tid"))
+
+
+def _offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
+    """(stack_ts, pid, tid) of an offcpu_event's Python stack record; None for a preemption."""
+    return (rec[_OFF_STACK], rec[_OFF_PID], rec[_OFF_TID]) if rec[_OFF_STACK] else None
+
+
+def _cuda_stack_key(rec: tuple) -> tuple[int, int, int]:
+    """A CUDA call's stack record is keyed by its entry (ts, pid, tid)."""
+    return rec[0], rec[_CUDA_PID], rec[_CUDA_TID]
 
 
 def _tgid_or(tid: int, default: int) -> int:

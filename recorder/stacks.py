@@ -1,10 +1,12 @@
-"""Stacks at traced calls: the Python stack (bpf/pystack.h) and the native user stack of each call,
+"""Stacks at traced events: the Python stack (bpf/pystack.h) and the native user stack of each call,
 resolved while the process lives and stored once per distinct stack.
 
-The CUDA entry probe ends with PYSTACK_CAPTURE(ctx, ts), which sends exactly one `pystacks` record
-per call, keyed by (entry ts, pid, tid), before the call's own cuda_event (sent at return, with the
-same ts). `StackRecorder.add()` resolves those records as they arrive and keeps the stack id under
-that key until the call's row takes it (`python_id()`). Native stacks are ids in the `user_stacks`
+The CUDA, NCCL and marker entry probes end with PYSTACK_CAPTURE(ctx, ts), which sends exactly one
+`pystacks` record per call, keyed by (entry ts, pid, tid), the call's own event carrying the same
+ts. sched_switch (a traced thread blocking) and the block layer (a target's bio or I/O intent) end
+with PYSTACK_CAPTURE_TP: their events carry the key of their stack record (`stack_ts`), which the
+events of one syscall share. `StackRecorder.add()` resolves the records as they arrive and keeps
+each stack id under its key until the event's row takes it (`join()`). Native stacks are ids in the `user_stacks`
 stack map; `native_id()` reads and symbolises them (pyelftools, symbols of the mapped ELF objects),
 cached per object and address. Both are interned: a million calls from one line cost one stack row.
 
@@ -18,10 +20,12 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +41,9 @@ from recorder.pyframes import (
 )
 
 CAPABILITY_PROBE = "cpython frames"
-DEFERRED = object()  # python_id(): the call's stack record has not been read yet; retry next flush
 PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's row (long syncs)
+RECENT_PER_THREAD = 16  # shared keys already taken, kept per thread for the syscall's other events
+Key = tuple[int, int, int]  # a stack record's (ts, pid, tid)
 _PYTHON_NAME = re.compile(r"python\d|libpython")
 # bpf_get_stackid() errors, as the loss table names them
 _STACKID_ERRORS = {-14: "native stack unreadable", -17: "native stack map collision",
@@ -231,11 +236,12 @@ class StackRecorder:
         self._raw: dict[tuple, int] = {}  # (pid, status, raw frames) -> stack id
         self._native_stacks: dict[str, int] = {}
         self._native_raw: dict[tuple[int, int], int] = {}  # (pid, stack map id) -> stack id
-        self._join: dict[tuple[int, int, int], int] = {}  # (ts, pid, tid) -> python stack id
-        # calls whose stack record was not read yet: the rings are read one after the other, so a
-        # call's own event can be read in the poll before its (earlier) stack record; held one flush
-        self.deferred: list[tuple] = []
-        self._retrying: set[tuple[int, int, int]] = set()
+        self._join: dict[Key, int] = {}  # (ts, pid, tid) -> python stack id, until an event takes it
+        # keys several events may name (one capture per syscall): (pid, tid) -> {ts: stack id}
+        self._recent: dict[tuple[int, int], dict[int, int]] = {}
+        # events whose stack record was not read yet, per kind: the rings are read one after the
+        # other, so an event can be read in the poll before its (earlier) stack record; held one flush
+        self._held: dict[str, list[tuple]] = {}
         self._final = False
         self.pending: set[int] = set()  # pids that may still turn out to be Python (libpython not mapped)
         self._reported: set[int] = set()  # pids whose capability row is written
@@ -294,6 +300,7 @@ class StackRecorder:
         self.natives.forget(pid)
         self.walker.targets.pop(pid, None)
         self._raw = {k: v for k, v in self._raw.items() if k[0] != pid}
+        self._recent = {k: v for k, v in self._recent.items() if k[0] != pid}
         self._native_raw = {k: v for k, v in self._native_raw.items() if k[0] != pid}
         self._reported.discard(pid)
 
@@ -370,23 +377,46 @@ class StackRecorder:
         self._next[table] += 1
         return self._next[table]
 
-    def with_deferred(self, records: Any) -> Any:
-        """The calls held back at the last flush, then `records` (unpacked cuda_events)."""
-        held, self.deferred = self.deferred, []
-        self._retrying = {(r[0], r[9], r[10]) for r in held}  # ts, pid, tid
-        yield from held
-        yield from records
+    def held(self, kind: str) -> bool:
+        """Whether events of `kind` are held back for their stack record (see join())."""
+        return bool(self._held.get(kind))
 
-    def python_id(self, ts: int, pid: int, tid: int, rec: tuple) -> int | None | object:
-        """The stack of the call entered at ts on (pid, tid); DEFERRED (and `rec` kept for the next
-        flush) when its record has not been read yet; None when it was lost, which the walker has
-        counted (ring buffer full, scratch clobbered)."""
-        key = (ts, pid, tid)
-        stack_id = self._join.pop(key, None)
-        if stack_id is not None or self._final or key in self._retrying:
+    def join(self, kind: str, records: Iterable[tuple], key: Callable[[tuple], Key | None],
+             shared: bool = False) -> Iterator[tuple[tuple, int | None]]:
+        """The events of `kind` held back at the last call, then `records`, each with its Python
+        stack id. `key(rec)` is the (ts, pid, tid) of the event's stack record, None when it has
+        none (e.g. a preemption). An event whose record has not been read yet is held back for the
+        next call, once; after that (or at the end of the session) its stack is None, which the
+        walker has counted as lost (ring buffer full, scratch clobbered). `shared`: several events
+        may name one key (the tracepoint captures, one per syscall)."""
+        held = self._held.pop(kind, [])
+        retrying = {key(r) for r in held}
+        again = []
+        for rec in itertools.chain(held, records):
+            k = key(rec)
+            if k is None:
+                yield rec, None
+                continue
+            stack_id = self.take(k, shared)
+            if stack_id is None and not self._final and k not in retrying:
+                again.append(rec)
+                continue
+            yield rec, stack_id
+        if again:
+            self._held[kind] = again
+
+    def take(self, k: Key, shared: bool = False) -> int | None:
+        """The stack id recorded under key k (None when not read, or lost)."""
+        stack_id = self._join.pop(k, None)
+        if not shared:
             return stack_id
-        self.deferred.append(rec)
-        return DEFERRED
+        recent = self._recent.setdefault((k[1], k[2]), {})
+        if stack_id is None:
+            return recent.get(k[0])
+        recent[k[0]] = stack_id
+        if len(recent) > RECENT_PER_THREAD:
+            del recent[next(iter(recent))]
+        return stack_id
 
     # -- native stacks ----------------------------------------------------------------------------
     def native_id(self, pid: int, map_id: int) -> int | None:

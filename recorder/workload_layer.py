@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 import bpf
 
 NCCL_CALL_COLUMNS = ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "count", "datatype", "op",
-                     "peer", "handle", "stream", "cgroup_id")
+                     "peer", "handle", "stream", "cgroup_id", "python_stack_id")
 NCCL_COMM_COLUMNS = ("session_id", "process_id", "handle", "comm_hash", "rank", "nranks", "init_ts")
 MARKER_SYMBOLS = {"stall_recorder_step": "marker_step", "stall_recorder_lineage": "marker_lineage",
                   "stall_recorder_checkpoint": "marker_checkpoint"}
@@ -67,10 +67,10 @@ class WorkloadLayer:
         w = s.writer
         w.table("nccl_call", NCCL_CALL_COLUMNS)
         w.table("nccl_comm", NCCL_COMM_COLUMNS)
-        w.table("step_mark", ("session_id", "ts", "thread_id", "step"))
-        w.table("lineage_mark", ("session_id", "ts", "thread_id", "tag"))
+        w.table("step_mark", ("session_id", "ts", "thread_id", "step", "python_stack_id"))
+        w.table("lineage_mark", ("session_id", "ts", "thread_id", "tag", "python_stack_id"))
         w.table("lineage_label", ("session_id", "tag", "label"))
-        w.table("checkpoint_mark", ("session_id", "ts", "thread_id", "phase", "tag", "path"))
+        w.table("checkpoint_mark", ("session_id", "ts", "thread_id", "phase", "tag", "path", "python_stack_id"))
 
     # -- attaching --------------------------------------------------------------------------------
     def scan(self, pid: int, found_by: str) -> None:
@@ -113,26 +113,29 @@ class WorkloadLayer:
         sid, ident, w = s.session_id, s.identity, s.writer
         for kind, records in self.raw.items():
             s.counters.events[kind] = s.counters.events.get(kind, 0) + len(records)
-        if self.raw["marker"]:
-            for (ts, value, tag, text_addr, text_len, pid, tid, kind, _pad, text) in events.MARKER.iter_unpack(
-                    b"".join(self.raw["marker"])):
+        stacks = s.stacks  # each marker and NCCL entry captured its Python stack under (ts, pid, tid)
+        if self.raw["marker"] or stacks.held("marker"):
+            records = events.MARKER.iter_unpack(b"".join(self.raw["marker"]))
+            for (ts, value, tag, text_addr, text_len, pid, tid, kind, _pad, text), py_stack in stacks.join(
+                    "marker", records, _marker_stack_key):
                 th = ident.thread(tid, pid, None, ts)
                 if kind == _STEP:
-                    w.add("step_mark", (sid, ts, th, signed64(value)))
+                    w.add("step_mark", (sid, ts, th, signed64(value), py_stack))
                 elif kind == _LINEAGE:
-                    w.add("lineage_mark", (sid, ts, th, signed64(tag)))
+                    w.add("lineage_mark", (sid, ts, th, signed64(tag), py_stack))
                     if tag and tag not in self.labels_seen:
                         self.labels_seen.add(tag)
                         label = _read_text(pid, text_addr, text_len, text)
                         w.add("lineage_label", (sid, signed64(tag), label))
                 elif kind == _CHECKPOINT:
                     path = _read_text(pid, text_addr, text_len, text)
-                    w.add("checkpoint_mark", (sid, ts, th, value, signed64(tag), path))
+                    w.add("checkpoint_mark", (sid, ts, th, value, signed64(tag), path, py_stack))
             self.raw["marker"].clear()
-        if self.raw["nccl"]:
+        if self.raw["nccl"] or stacks.held("nccl"):
             rows = []
+            records = events.NCCL.iter_unpack(b"".join(self.raw["nccl"]))
             for (ts, dur, cg, ret, count, comm, stream, comm_hash, pid, tid, api, datatype, op, peer, nranks,
-                 rank) in events.NCCL.iter_unpack(b"".join(self.raw["nccl"])):
+                 rank), py_stack in stacks.join("nccl", records, _nccl_stack_key):
                 th = ident.thread(tid, pid, None, ts)
                 kind = _KIND[api]
                 if kind == "init":
@@ -142,9 +145,17 @@ class WorkloadLayer:
                 data = kind in ("collective", "p2p")
                 rows.append((sid, ts, dur, th, api, ret, count if data else None, datatype if data else None,
                              op if data and op >= 0 else None, peer if peer >= 0 else None,
-                             comm or None, stream if data else None, cg))
+                             comm or None, stream if data else None, cg, py_stack))
             w.extend("nccl_call", rows)
             self.raw["nccl"].clear()
+
+
+def _marker_stack_key(rec: tuple) -> tuple[int, int, int]:
+    return rec[0], rec[5], rec[6]  # ts, pid, tid
+
+
+def _nccl_stack_key(rec: tuple) -> tuple[int, int, int]:
+    return rec[0], rec[8], rec[9]  # entry ts, pid, tid
 
 
 def _read_text(pid: int, addr: int, length: int, inline: bytes) -> str:

@@ -1,0 +1,110 @@
+"""The stall report of every demo scenario, pinned: text and JSON in tests/golden/.
+
+Each scenario is a synthetic recording written through the store (recorder/demo.py) and explained
+by the same views and code as a real one. A change to the wording, the numbers or the causal model
+shows as a diff here. After an intended change, rewrite the files with
+
+    STALL_RECORDER_UPDATE_GOLDEN=1 make test
+
+and review the diff. Independently of the pinned text, each scenario must name its injected
+cause, step, device and Python line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from recorder.demo import SCENARIOS, write_scenario
+from store.db import open_store
+from store.report import explain, render_text
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("STALL_RECORDER_UPDATE_GOLDEN") == "1"
+
+# scenario -> (device the cause names, Python line of the evidence)
+EXPECTED = {
+    "nvme-timeout-checkpoint": ("nvme0n1", "save_checkpoint() at train.py:212"),
+    "p999-read-latency": ("nvme0n1", "load_batch() at data.py:88"),
+    "cpu-contention": (None, "Block.forward() at model.py:57"),
+    "dma-bounce": ("nvme0n1", "load_batch() at data.py:88"),
+    "iommu-fault": ("nvme0n1", "load_batch() at data.py:88"),
+    "nccl-straggler": (None, "all_reduce_grads() at train.py:166"),
+    "oom-reclaim": (None, "collate() at data.py:120"),
+    "tcp-retransmit": (None, "fetch_shard() at data.py:64"),
+}
+
+
+def _report(name: str, tmp_path: Path) -> dict:
+    db = tmp_path / f"{name}.db"
+    sid = write_scenario(name, db)
+    with open_store(db, readonly=True) as store:
+        return explain(store, sid)
+
+
+def _pinned(path: Path, text: str) -> None:
+    if UPDATE or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        if not UPDATE:
+            pytest.fail(f"{path.name} did not exist and was written: review it and commit it")
+    assert text == path.read_text(), f"report changed: diff against {path} (see this file's docstring)"
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_report_is_pinned(name: str, tmp_path: Path) -> None:
+    report = _report(name, tmp_path)
+    _pinned(GOLDEN / f"{name}.txt", render_text(report) + "\n")
+    _pinned(GOLDEN / f"{name}.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("name", sorted(s for s in SCENARIOS if s != "healthy"))
+def test_the_injected_cause_is_primary(name: str, tmp_path: Path) -> None:
+    scenario = SCENARIOS[name]
+    report = _report(name, tmp_path)
+    assert report["stall"] is True
+    assert report["step"]["step"] == scenario.step
+    cause = report["primary_cause"]
+    assert cause["kind"] == scenario.cause, cause["summary"]
+    device, line = EXPECTED[name]
+    if device:
+        assert cause["device"] == device
+    assert cause["python"] == line
+    assert cause["share_of_stall"] >= 0.9
+    text = render_text(report)
+    assert f"Python: {line}" in text and "Recommended next actions:" in text
+
+
+def test_healthy_reports_no_stall(tmp_path: Path) -> None:
+    report = _report("healthy", tmp_path)
+    assert report["stall"] is False and report["primary_cause"] is None
+    assert report["symptom"].startswith("no step stalled: 60 steps")
+    assert "Primary cause: none: no stall" in render_text(report)
+
+
+def test_nvme_report_carries_queue_tag_lineage_and_path(tmp_path: Path) -> None:
+    cause = _report("nvme-timeout-checkpoint", tmp_path)["primary_cause"]
+    assert (cause["controller"], cause["queue"], cause["request_tag"]) == ("nvme0", 7, 4096)
+    assert cause["lineage"]["label"] == "checkpoint_write/run42/step80000/shard17"
+    assert cause["lineage"]["checkpoint"] == "/ckpt/run42/step80000/shard17.pt"
+    assert cause["kernel_path"][0] == "fsync()" and "NVMe timeout" in cause["kernel_path"]
+    assert "controller reset" in cause["kernel_path"]
+
+
+def test_straggler_report_explains_the_late_rank(tmp_path: Path) -> None:
+    report = _report("nccl-straggler", tmp_path)
+    assert report["step"]["thread"]["pid"] == 4100  # the rank that waited
+    assert report["primary_cause"]["straggler_rank"] == 1
+    late = report["straggler"]
+    assert late["pid"] == 4200 and late["summary"].startswith("slow read on nvme1n1")
+    assert late["python"] == "load_batch() at data.py:88"
+
+
+def test_explicit_negatives_name_the_clean_layers(tmp_path: Path) -> None:
+    report = _report("cpu-contention", tmp_path)
+    assert "no SWIOTLB bounce detected" in report["negatives"]
+    assert "no NVMe timeout or reset" in report["negatives"]
+    assert [n["layer"] for n in report["not_observed"]] == ["gpu"]
