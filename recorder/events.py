@@ -436,7 +436,7 @@ PROBE_NAMES.update({
 })
 
 
-# -- checkpoint integrity (bpf/checkpoint.bpf.c, recorder/checkpoint.py) ---------------------------
+# -- checkpoint integrity (bpf/checkpoint.bpf.c, recorder/checkpoints.py) ---------------------------
 CKPT_OPEN = Layout(
     "ckpt_open_event",
     (

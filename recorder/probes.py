@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bpf
-from recorder import cuda, events, iolayer, kheaders
+from recorder import checkpoints, cuda, events, iolayer, kheaders
 from recorder.errors import NotPrivileged, ProbeError
 from recorder.libraries import exported_functions, find_libc
 from recorder.pyframes import PyStackProbe, bpf_source
@@ -36,6 +36,8 @@ LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "cuda": ("cuda.bpf.c", ()),
 }
 LAYER_SOURCES.update(iolayer.LAYER_SOURCES)
+LAYER_SOURCES.update(checkpoints.LAYER_SOURCES)
+OPTIONAL_TRACEPOINTS = {**iolayer.OPTIONAL_TRACEPOINTS, **checkpoints.OPTIONAL_TRACEPOINTS}
 
 
 @dataclass(frozen=True)
@@ -194,9 +196,9 @@ class Probes:
         """#defines HAVE_TP_<system>_<event> for the layer's optional tracepoints this kernel has."""
         if not hasattr(self, "optional"):
             self.optional: dict[str, tuple[str, ...]] = {}
-        present = tuple(tp for tp in iolayer.OPTIONAL_TRACEPOINTS.get(layer, ()) if tracepoint_exists(tp))
+        present = tuple(tp for tp in OPTIONAL_TRACEPOINTS.get(layer, ()) if tracepoint_exists(tp))
         self.optional[layer] = present
-        for tp in iolayer.OPTIONAL_TRACEPOINTS.get(layer, ()):
+        for tp in OPTIONAL_TRACEPOINTS.get(layer, ()):
             if tp not in present:
                 self._cap(layer, tp, "absent", "tracepoint not in this kernel")
         for tp in iolayer.NOT_RECORDED.get(layer, ()):

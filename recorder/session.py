@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recorder import cuda, events
+from recorder.checkpoints import CheckpointLayer
 from recorder.errors import TargetError, UserError
 from recorder.identity import Identity
 from recorder.iolayer import IoLayer, KernelLog
@@ -150,6 +151,7 @@ class Session:
         for pid in self.target.pids:
             self.probes.add_pid(pid)
         self.io = IoLayer(self.writer, self.identity, self.session_id, self.probes, self.stacks)
+        self.checkpoints = CheckpointLayer(self)
         self.kernel_log = KernelLog(self.store, self.writer, self.session_id, started)
         for probe, status, detail in self.kernel_log.capability:
             self.writer.add("capability", (self.session_id, "kmsg", probe, "", status, detail, now_ns()))
@@ -170,6 +172,7 @@ class Session:
             "task_events": self.raw["task"].append,
             **self.io.sinks(),
             **self.workload.sinks(),
+            **self.checkpoints.sinks(),
         })
         for pid in self.target.pids:
             self._scan_process(pid, "maps", started)
@@ -296,6 +299,7 @@ class Session:
             self.writer.extend("cuda_call", self._cuda_rows(b"".join(raw_cuda)))
             raw_cuda.clear()
         self.workload.flush()  # before task events: an exit retires the thread's identity
+        self.checkpoints.flush()
         for rec in tasks:
             if rec[1] == events.CONSTANTS["TASK_EXIT"]:
                 self._task_event(*rec)
@@ -351,6 +355,7 @@ class Session:
             if tid == pid:
                 self.known_pids.discard(pid)
                 self.stacks.exited(pid)
+                self.checkpoints.process_exited(pid, ts)
         elif kind == c["TASK_DLOPEN"]:
             self.stacks.retry_pending()  # a shared-build Python maps libpython after its exec
             for path, lib_kind in gpu_libraries(pid):
@@ -413,6 +418,7 @@ class Session:
                 self.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None))
         self.kernel_log.close()
         self.io.flush()
+        self.checkpoints.finish()  # waits for the last hashes (bounded)
         self.writer.close()
         self.probes.cleanup()
         self.store.conn.execute(
