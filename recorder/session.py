@@ -300,10 +300,10 @@ class Session:
             raw_cuda.clear()
         self.workload.flush()  # before task events: an exit retires the thread's identity
         self.checkpoints.flush()
+        self.io.flush()  # also before: a thread's block requests complete before it exits
         for rec in tasks:
             if rec[1] == events.CONSTANTS["TASK_EXIT"]:
                 self._task_event(*rec)
-        self.io.flush()
         self.kernel_log.poll()
         self._store_capabilities()
         if ident.exited:
