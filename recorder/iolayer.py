@@ -241,7 +241,7 @@ class IoLayer:
                     major, minor, sector, nbytes, op, rw, sync, meta, fua, ra, preflush, bio_ts,
                     insert_ts or None, issued, complete_ts, (issue_ts - ts) if issued else None,
                     (complete_ts - issue_ts) if issued else None, error, requeues, merges,
-                    io_tag if flags & C["BLOCK_FLAG_AI"] else None, cg, py_stack))
+                    _signed(io_tag) if flags & C["BLOCK_FLAG_AI"] else None, cg, py_stack))
             self.writer.extend("block_request", rows)
             self.events += len(rows)
             raw["block"].clear()

@@ -6,11 +6,17 @@ recording are in tests/test_lineage_bpf.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from store.db import open_store
+import recorder
+from recorder import events
+from recorder.identity import Identity
+from recorder.iolayer import IoLayer
+from recorder.workload_layer import signed64
+from store.db import Writer, open_store
 
 LABELS = {11: "checkpoint_write/run42/step7/shard3", 22: "eval/run42", -5: "\\xff not utf-8"}
 
@@ -105,3 +111,29 @@ def test_markers_are_found_through_indexes(store, view, event_id):
     # database of one API each, the API names
     scans = [p for p in plan if p.startswith("SCAN")]
     assert all(p.startswith(("SCAN m USING COVERING INDEX step_mark", "SCAN a ")) for p in scans), plan
+
+
+def test_io_tag_from_the_kernel_is_stored_signed_and_finds_its_label(tmp_path):
+    """A request completed through the patch series' block_ai_rq_complete carries the 64-bit tag the
+    task set: stored like the markers' tags (two's complement), so half of all tags neither
+    overflow SQLite's integer nor miss their label."""
+    label = next(f"shard{i}" for i in range(100) if recorder.tag_of(f"shard{i}") >= 1 << 63)
+    tag = recorder.tag_of(label)
+    s = open_store(tmp_path / "io.db", create=True)
+    sid = s.db["session"].insert({
+        "started_ts": 0, "stopped_ts": 10_000, "wall_offset_ns": 0, "status": "complete", "recorder_pid": 1,
+        "hostname": "h", "kernel_release": "k", "boot_id": "b", "cpu_count": 2, "target": "synthetic",
+        "command": "test", "tool_version": "test"}).last_pk
+    s.conn.execute("INSERT INTO lineage_label (session_id, tag, label) VALUES (?, ?, ?)", (sid, signed64(tag), label))
+    writer = Writer(s)
+    io = IoLayer(writer, Identity(s, writer, sid), sid, probes=None)
+    record = {name: b"" if ctype.startswith("char") else 0 for name, ctype in events.BLOCK.fields}
+    record.update(ts=1000, bio_queue_ts=1000, issue_ts=1100, complete_ts=1500, io_tag=tag, dev=(7 << 20) | 99,
+                  nr_bytes=4096, pid=os.getpid(), tid=os.getpid(), flags=events.CONSTANTS["BLOCK_FLAG_AI"],
+                  rwbs=b"W", comm=b"python")
+    io.sinks()["block_events"](events.BLOCK._struct.pack(*record.values()))
+    io.flush()
+    writer.close()
+    row = s.one("SELECT tag, tag_source, label FROM block_request_lineage")
+    assert row == {"tag": signed64(tag), "tag_source": "io_tag", "label": label}
+    s.close()
