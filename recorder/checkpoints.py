@@ -309,6 +309,7 @@ class CheckpointFile:
     opted_by: str
     scope: Scope | None
     ino: int | None
+    modifies: CheckpointFile | None = None  # opted_by 'rewrite': the completed checkpoint it modifies
     open_fds: int = 0
     last_close_ts: int = 0
     complete: bool = False
@@ -356,7 +357,8 @@ class CheckpointLayer:
         self.by_current: dict[str, CheckpointFile] = {}  # latest checkpoint file at each path
         self.scopes: dict[int, list[Scope]] = {}  # tid -> open scopes, innermost last
         self.settling: set[int] = set()  # file ids closed outside a scope, waiting SETTLE_NS
-        self.backlog: deque[HashJob] = deque()
+        self.backlog: deque[tuple[int, str]] = deque()  # (file id, trigger) waiting for the hasher
+        self.unlooked: list[tuple[CheckpointFile, tuple]] = []  # new files: stat at the end of the batch
         self.exits_seen: list[int] = []  # pids, handled one flush later (their last events may lag)
         self.exits_due: list[int] = []
         self.cwd: dict[int, str] = {}
@@ -417,6 +419,7 @@ class CheckpointLayer:
             elif layout is events.CKPT_SCOPE:
                 self._scope(*layout.unpack(chunk))
         self._classify()
+        self._look()
         due, self.exits_due, self.exits_seen = self.exits_due, self.exits_seen, []
         for pid in due:
             self._writer_gone(pid)
@@ -618,28 +621,37 @@ class CheckpointLayer:
 
     def _new_file(self, o: OpenFile, opted_by: str, scope: Scope | None,
                   modifies: CheckpointFile | None) -> CheckpointFile:
-        st = None
-        for candidate in ([] if o.closed else [f"/proc/{o.pid}/fd/{o.fd}"]) + [o.path]:
-            try:
-                st = os.stat(candidate)
-                break
-            except OSError:
-                continue
-        f = CheckpointFile(self._next_id, o.pid, o.path, o.path, opted_by, scope, st.st_ino if st else None)
+        f = CheckpointFile(self._next_id, o.pid, o.path, o.path, opted_by, scope, None, modifies)
         self._next_id += 1
         self.files[f.id] = f
         if opted_by != "rewrite":
             self.by_current[o.path] = f
         if scope is not None:
             scope.files.append(f)
-        self.writer.add("checkpoint_file", (
+        self.unlooked.append((f, (
             f.id, self.sid, o.ts, o.dur, self._thread(o.tid, o.pid, o.ts), db_text(o.path), opted_by,
             db_text(scope.path) if scope else None, scope.ts if scope else None,
-            self._thread(scope.tid, scope.pid, scope.ts) if scope else None, scope.end_ts if scope else None,
-            _signed(scope.tag) if scope and scope.tag else None,
-            os.major(st.st_dev) if st else None, os.minor(st.st_dev) if st else None, f.ino,
-            modifies.id if modifies else None))
+            self._thread(scope.tid, scope.pid, scope.ts) if scope else None)))
         return f
+
+    def _look(self) -> None:
+        """The rows of this batch's new files, with the inode at their path now: after the batch's
+        renames, and never through /proc/PID/fd (the descriptor may be closed and reused by now)."""
+        for f, head in self.unlooked:
+            st = None
+            if f.current is not None:
+                try:
+                    st = os.stat(f.current)
+                except OSError:
+                    pass
+            f.ino = st.st_ino if st else None
+            scope = f.scope
+            modifies = f.modifies
+            self.writer.add("checkpoint_file", (
+                *head, scope.end_ts if scope else None, _signed(scope.tag) if scope and scope.tag else None,
+                os.major(st.st_dev) if st else None, os.minor(st.st_dev) if st else None, f.ino,
+                modifies.id if modifies else None))
+        self.unlooked.clear()
 
     # -- completion and hashing ----------------------------------------------------------------------
     def _closed(self, f: CheckpointFile, ts: int) -> None:
@@ -661,7 +673,7 @@ class CheckpointLayer:
         self.settling.discard(f.id)
         if f.opted_by == "rewrite":
             return  # a modification of a checkpoint: its writes are the evidence, not its content
-        self.backlog.append(HashJob(f.id, f.current, f.ino, trigger))
+        self.backlog.append((f.id, trigger))
 
     def _settle(self, now: int, force: bool = False) -> None:
         for file_id in list(self.settling):
@@ -697,7 +709,11 @@ class CheckpointLayer:
             pass
 
     def _hand_over(self) -> None:
-        while self.backlog and self.hasher is not None and self.hasher.offer(self.backlog[0]):
+        while self.backlog and self.hasher is not None:
+            file_id, trigger = self.backlog[0]
+            f = self.files[file_id]  # its path and inode as known now, after the renames seen
+            if not self.hasher.offer(HashJob(f.id, f.current, f.ino, trigger)):
+                break
             self.backlog.popleft()
 
     def _collect(self) -> None:
@@ -710,7 +726,7 @@ class CheckpointLayer:
                 break
             f = self.files[job.file_id]
             if v.state == "missing" and f.current is not None and f.current != job.path:
-                self.backlog.appendleft(HashJob(f.id, f.current, f.ino, job.trigger))  # renamed meanwhile
+                self.backlog.appendleft((f.id, job.trigger))  # renamed meanwhile: hash it at its new path
                 continue
             if v.state == "hashed":
                 f.hashed = v
@@ -740,9 +756,9 @@ class CheckpointLayer:
             time.sleep(0.02)
         self.hasher.stop(timeout_s=5.0)
         self._collect()
-        for job in self.backlog:
-            self._verify_row(job.file_id, job.trigger, Verification(
-                now_ns(), 0, "sha256", job.path, "not_hashed",
+        for file_id, trigger in self.backlog:
+            self._verify_row(file_id, trigger, Verification(
+                now_ns(), 0, "sha256", self.files[file_id].current, "not_hashed",
                 detail=f"the session stopped before it was hashed ({STOP_HASH_DEADLINE_S:.0f} s allowed)"))
         self.backlog.clear()
         for f in self.files.values():
