@@ -51,3 +51,16 @@ def test_two_ranks_straggler_and_steps(tmp_path, native):
     # the wait rank 0 reports itself agrees with the recording within 15 ms
     for step, wait in waits:
         assert abs(wait / 1e9 - ranks[0]["step_s"][step]) < 0.015
+    # the report of step 10 names the straggler as the cause of rank 0's wait, and why rank 1 was
+    # late: it slept before the collective (the script's stand-in for a slow data loader)
+    report = json.loads(run_recorder("explain", "--db", str(db), "--step", "10", "--json", check=True).stdout)
+    assert report["stall"] is True
+    cause = report["primary_cause"]
+    assert cause["kind"] == "nccl_straggler", cause["summary"]
+    assert cause["straggler_rank"] == 1 and cause["straggler_pid"] == ranks[1]["pid"]
+    assert report["step"]["thread"]["pid"] == ranks[0]["pid"]
+    late = report["straggler"]
+    assert late["pid"] == ranks[1]["pid"] and late["summary"].startswith("blocked"), late
+    assert "sleep" in late["summary"]
+    text = run_recorder("explain", "--db", str(db), "--step", "10", check=True).stdout
+    assert "Primary cause: NCCL straggler: rank 1" in text and f"Why rank 1 (pid {ranks[1]['pid']}) was late" in text

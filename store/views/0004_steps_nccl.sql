@@ -6,7 +6,8 @@
 -- view: step
 -- One row per step of a marking thread: from its recorder.step(n) call to its next step call. The
 -- last step of a thread ends when the thread (or its process) exited, else at the session stop; it
--- is flagged complete = 0, and may be a step still stalled when the recording stopped. Each row
+-- is flagged complete = 0, and running = 1 when the thread was still alive at the stop (a step
+-- that may still be stalled). Each row
 -- finds its end through the (thread_id, ts) index, so filtering on a step is cheap.
 CREATE VIEW step AS
 SELECT
@@ -19,6 +20,7 @@ SELECT
     coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) AS end_ts, -- ns the step ended
     coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) - m.ts AS dur, -- ns
     m.next_ts IS NOT NULL AS complete,  -- 1 when the next step began; 0 for a thread's last step
+    m.next_ts IS NULL AND t.exit_ts IS NULL AND p.exit_ts IS NULL AS running, -- 1: last step, thread alive at stop
     m.inferred                          -- 1 when inferred without markers
 FROM (SELECT sm.*, (SELECT min(n.ts) FROM step_mark n WHERE n.thread_id = sm.thread_id AND n.ts > sm.ts)
              AS next_ts

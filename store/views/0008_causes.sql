@@ -11,13 +11,14 @@
 -- Every step with its baseline: the median duration of up to 10 steps before and 10 complete steps
 -- after it on the same thread (a rolling median: one slow step, or a slow stretch shorter than the
 -- window, does not move it). slow = 1 for a stall: at least 1.5 x the baseline and 1 ms more, over
--- a baseline of at least 3 steps. Thresholds are here, in one place, so a report can quote them.
+-- a baseline of at least 3 steps; the last step of a thread that exited is never a stall (it ends
+-- with the program's own shutdown). Thresholds are here, in one place, so a report can quote them.
 CREATE VIEW step_baseline AS
 SELECT b.*,
        b.dur - b.baseline_dur AS excess_dur,                 -- ns above the baseline
        round(1.0 * b.dur / max(b.baseline_dur, 1), 2) AS ratio, -- dur / baseline
        coalesce(b.baseline_steps >= 3 AND b.dur >= 1.5 * b.baseline_dur
-                AND b.dur - b.baseline_dur >= 1000000, 0) AS slow -- 1 for a stalled step
+                AND b.dur - b.baseline_dur >= 1000000 AND (b.complete OR b.running), 0) AS slow -- 1 for a stalled step
 FROM (
     SELECT n.*,
            (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
