@@ -115,3 +115,54 @@ def test_target_without_cuda_library_warns_and_still_records(tmp_path):
         sleeper.kill()
     report = run_recorder("explain", "--db", str(db), check=True).stdout
     assert "Not observed: CUDA runtime/driver calls" in report
+
+
+# -- explain, steps, top and demo on synthetic recordings (no root needed) --------------------------
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory):
+    db = tmp_path_factory.mktemp("demo") / "demo.db"
+    result = run_recorder("demo", "--no-gpu", "cpu-contention", "--db", str(db), check=True)
+    assert "Primary cause: CPU contention" in result.stdout
+    return db
+
+
+def test_explain_a_step_that_does_not_exist(demo_db):
+    one_line_error(run_recorder("explain", "--db", str(demo_db), "--step", "7"),
+                   "no step 7 in session 1", "80000..80059", "recorder steps")
+
+
+def test_explain_a_step_that_is_not_a_stall(demo_db):
+    result = run_recorder("explain", "--db", str(demo_db), "--step", "80010", check=True)
+    assert "step 80010 took" in result.stdout and "not a stall" in result.stdout
+    assert "Primary cause: none: no stall" in result.stdout
+
+
+def test_steps_and_top_list_the_stall(demo_db):
+    import json
+
+    steps = json.loads(run_recorder("steps", "--db", str(demo_db), "--json", check=True).stdout)
+    assert steps["count"] == 60 and steps["stalls"] == 1
+    slow = [s for s in steps["steps"] if s["slow"]]
+    assert slow[0]["step"] == 80042 and slow[0]["cause"].startswith("CPU contention")
+    text = run_recorder("steps", "--db", str(demo_db), "--slow", check=True).stdout
+    assert "80042" in text and "80041" not in text
+    top = json.loads(run_recorder("top", "--db", str(demo_db), "--json", check=True).stdout)
+    assert top["worst_stalls"][0]["step"] == 80042 and top["worst_stalls"][0]["cause"] == "cpu_contention"
+    assert top["worst_lines"][0]["python"] == "Block.forward() at model.py:57"
+    assert top["worst_devices"][0]["device"] == "nvme0n1"  # the disk it read from, clean
+
+
+def test_demo_bad_input():
+    one_line_error(run_recorder("demo", "--no-gpu", "no-such-scenario"), "no scenario 'no-such-scenario'",
+                   "nvme-timeout-checkpoint")
+    one_line_error(run_recorder("demo", "healthy"), "--no-gpu")
+    one_line_error(run_recorder("demo", "--no-gpu"), "--list")
+    listing = run_recorder("demo", "--no-gpu", "--list", check=True).stdout.splitlines()
+    assert len(listing) == 9 and listing[-1].startswith("healthy")
+
+
+def test_explain_an_empty_database(tmp_path):
+    db = tmp_path / "empty.db"
+    open_store(db, create=True).close()
+    one_line_error(run_recorder("explain", "--db", str(db)), "holds no session yet")
+    one_line_error(run_recorder("steps", "--db", str(db)), "holds no session yet")
