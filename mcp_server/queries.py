@@ -102,22 +102,21 @@ def not_recorded(store: Store, session_id: int, layer: str, table: str, what: st
 
 
 def steps(store: Store, session_id: int | None, limit: int) -> dict:
-    """Steps of the session, slowest first, against the median step of their process."""
+    """Steps of the session, most stalled first, against their rolling baseline (step_baseline:
+    the median of the 10 steps before and after), with the id to pass to evidence(kind='step')."""
     session = session_row(store, session_id)
     sid = session["id"]
+    off = session["wall_offset_ns"]
     rows = store.query(
-        "WITH s AS (SELECT st.*, p.pid, row_number() OVER (PARTITION BY st.process_id ORDER BY st.dur) AS rn,"
-        " count(*) OVER (PARTITION BY st.process_id) AS n FROM step st JOIN process p ON p.id = st.process_id"
-        " WHERE st.session_id = ?),"
-        " m AS (SELECT process_id, CAST(avg(dur) AS INTEGER) AS median FROM s"
-        " WHERE rn IN ((n + 1) / 2, (n + 2) / 2) GROUP BY process_id)"
-        " SELECT s.step, s.pid, s.ts, s.dur, m.median, s.inferred FROM s JOIN m USING (process_id)"
-        " ORDER BY s.dur * 1.0 / max(m.median, 1) DESC, s.ts LIMIT ?", (sid, _limit(limit)))
-    out = [{"step": r["step"], "pid": r["pid"], "ts": r["ts"], "dur_ns": r["dur"], "median_dur_ns": r["median"],
-            "ratio_to_median": round(r["dur"] / max(r["median"], 1), 2), "inferred": bool(r["inferred"])}
-           for r in rows]
+        "SELECT b.*, p.pid FROM step_baseline b LEFT JOIN process p ON p.id = b.process_id"
+        " WHERE b.session_id = ? ORDER BY b.slow DESC, b.excess_dur DESC, b.ts LIMIT ?", (sid, _limit(limit)))
+    out = [{"step": r["step"], "step_mark_id": r["step_mark_id"], "pid": r["pid"], "ts": r["ts"],
+            "utc": utc(r["ts"] + off), "dur_ns": r["dur"], "baseline_dur_ns": r["baseline_dur"],
+            "ratio_to_baseline": r["ratio"], "stalled": bool(r["slow"]), "complete": bool(r["complete"]),
+            "inferred": bool(r["inferred"])} for r in rows]
     if out:
-        return {"session_id": sid, "steps": out}
+        return {"session_id": sid, "threshold": "stalled: dur >= 1.5 x the rolling median and 1 ms more",
+                "steps": out}
     note = not_recorded(store, sid, "markers", "step_mark", "training steps (recorder.step markers)")
     return {"session_id": sid, "steps": [], "note": note + " Use top_stalls for the slowest CUDA calls and "
             "explain_stall with a window instead."}
@@ -271,7 +270,25 @@ def evidence(store: Store, kind: str, row_id: int) -> dict[str, Any]:
                 typed = {"table": table, "row": _units(hit)}
         row.pop("raw", None)  # bytes of a malformed record; its text is kept
         return {"kind": kind, "kernel_log": _units(row), "parsed_event": typed or None}
-    raise UserError(f"unknown evidence kind {kind!r}: use cuda_call, offcpu or kernel_log")
+    if kind == "step":
+        row = store.one("SELECT * FROM step_baseline WHERE step_mark_id = ?", (row_id,))
+        if row is None:
+            raise UserError(f"no step with step_mark_id {row_id}: take ids from list_steps or explain_stall")
+        links = store.query("SELECT relation, to_table, to_id, dur AS dur_ns FROM causal_link"
+                            " WHERE from_table = 'step_mark' AND from_id = ? ORDER BY dur DESC LIMIT 200", (row_id,))
+        causes = store.query("SELECT cause, detail, dur AS dur_ns, events FROM step_cause WHERE step_mark_id = ?"
+                             " ORDER BY dur DESC", (row_id,))
+        return {"kind": kind, "link": "step -> rows inside it (causal_link); follow to_table/to_id",
+                "step": _units(row), "breakdown": causes, "links": links}
+    if kind == "block_request":
+        row = store.one("SELECT * FROM block_request_named WHERE id = ?", (row_id,))
+        if row is None:
+            raise UserError(f"no block request {row_id}: take ids from evidence(kind='step') or io_latency")
+        events = store.query("SELECT event_table, event_id, ts AS ts_ns, kind, device, match, detail"
+                             " FROM block_request_device_event WHERE block_request_id = ? ORDER BY ts", (row_id,))
+        return {"kind": kind, "link": "block_request -> device events that hit it in flight",
+                "block_request": _units(row), "device_events": events}
+    raise UserError(f"unknown evidence kind {kind!r}: use step, cuda_call, offcpu, block_request or kernel_log")
 
 
 def _units(row: dict) -> dict:

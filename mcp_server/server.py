@@ -64,18 +64,21 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
 
     @server.tool(annotations=READ_ONLY)
     def list_steps(session_id: int | None = None, limit: int = 20) -> dict[str, Any]:
-        """Training steps, slowest first, with their duration against the median. Says so in `note` when
-        steps were not recorded (then use top_stalls / explain_stall with a window)."""
+        """Training steps, stalled ones first (worst first), with their duration against their rolling
+        baseline and the step_mark_id for evidence(kind='step'). Says so in `note` when steps were not
+        recorded (then use top_stalls / explain_stall with a window)."""
         return answer(lambda s: queries.steps(s, session_id, limit))
 
     @server.tool(annotations=READ_ONLY)
     def explain_stall(session_id: int | None = None, window: str | None = None, since: str | None = None,
-                      worst: bool = False) -> dict[str, Any]:
-        """The stall report for a window: symptom, primary cause, findings (slow calls with the off-CPU
-        time and contenders inside them), explicit negatives, observed and unobserved layers, next
-        actions. Same content as `recorder explain --json`. `window`: 'A..B' in seconds after the session
-        start or UTC times; `since`: the last 30s/5m of the session; `worst`: only the worst stall."""
-        return answer(lambda s: explain(s, session_id, window, since, worst))
+                      worst: bool = False, step: int | None = None) -> dict[str, Any]:
+        """The stall report: for a session with steps, the stalled step (or `step`), its symptom against
+        the rolling baseline, the primary cause with its device/queue/request tag, lineage label, Python
+        line and kernel path, the breakdown by cause, secondary signals, explicit negatives, observed and
+        unobserved layers, next actions; without steps, the slow CUDA calls. Same content as
+        `recorder explain --json`. `window`: 'A..B' in seconds after the session start or UTC times;
+        `since`: the last 30s/5m; `worst`: only the worst stall; `step`: that step number."""
+        return answer(lambda s: explain(s, session_id, window, since, worst, step))
 
     @server.tool(annotations=READ_ONLY)
     def top_stalls(session_id: int | None = None, window: str | None = None, limit: int = 10) -> dict[str, Any]:
@@ -120,9 +123,11 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
 
     @server.tool(annotations=READ_ONLY)
     def evidence(kind: str, id: int) -> dict[str, Any]:
-        """The rows behind a causal link. kind 'cuda_call' (a call id from top_stalls/explain_stall): the
+        """The rows behind a causal link. kind 'step' (a step_mark_id from list_steps/explain_stall): the
+        step's breakdown by cause and every row linked to it (causal_link); 'cuda_call' (a call id): the
         call, every off-CPU interval inside it and who held the CPU; 'offcpu': one interval with its
-        preemptor, waker and contender; 'kernel_log': a record and the typed event parsed from it."""
+        preemptor, waker and contender; 'block_request': a request and the device events that hit it;
+        'kernel_log': a record and the typed event parsed from it."""
         return answer(lambda s: queries.evidence(s, kind, id))
 
     @server.tool(annotations=READ_ONLY)
@@ -150,10 +155,11 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
 1. Call capabilities. Note which layers were observed and which were not, and how many events were
    lost. A layer that was not observed is unknown: never conclude it was clean.
 2. Call list_steps; if it returns no steps, call top_stalls. Pick the stall the question is about.
-3. Call explain_stall for it (worst=true, or window=\"A..B\" around it). Report its primary cause and
-   the numbers it gives, with their units.
-4. Call evidence(kind=\"cuda_call\", id=...) for that call to show the rows behind the cause: the
-   off-CPU intervals inside the call and the process that held the CPU.
+3. Call explain_stall for it (step=N, worst=true, or window=\"A..B\" around it). Report its primary
+   cause and the numbers it gives, with their units.
+4. Call evidence(kind=\"step\", id=<step_mark_id>) to show the rows behind the cause, and follow a
+   link (kind=\"block_request\", \"offcpu\" or \"cuda_call\") down to the device event or the process
+   that held the CPU.
 5. Check the device side for the same window: nvme_events, kernel_log (max_level=4), io_latency,
    nccl_collectives. Say which of them had nothing and which were not recorded.
 6. Only if a question is still open, read schema://tables and use run_sql with a time window.

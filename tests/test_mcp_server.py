@@ -137,3 +137,30 @@ def test_schema_resource_documents_every_table_and_view_from_the_sql_files(db):
     assert undocumented == []
     text = prompt[0].content.text
     assert "why did step 80042 stall?" in text and "untrusted_text" in text and "capabilities" in text
+
+
+def test_step_drill_down_from_explain_to_the_nvme_event(tmp_path):
+    """On the synthetic NVMe scenario: explain_stall(step=N) -> evidence(step) -> the block request
+    -> the NVMe timeout that hit it, all through the tools."""
+    from recorder.demo import write_scenario
+
+    db = tmp_path / "nvme.db"
+    write_scenario("nvme-timeout-checkpoint", db)
+    calls = [("list_steps", {"limit": 3}), ("explain_stall", {"step": 80042})]
+    _, results, _, _ = call_all(build_server(db), calls)
+    steps = untrusted.unmark(results["list_steps"].structured_content)["steps"]
+    assert steps[0]["step"] == 80042 and steps[0]["stalled"] is True and not steps[1]["stalled"]
+    report = untrusted.unmark(results["explain_stall"].structured_content)
+    cause = report["primary_cause"]
+    assert cause["kind"] == "nvme_timeout" and (cause["queue"], cause["request_tag"]) == (7, 4096)
+    request_id = cause["evidence"]["request"]
+    _, results, _, _ = call_all(build_server(db), [
+        ("evidence", {"kind": "step", "id": report["step"]["step_mark_id"]}),
+        ("evidence", {"kind": "block_request", "id": request_id}),
+    ])
+    step_ev = untrusted.unmark(results["evidence"].structured_content)
+    links = {(link["relation"], link["to_table"], link["to_id"]) for link in step_ev["links"]}
+    assert ("io", "block_request", request_id) in links
+    req_ev = untrusted.unmark(results["evidence#2"].structured_content)
+    kinds = [e["kind"] for e in req_ev["device_events"]]
+    assert kinds[0] == "nvme_timeout" and "nvme_resetting" in kinds
