@@ -59,6 +59,10 @@ class Layout:
     def unpack(self, data: bytes) -> tuple:
         return self._struct.unpack_from(data)
 
+    def pack(self, *values) -> bytes:
+        """The record's bytes from its field values, in order (tests feed layers with these)."""
+        return self._struct.pack(*values)
+
     def iter_unpack(self, joined: bytes):
         return self._struct.iter_unpack(joined)
 
