@@ -8,8 +8,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from recorder import kheaders
+from recorder import gpu, kheaders
 from recorder.cuda import library_kind
+from recorder.errors import UserError
 from recorder.probes import LAYER_SOURCES, TRACEFS, ensure_tracefs, tracepoint_exists
 
 CAP_PERFMON = 38
@@ -116,7 +117,23 @@ def run_checks(pids: tuple[int, ...] = ()) -> list[Check]:
     checks.append(Check("CUDA/NCCL libraries", bool(libs), ", ".join(sorted(set(libs))) or "none found",
                         "none on the library path: the recorder finds them in each target's "
                         "/proc/PID/maps, or pass --cuda-lib PATH", required=False))
+    checks.append(_nvml_check())
     return checks
+
+
+def _nvml_check() -> Check:
+    """Whether a session will sample GPU utilisation through NVML, and on which GPUs."""
+    name = "NVML (GPU utilisation)"
+    fix = (f"GPU utilisation is not sampled: install the NVIDIA driver (libnvidia-ml.so.1) and nvidia-ml-py, "
+           f"or point {gpu.LIBRARY_ENV} at libnvidia-ml.so.1")
+    try:
+        settings = gpu.GpuSettings.from_environment()
+        nvml, gpus, driver = gpu.open_nvml(settings.library)
+    except (UserError, gpu.NvmlUnavailable) as e:
+        return Check(name, False, str(e), fix, required=False)
+    nvml.nvmlShutdown()
+    names = ", ".join(f"{g.index}: {g.name} ({g.pci_address})" for g in gpus)
+    return Check(name, True, f"driver {driver}, {len(gpus)} GPU(s): {names}")
 
 
 def can_record(checks: list[Check]) -> bool:

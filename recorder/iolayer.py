@@ -2,7 +2,8 @@
 the patch series' tracepoints, and the kernel log.
 
 `IoLayer` owns the rows of bpf/block.bpf.c, mm.bpf.c, net.bpf.c and dma.bpf.c: the session hands it
-the raw ring-buffer records and it turns them into rows of store/migrations/0004_io.sql.
+the raw ring-buffer records and it turns them into rows of store/migrations/0004_io.sql, and
+describes each device a request names in `block_device` (recorder/devices.py).
 `KernelLog` reads /dev/kmsg from the session start (recorder/kmsg.py) into the tables of
 0002_kernel_log.sql. Each records in `capability` what it could attach and why not.
 
@@ -17,6 +18,7 @@ import os
 from pathlib import Path
 
 from recorder import events, kmsg
+from recorder.devices import BlockDeviceTable
 from recorder.identity import Identity
 from store.db import Store, Writer
 
@@ -84,17 +86,6 @@ C = events.CONSTANTS
 def dev_numbers(dev: int) -> tuple[int, int]:
     """(major, minor) of a dev_t in the kernel's internal encoding (major << 20 | minor)."""
     return dev >> 20, dev & 0xFFFFF
-
-
-def device_name(major: int, minor: int) -> str | None:
-    """DEVNAME from /sys/dev/block/M:m/uevent (loop0, nvme0n1, sda1), None if gone."""
-    try:
-        for line in Path(f"/sys/dev/block/{major}:{minor}/uevent").read_text().splitlines():
-            if line.startswith("DEVNAME="):
-                return line.split("=", 1)[1]
-    except OSError:
-        return None
-    return None
 
 
 def parse_rwbs(rwbs: str) -> tuple[str, int, int, int, int, int]:
@@ -169,6 +160,7 @@ class IoLayer:
         self.session_id = session_id
         self.raw: dict[str, list[bytes]] = {kind: [] for kind in RINGS.values()}
         self._names: dict[int, str | None] = {}
+        self.devices = BlockDeviceTable(writer, session_id)
         self._kthread: dict[int, bool] = {}
         for table, cols in (("block_request", BLOCK_COLUMNS), ("reclaim_interval", RECLAIM_COLUMNS),
                             ("dirty_throttle", DIRTY_COLUMNS), ("oom_victim", OOM_COLUMNS),
@@ -193,8 +185,10 @@ class IoLayer:
         return {ring: self.raw[kind].append for ring, kind in RINGS.items()}
 
     def _device(self, dev: int) -> str | None:
+        """Kernel name of a request's device (loop0, nvme0n1p2); its block_device row the first time."""
         if dev not in self._names:
-            self._names[dev] = device_name(*dev_numbers(dev))
+            found = self.devices.note(*dev_numbers(dev))
+            self._names[dev] = found.name if found else None
         return self._names[dev]
 
     def _is_kthread(self, tid: int) -> bool:

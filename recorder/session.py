@@ -22,6 +22,7 @@ from pathlib import Path
 from recorder import cuda, events
 from recorder.checkpoints import CheckpointLayer
 from recorder.errors import TargetError, UserError
+from recorder.gpu import GpuSampler, GpuSettings
 from recorder.identity import Identity
 from recorder.iolayer import IoLayer, KernelLog
 from recorder.libraries import gpu_libraries, resolve
@@ -96,7 +97,7 @@ class Session:
     """A recording in progress. Use `Session.begin(...)`, then `run()` and `finish()`."""
 
     def __init__(self, db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
-                 described_target: str | None = None) -> None:
+                 described_target: str | None = None, gpu: GpuSettings | None = None) -> None:
         self.db_path = db
         self.target = target
         self.cuda_libs = cuda_libs
@@ -109,10 +110,13 @@ class Session:
         self.raw: dict[str, list[bytes]] = {"offcpu": [], "cuda": [], "task": [], "pystack": []}
         self.known_pids: set[int] = set()
         self.stopping = False
+        self.gpu_settings = gpu
+        self.gpu: GpuSampler | None = None
 
     # -- start ------------------------------------------------------------------------------------
     def begin(self) -> dict:
         """Lock, create the session, attach everything; returns the attach summary."""
+        gpu_settings = self.gpu_settings or GpuSettings.from_environment()
         self._take_lock()
         for pid in self.target.pids:
             if not Path(f"/proc/{pid}").exists():
@@ -151,6 +155,7 @@ class Session:
         for pid in self.target.pids:
             self.probes.add_pid(pid)
         self.io = IoLayer(self.writer, self.identity, self.session_id, self.probes, self.stacks)
+        self.io.devices.record_present()
         self.checkpoints = CheckpointLayer(self)
         self.kernel_log = KernelLog(self.store, self.writer, self.session_id, started)
         for probe, status, detail in self.kernel_log.capability:
@@ -176,7 +181,14 @@ class Session:
         })
         for pid in self.target.pids:
             self._scan_process(pid, "maps", started)
+        self.gpu = GpuSampler(self.writer, self.session_id, gpu_settings)
+        try:
+            self.gpu.start()
+        except UserError:
+            self._abandon()
+            raise
         self._store_capabilities()
+        self.gpu.flush()
         self.writer.flush()
         return self.summary_at_start()
 
@@ -201,6 +213,8 @@ class Session:
 
     def _abandon(self) -> None:
         """Startup failed after the session row was written: keep it, marked with no data."""
+        if self.gpu:
+            self.gpu.stop()
         if self.store:
             if getattr(self, "writer", None):
                 self.writer.close()
@@ -211,17 +225,18 @@ class Session:
             self.store.conn.commit()
 
     def summary_at_start(self) -> dict:
-        caps = self.probes.capabilities if self.probes else []
-        attached = [c for c in caps if c.status == "attached"]
+        caps = [(c.layer, c.probe, c.status, c.detail) for c in (self.probes.capabilities if self.probes else [])]
+        if self.gpu:
+            caps.append(("gpu", "nvml", *self.gpu.status))
         return {
             "session_id": self.session_id,
             "db": str(self.db_path),
             "target": self.described_target,
             "recorder_pid": os.getpid(),
-            "attached": sorted({f"{c.layer}:{c.probe}" for c in attached}),
+            "attached": sorted({f"{layer}:{probe}" for layer, probe, status, _ in caps if status == "attached"}),
             "libraries": sorted(p for p, n in self.probes.attached_libraries.items() if n),
-            "not_attached": sorted({f"{c.layer}:{c.probe} ({c.status}: {c.detail})"
-                                    for c in caps if c.status != "attached"}),
+            "not_attached": sorted({f"{layer}:{probe} ({status}: {detail})"
+                                    for layer, probe, status, detail in caps if status != "attached"}),
         }
 
     # -- libraries --------------------------------------------------------------------------------
@@ -305,6 +320,8 @@ class Session:
             if rec[1] == events.CONSTANTS["TASK_EXIT"]:
                 self._task_event(*rec)
         self.kernel_log.poll()
+        if self.gpu:
+            self.gpu.flush()
         self._store_capabilities()
         if ident.exited:
             ident.flush_exits()
@@ -402,6 +419,8 @@ class Session:
     # -- stop -------------------------------------------------------------------------------------
     def finish(self) -> dict:
         """Drain the buffers, close open intervals, mark the session complete, build indexes."""
+        if self.gpu:
+            self.gpu.stop()  # its last samples go out with the flush below
         self.probes.consume()
         self.flush()
         self.housekeeping()

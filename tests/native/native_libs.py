@@ -1,6 +1,6 @@
 """Builds the stand-in CUDA libraries and the GIL-holding extension with gcc.
 
-    python tests/native/native_libs.py [OUTDIR]            # libcudart.so.12, libcuda.so.1
+    python tests/native/native_libs.py [OUTDIR]            # libcudart.so.12, libcuda.so.1, ...
     build_gil_extension(python_exe, outdir)           # _gilcall for one interpreter
 
 Outputs are rebuilt only when a source is newer. Used by the tests, the benchmarks and `make demo`.
@@ -20,6 +20,7 @@ LIBRARIES = {
     "libcudart.so.12": ("cudart.c", "libcudart.so.12"),
     "libcuda.so.1": ("cuda.c", "libcuda.so.1"),
     "libnccl.so.2": ("nccl.c", "libnccl.so.2"),
+    "libnvidia-ml.so.1": ("nvml.c", "libnvidia-ml.so.1"),
 }
 
 
