@@ -492,23 +492,28 @@ class CheckpointLayer:
         o = OpenFile(pid, tid, fd, open_id, ts, dur, flags, path, stack[-1] if stack and in_scope else None,
                      bool(in_scope))
         self.opens[(pid, fd, open_id)] = o
-        if in_scope:  # BPF already follows it
-            self._opt(o, "marker_scope", o.scope)
-        else:
+        if not in_scope:
             self.pending.append(o)
+        elif _not_a_checkpoint(path):  # BPF follows it; its records are dropped here
+            o.state = "ignored"
+        else:
+            self._opt(o, "marker_scope", o.scope)
 
     def _io(self, ts: int, dur: int, open_id: int, offset: int, count: int, ret: int, pid: int, tid: int,
             fd: int, op: int) -> None:
         o = self.opens.get((pid, fd, open_id))
         if o is None or o.state == "ignored":
             return
+        name = _OP_NAMES.get(op)
+        if name is None:
+            return
         th = self._thread(tid, pid, ts)
         error = ret if ret < 0 else 0
         if op in _WRITES:
-            row = ("extent", (ts, dur, th, _OP_NAMES[op], offset if offset >= 0 else None, max(ret, 0),
+            row = ("extent", (ts, dur, th, name, offset if offset >= 0 else None, max(ret, 0),
                               None if op in _VECTORED else count, error))
         else:
-            row = ("op", (ts, dur, th, _OP_NAMES[op], fd, None, offset if op == _TRUNCATE else None, None,
+            row = ("op", (ts, dur, th, name, fd, None, offset if op == _TRUNCATE else None, None,
                           error))
         if op == _CLOSE:
             o.closed = True
@@ -765,6 +770,17 @@ class CheckpointLayer:
             if f.hashed is not None:
                 h = f.hashed
                 self._verify_row(f.id, "session_stop", stat_again(h.path, h.ino, h.size_bytes, h.mtime_ns))
+
+
+def _not_a_checkpoint(path: str) -> bool:
+    """Files a scope's thread may write that are not what it saves: Python's bytecode cache (an
+    import inside the scope), devices and pipes."""
+    if "/__pycache__/" in path:
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False  # gone already (renamed or removed): judged by what happened to it
 
 
 def _signed(value: int) -> int:

@@ -396,3 +396,29 @@ def test_verify_checkpoints_rehashes_later(feed, tmp_path):
     assert [(r["matches"], r["state"]) for r in result] == [(False, "missing")]
     row = feed.integrity()[str(path)]
     assert (row["status"], row["reasons"]) == ("changed", "missing_at_recheck")
+
+
+def test_what_a_scope_writes_besides_its_checkpoint_is_left_out(feed, tmp_path):
+    """An import inside the scope writes a .pyc (temporary name, then rename); /dev/null is no file."""
+    pid, tid = os.getpid(), os.getpid()
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    pyc, final = cache / "mod.cpython-311.pyc.1234", tmp_path / "ckpt.pt"
+    pyc.write_bytes(b"")
+    final.write_bytes(b"")
+    feed.scope(pid, tid, 1, final)
+    c = feed.open(pid, tid, 3, pyc, in_scope=True)
+    write_chunks(feed, pid, tid, 3, c, pyc, [b"\x00" * 64])
+    feed.io(pid, tid, 3, c, "close")
+    n = feed.open(pid, tid, 4, "/dev/null", in_scope=True)
+    feed.io(pid, tid, 4, n, "write", 0, 5, 5)
+    feed.io(pid, tid, 4, n, "close")
+    k = feed.open(pid, tid, 5, final, in_scope=True)
+    write_chunks(feed, pid, tid, 5, k, final, [b"k" * 64])
+    feed.io(pid, tid, 5, k, "fsync")
+    feed.io(pid, tid, 5, k, "close")
+    feed.scope(pid, tid, 2, final)
+    feed.flush()
+    feed.finish()
+    assert [(r["final_path"], r["status"]) for r in feed.integrity().values()] == [(str(final), "verified")]
+    assert feed.store.query("SELECT count(*) AS n FROM checkpoint_extent") == [{"n": 1}]
