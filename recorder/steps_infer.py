@@ -33,7 +33,9 @@ repeat once per step. For each thread of a process that called no `recorder.step
    process's steps, numbered 0, 1, ... in time order, stored as step_mark rows with inferred = 1.
 
 The boundary is the step's first synchronising call, not the top of the loop: an inferred step
-begins up to one step's host work later than a marker would, and has the same length. Threads that
+begins later than a marker would by the host work before that call, so a stall there (a slow data
+loader) counts in the previous inferred step; each inferred start still lies inside the marked step
+it stands for (tests/test_steps_infer_bpf.py). Threads that
 never synchronise, or whose synchronising calls repeat fewer than MIN_STEPS times, get no steps.
 """
 
