@@ -131,7 +131,7 @@ def test_io_tag_from_the_kernel_is_stored_signed_and_finds_its_label(tmp_path):
     record.update(ts=1000, bio_queue_ts=1000, issue_ts=1100, complete_ts=1500, io_tag=tag, dev=(7 << 20) | 99,
                   nr_bytes=4096, pid=os.getpid(), tid=os.getpid(), flags=events.CONSTANTS["BLOCK_FLAG_AI"],
                   rwbs=b"W", comm=b"python")
-    io.sinks()["block_events"](events.BLOCK._struct.pack(*record.values()))
+    io.sinks()["block_events"](events.BLOCK.pack(*record.values()))
     io.flush()
     writer.close()
     row = s.one("SELECT tag, tag_source, label FROM block_request_lineage")
