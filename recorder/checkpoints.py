@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recorder import events
+from store.errors import StoreError
 
 if TYPE_CHECKING:
     from recorder.session import Session
@@ -793,8 +794,12 @@ def verify_checkpoints(store: Store, session_id: int | None = None) -> list[dict
     by default), store each result in checkpoint_verify (trigger 'recheck') and return them with
     `matches`: True when the content is what was hashed then. Safe to run any time, in any order."""
     if session_id is None:
-        row = store.one("SELECT max(id) AS id FROM session")
-        session_id = row["id"] if row else None
+        session_id = store.one("SELECT max(id) AS id FROM session")["id"]
+        if session_id is None:
+            raise StoreError(f"{store.path} holds no session: record one with 'recorder record' first")
+    elif store.one("SELECT id FROM session WHERE id = ?", (session_id,)) is None:
+        raise StoreError(f"no session {session_id} in {store.path}: 'recorder status' or the session table "
+                         "lists them")
     files = store.query(
         "SELECT f.id AS file_id, v.path, v.ino, v.sha256, v.size_bytes FROM checkpoint_file f"
         " JOIN checkpoint_verify v ON v.id = (SELECT min(x.id) FROM checkpoint_verify x WHERE x.file_id = f.id"
