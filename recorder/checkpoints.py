@@ -328,13 +328,18 @@ class OpenFile:
     ts: int
     dur: int
     flags: int
-    path: str
+    opened: str  # the absolute path it was opened at
     scope: Scope | None
     in_scope: bool
+    path: str = ""  # where it is now (renames followed); set from `opened`
     state: str = "pending"  # pending, opted, ignored
     closed: bool = False
     file: CheckpointFile | None = None
     held: list[tuple[str, tuple]] = field(default_factory=list)  # rows waiting for the verdict
+    renames: list[tuple] = field(default_factory=list)  # (ts, dur, tid) of renames that moved it meanwhile
+
+    def __post_init__(self) -> None:
+        self.path = self.path or self.opened
 
 
 class CheckpointLayer:
@@ -439,10 +444,10 @@ class CheckpointLayer:
     def _scope(self, ts: int, phase: int, tag: int, addr: int, length: int, pid: int, tid: int,
                inline: bytes) -> None:
         path = self._marker_path(pid, addr, length, inline)
-        stack = self.scopes.setdefault(tid, [])
         if phase == 1:
-            stack.append(Scope(pid, tid, ts, path, tag))
+            self.scopes.setdefault(tid, []).append(Scope(pid, tid, ts, path, tag))
             return
+        stack = self.scopes.get(tid)
         if phase != 2 or not stack:
             return  # a scope entered before the session started
         at = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].path == path), len(stack) - 1)
@@ -560,6 +565,7 @@ class CheckpointLayer:
         for o in self.pending:
             if o.path == old or o.path.startswith(prefix):
                 o.path = new + o.path[len(old):]
+                o.renames.append((ts, dur, tid, o.path))
 
     # -- which files are checkpoints ---------------------------------------------------------------
     def _classify(self) -> None:
@@ -611,23 +617,26 @@ class CheckpointLayer:
     def _opt(self, o: OpenFile, opted_by: str, scope: Scope | None, modifies: CheckpointFile | None = None) -> None:
         o.state = "opted"
         live = self.by_current.get(o.path)
-        if live is not None and not live.complete and live.pid == o.pid and opted_by != "rewrite":
-            f = live
-        else:
-            f = self._new_file(o, opted_by, scope, modifies)
+        merged = live is not None and not live.complete and live.pid == o.pid and opted_by != "rewrite"
+        f = live if merged else self._new_file(o, opted_by, scope, modifies)
         o.file = f
         f.open_fds += 1
         self.writer.add("checkpoint_op", (self.sid, f.id, o.ts, o.dur, self._thread(o.tid, o.pid, o.ts), "open",
-                                          o.fd, o.flags, None, db_text(o.path), 0))
+                                          o.fd, o.flags, None, db_text(o.opened), 0))
         for row in o.held:
             self._write_row(f, row)
             if row[0] == "op" and row[1][3] == "close":
                 self._closed(f, row[1][0])
+        if not merged:  # renamed before it was known to be a checkpoint (a known file follows its own)
+            for ts, dur, tid, path in o.renames:
+                self.writer.add("checkpoint_op", (self.sid, f.id, ts, dur, self._thread(tid, o.pid, ts), "rename",
+                                                  None, None, None, db_text(path), 0))
         o.held.clear()
+        o.renames.clear()
 
     def _new_file(self, o: OpenFile, opted_by: str, scope: Scope | None,
                   modifies: CheckpointFile | None) -> CheckpointFile:
-        f = CheckpointFile(self._next_id, o.pid, o.path, o.path, opted_by, scope, None, modifies)
+        f = CheckpointFile(self._next_id, o.pid, o.opened, o.path, opted_by, scope, None, modifies)
         self._next_id += 1
         self.files[f.id] = f
         if opted_by != "rewrite":
@@ -635,7 +644,7 @@ class CheckpointLayer:
         if scope is not None:
             scope.files.append(f)
         self.unlooked.append((f, (
-            f.id, self.sid, o.ts, o.dur, self._thread(o.tid, o.pid, o.ts), db_text(o.path), opted_by,
+            f.id, self.sid, o.ts, o.dur, self._thread(o.tid, o.pid, o.ts), db_text(o.opened), opted_by,
             db_text(scope.path) if scope else None, scope.ts if scope else None,
             self._thread(scope.tid, scope.pid, scope.ts) if scope else None)))
         return f

@@ -440,3 +440,24 @@ def test_verify_checkpoints_names_a_missing_session(tmp_path):
         assert render_verification([]) == "no hashed checkpoint files in this session"
     finally:
         feed.store.close()
+
+
+def test_a_file_renamed_before_it_was_classified_keeps_its_rename(feed, tmp_path):
+    """Opened, written, closed and renamed within one batch, before the xattr was looked at."""
+    pid, tid = os.getpid(), os.getpid()
+    tmp, final = tmp_path / "w.tmp", tmp_path / "w.bin"
+    tmp.write_bytes(b"")
+    os.setxattr(tmp, XATTR, b"1")
+    oid = feed.open(pid, tid, 3, tmp, in_scope=False)
+    write_chunks(feed, pid, tid, 3, oid, tmp, [b"w" * 700])
+    feed.io(pid, tid, 3, oid, "fsync")
+    feed.io(pid, tid, 3, oid, "close")
+    tmp.replace(final)
+    feed.rename(pid, tid, tmp, final)
+    feed.flush()
+    feed.finish()
+    row = feed.integrity()[str(final)]
+    assert (row["status"], row["path"], row["opted_by"], row["size_bytes"]) == ("verified", str(tmp), "xattr", 700)
+    ops = feed.store.query("SELECT op, path FROM checkpoint_op ORDER BY ts")
+    assert ops == [{"op": "open", "path": str(tmp)}, {"op": "fsync", "path": None}, {"op": "close", "path": None},
+                   {"op": "rename", "path": str(final)}]
