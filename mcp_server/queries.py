@@ -271,7 +271,7 @@ def evidence(store: Store, kind: str, row_id: int) -> dict[str, Any]:
         row.pop("raw", None)  # bytes of a malformed record; its text is kept
         return {"kind": kind, "kernel_log": _units(row), "parsed_event": typed or None}
     if kind == "step":
-        row = store.one("SELECT * FROM step_baseline WHERE step_mark_id = ?", (row_id,))
+        row = store.one("SELECT * FROM step_baseline_lookup WHERE step_mark_id = ?", (row_id,))
         if row is None:
             raise UserError(f"no step with step_mark_id {row_id}: take ids from list_steps or explain_stall")
         links = store.query("SELECT relation, to_table, to_id, dur AS dur_ns FROM causal_link"

@@ -48,9 +48,9 @@ def neighbour_ids(store: Store, step: dict) -> list[int]:
 def breakdown(store: Store, step: dict) -> list[dict]:
     """step_cause rows of the step, each with its median over the neighbours and its excess."""
     others = neighbour_ids(store, step)
-    ids = [step["step_mark_id"], *others]
-    marks = ",".join("?" * len(ids))
-    rows = store.query(f"SELECT * FROM step_cause WHERE step_mark_id IN ({marks})", ids)
+    rows = []
+    for i in (step["step_mark_id"], *others):  # one by one: `=` reaches into every arm of the view, IN does not
+        rows += store.query("SELECT * FROM step_cause WHERE step_mark_id = ?", (i,))
     usual: dict[tuple, list[int]] = {}
     for r in rows:
         if r["step_mark_id"] != step["step_mark_id"]:
@@ -70,9 +70,13 @@ def breakdown(store: Store, step: dict) -> list[dict]:
 # -- candidates -------------------------------------------------------------------------------------
 def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
     sid = step["step_mark_id"]
-    events = store.query("SELECT * FROM step_device_event WHERE step_mark_id = ? ORDER BY ts", (sid,))
-    requests = store.query(
-        "SELECT * FROM step_block_request WHERE step_mark_id = ? ORDER BY overlap_dur DESC LIMIT 5", (sid,))
+    every = store.query("SELECT * FROM step_block_request WHERE step_mark_id = ? ORDER BY overlap_dur DESC", (sid,))
+    requests = every[:5]
+    events = []
+    for r in every:  # per request: `=` reaches into every arm of the link view
+        events += store.query("SELECT * FROM block_request_device_event WHERE block_request_id = ?",
+                              (r["block_request_id"],))
+    events.sort(key=lambda e: e["ts"])
     waits = store.query(
         "SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason IN ('io', 'uninterruptible')"
         " ORDER BY blocked_dur DESC LIMIT 1", (sid,))
@@ -82,10 +86,7 @@ def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
     if kinds:
         kind = max(kinds, key=lambda k: SPECIFICITY[k])
         hit = [e for e in events if EVENT_KIND.get(e["kind"]) == kind]
-        request = next((r for r in requests if r["block_request_id"] == hit[0]["block_request_id"]), None)
-        if request is None:
-            request = store.one("SELECT * FROM step_block_request WHERE step_mark_id = ? AND block_request_id = ?",
-                                (sid, hit[0]["block_request_id"]))
+        request = next(r for r in every if r["block_request_id"] == hit[0]["block_request_id"])
         cand.update(kind=kind, request=request, hit=hit)
     elif requests:
         worst = max(requests, key=lambda r: r["dur"])

@@ -438,7 +438,7 @@ def has_steps(store: Store, session_id: int) -> bool:
 
 
 def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
-    rows = store.query("SELECT * FROM step_baseline WHERE session_id = ? AND step = ? ORDER BY excess_dur DESC",
+    rows = store.query("SELECT * FROM step_baseline_lookup WHERE session_id = ? AND step = ? ORDER BY excess_dur DESC",
                        (sid, number))
     if not rows:
         span = store.one("SELECT min(step) AS a, max(step) AS b, count(*) AS n FROM step_mark WHERE session_id = ?",
@@ -845,15 +845,13 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
                   worst: bool) -> dict:
     sid = session["id"]
     off = session["wall_offset_ns"]
+    stalls: list[dict] = []
     if step is not None:
         rows = _step_rows(store, sid, step)
     else:
         stalls = store.query("SELECT * FROM stall WHERE session_id = ? AND ts >= ? AND ts < ?"
                              " ORDER BY excess_dur DESC", (sid, start, end))
-        if stalls:
-            rows = [r for r in stalls if r["step"] == stalls[0]["step"]]
-        else:
-            rows = []
+        rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []
     caps = _capabilities_all(store, sid)
     observed = set(caps["observed"])
     lost = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
@@ -866,9 +864,9 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
                  "by_probe": {r["probe"]: r["dropped"] for r in lost}},
     }
     if not rows:
-        summary = store.one("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_baseline"
+        summary = store.one("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_all"
                             " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
-        med = store.query("SELECT dur FROM step WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
+        med = store.query("SELECT dur FROM step_all WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
                           " ORDER BY dur", (sid, start, end))
         typical = med[(len(med) - 1) // 2]["dur"] if med else None
         return {**base,
@@ -892,10 +890,12 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
     if gpu:
         symptom += f"; GPU utilisation {gpu['util_gpu_pct']}% (session median {gpu['session_median_util_gpu_pct']}%)"
     others = []
-    if step is None:
-        for r in store.query("SELECT step, thread_id, dur, baseline_dur, ratio FROM stall WHERE session_id = ?"
-                             " AND ts >= ? AND ts < ? AND step != ? ORDER BY excess_dur DESC LIMIT ?",
-                             (sid, start, end, chosen["step"], 0 if worst else OTHER_STALLS)):
+    if step is None and not worst:
+        seen = {chosen["step"]}
+        for r in stalls:
+            if r["step"] in seen or len(others) >= OTHER_STALLS:
+                continue
+            seen.add(r["step"])
             others.append({"step": r["step"], "dur_ns": r["dur"], "baseline_dur_ns": r["baseline_dur"],
                            "ratio": r["ratio"]})
     straggler = None

@@ -49,23 +49,27 @@ SELECT
     o.syscall,                          -- syscall number in progress, NULL if none
     sc.name AS syscall_name,            -- its name where known
     n.tid AS next_tid,                  -- task that took the CPU at switch-out
-    n.pid AS next_pid,                  -- its process
-    n.thread_name AS next_name,         -- its comm
-    n.process_name AS next_process_name,
+    np.pid AS next_pid,                 -- its process
+    n.name AS next_name,                -- its comm
+    coalesce(np.name, n.name) AS next_process_name,
     b.tid AS contender_tid,             -- task that ran longest on the CPU while it was runnable
-    b.pid AS contender_pid,
-    coalesce(b.process_name, b.thread_name) AS contender_name,
+    bp.pid AS contender_pid,
+    coalesce(bp.name, b.name) AS contender_name,
     o.contender_run_dur,                -- ns that task ran meanwhile
     w.tid AS waker_tid,                 -- task that woke it
-    w.pid AS waker_pid,
-    w.thread_name AS waker_name,
+    wp.pid AS waker_pid,
+    w.name AS waker_name,
     o.waker_cpu
 FROM offcpu_interval o
 LEFT JOIN task_state s ON s.state = o.state
 LEFT JOIN syscall_name sc ON sc.nr = o.syscall
-LEFT JOIN thread_info n ON n.thread_id = o.next_thread_id
-LEFT JOIN thread_info b ON b.thread_id = o.contender_thread_id
-LEFT JOIN thread_info w ON w.thread_id = o.waker_thread_id;
+-- threads and processes by primary key (through thread_info a LEFT JOIN would be materialised)
+LEFT JOIN thread n ON n.id = o.next_thread_id
+LEFT JOIN process np ON np.id = n.process_id
+LEFT JOIN thread b ON b.id = o.contender_thread_id
+LEFT JOIN process bp ON bp.id = b.process_id
+LEFT JOIN thread w ON w.id = o.waker_thread_id
+LEFT JOIN process wp ON wp.id = w.process_id;
 
 -- view: cuda_call_named
 -- cuda_call with the API's name, family and library spelled out.
@@ -121,9 +125,9 @@ SELECT
     c.id, c.session_id, c.ts, c.dur, c.api, c.family, c.library, c.ret, c.size_bytes, c.stream,
     c.function, c.pointer, c.thread_id,
     t.tid, t.pid, t.thread_name, t.process_name,
-    b.median_dur AS expected_dur,       -- ns, baseline of the family and size class
-    b.calls AS baseline_calls,          -- calls the baseline is taken over
-    c.dur - b.median_dur AS excess_dur, -- ns above the baseline
+    c.expected_dur,                     -- ns, baseline of the family and size class
+    c.baseline_calls,                   -- calls the baseline is taken over
+    c.dur - c.expected_dur AS excess_dur, -- ns above the baseline
     (SELECT coalesce(sum(min(c.ts + c.dur, o.ts + o.dur) - o.ts), 0) FROM offcpu_interval o
       WHERE o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur
     ) AS offcpu_dur,                    -- ns of the call spent off-CPU
@@ -138,11 +142,21 @@ SELECT
       WHERE o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur
         AND o.state IN (0, 256) AND coalesce(o.syscall, -1) != 24
     ) AS preemptions                    -- times it was preempted inside the call
-FROM cuda_call_named c
-JOIN thread_info t ON t.thread_id = c.thread_id
-LEFT JOIN cuda_baseline b
-    ON b.session_id = c.session_id AND b.family = c.family
-   AND b.size_class = coalesce(c.size_class, -1);
+FROM (
+    -- the baseline looked up per row shown: the stored one by primary key (a complete session),
+    -- else the computed one; a filtered query does not compute every baseline of the session
+    SELECT n.*,
+        coalesce((SELECT x.median_dur FROM cuda_baseline_stored x WHERE x.session_id = n.session_id
+                     AND x.family = n.family AND x.size_class = coalesce(n.size_class, -1)),
+                 (SELECT b.median_dur FROM cuda_baseline b WHERE b.session_id = n.session_id
+                     AND b.family = n.family AND b.size_class = coalesce(n.size_class, -1))) AS expected_dur,
+        coalesce((SELECT x.calls FROM cuda_baseline_stored x WHERE x.session_id = n.session_id
+                     AND x.family = n.family AND x.size_class = coalesce(n.size_class, -1)),
+                 (SELECT b.calls FROM cuda_baseline b WHERE b.session_id = n.session_id
+                     AND b.family = n.family AND b.size_class = coalesce(n.size_class, -1))) AS baseline_calls
+    FROM cuda_call_named n
+) c
+JOIN thread_info t ON t.thread_id = c.thread_id;
 
 -- view: slow_cuda_call
 -- CUDA calls that took at least twice their baseline and at least 200 us more, over a baseline of

@@ -29,6 +29,22 @@ JOIN thread t ON t.id = m.thread_id
 LEFT JOIN process p ON p.id = t.process_id
 JOIN session s ON s.id = m.session_id;
 
+-- view: step_all
+-- The rows of step computed for a whole session at once (the next step through a window function
+-- instead of an index lookup per row): the same columns, for listings.
+CREATE VIEW step_all AS
+SELECT
+    m.id AS step_mark_id, m.session_id, t.process_id, m.thread_id, m.step, m.ts,
+    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) AS end_ts,
+    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) - m.ts AS dur,
+    m.next_ts IS NOT NULL AS complete,
+    m.next_ts IS NULL AND t.exit_ts IS NULL AND p.exit_ts IS NULL AS running,
+    m.inferred
+FROM (SELECT sm.*, lead(sm.ts) OVER (PARTITION BY sm.thread_id ORDER BY sm.ts) AS next_ts FROM step_mark sm) m
+JOIN thread t ON t.id = m.thread_id
+LEFT JOIN process p ON p.id = t.process_id
+JOIN session s ON s.id = m.session_id;
+
 -- view: lineage_interval
 -- Per thread, the intervals during which a lineage tag was current, with its label.
 CREATE VIEW lineage_interval AS

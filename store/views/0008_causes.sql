@@ -13,6 +13,8 @@
 -- window, does not move it). slow = 1 for a stall: at least 1.5 x the baseline and 1 ms more, over
 -- a baseline of at least 3 steps; the last step of a thread that exited is never a stall (it ends
 -- with the program's own shutdown). Thresholds are here, in one place, so a report can quote them.
+-- Computed with window functions over the whole session: use it to list steps. To look up a few
+-- steps, step_baseline_lookup gives the same rows computed per row.
 CREATE VIEW step_baseline AS
 SELECT b.*,
        b.dur - b.baseline_dur AS excess_dur,                 -- ns above the baseline
@@ -27,6 +29,30 @@ FROM (
            json_array_length(n.neighbours) AS baseline_steps  -- steps the median is taken over
     FROM (
         SELECT st.*,
+               json_group_array(st.dur) FILTER (WHERE st.complete) OVER (
+                   PARTITION BY st.thread_id ORDER BY st.ts
+                   ROWS BETWEEN 10 PRECEDING AND 10 FOLLOWING EXCLUDE CURRENT ROW) AS neighbours
+        FROM step_all st
+    ) n
+) b;
+
+-- view: step_baseline_lookup
+-- The rows of step_baseline computed one by one through the (thread_id, ts) index: cheap for
+-- `WHERE step_mark_id = ?` or `WHERE session_id = ? AND step = ?` on a session of any size.
+CREATE VIEW step_baseline_lookup AS
+SELECT b.*,
+       b.dur - b.baseline_dur AS excess_dur,
+       round(1.0 * b.dur / max(b.baseline_dur, 1), 2) AS ratio,
+       coalesce(b.baseline_steps >= 3 AND b.dur >= 1.5 * b.baseline_dur
+                AND b.dur - b.baseline_dur >= 1000000 AND (b.complete OR b.running), 0) AS slow
+FROM (
+    SELECT n.*,
+           (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
+                               FROM json_each(n.neighbours))
+             WHERE rn = (json_array_length(n.neighbours) + 1) / 2) AS baseline_dur,
+           json_array_length(n.neighbours) AS baseline_steps
+    FROM (
+        SELECT st.*,
                (SELECT json_group_array(d) FROM (
                     SELECT * FROM (SELECT p.dur AS d FROM step p
                                    WHERE p.thread_id = st.thread_id AND p.ts < st.ts ORDER BY p.ts DESC LIMIT 10)
@@ -39,9 +65,25 @@ FROM (
 ) b;
 
 -- view: stall
--- The stalled steps (step_baseline.slow = 1).
+-- The stalled steps (slow = 1). Found without computing every median: a step can only be slow if
+-- it is 1.5 x the shortest of its neighbours (the median is never below the minimum), so only
+-- those steps, and each thread's last step, are looked up in step_baseline_lookup.
 CREATE VIEW stall AS
-SELECT * FROM step_baseline WHERE slow = 1;
+WITH d AS (
+    SELECT m.id AS step_mark_id, m.thread_id, m.ts,
+           lead(m.ts) OVER (PARTITION BY m.thread_id ORDER BY m.ts) AS next_ts
+    FROM step_mark m
+), w AS (
+    SELECT d.*, min(d.next_ts - d.ts) OVER nb AS lo, count(d.next_ts) OVER nb AS n
+    FROM d
+    WINDOW nb AS (PARTITION BY d.thread_id ORDER BY d.ts ROWS BETWEEN 10 PRECEDING AND 10 FOLLOWING
+                  EXCLUDE CURRENT ROW)
+)
+SELECT b.*
+FROM w
+JOIN step_baseline_lookup b ON b.step_mark_id = w.step_mark_id
+WHERE (w.next_ts IS NULL OR (w.n >= 3 AND w.next_ts - w.ts >= 1.5 * w.lo AND w.next_ts - w.ts - w.lo >= 1000000))
+  AND b.slow = 1;
 
 -- view: step_offcpu
 -- Causal link: a step -> each off-CPU interval of its thread inside it, clipped to the step, split
@@ -178,28 +220,33 @@ JOIN aer_event e ON e.session_id = r.session_id AND (e.device = r.pci_address OR
                 AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000;
 
 -- view: step_block_request
--- Causal link: a step -> the block requests its process had in flight during it (submitted by
--- any of its threads, or deferred from them by throttling), and the requests kernel threads
--- (writeback, journal) completed while the step's thread was blocked on I/O. overlap_dur: ns of
--- the step the request was in flight.
+-- Causal link: a step -> the block requests of its process that started or completed during it
+-- (submitted by any of its threads, or deferred from them by throttling), and the requests kernel
+-- threads (writeback, journal) completed while the step's thread was blocked in D state.
+-- overlap_dur: ns of the step the request was in flight.
 CREATE VIEW step_block_request AS
 SELECT st.step_mark_id, st.session_id, st.step, r.id AS block_request_id, r.device, r.op, r.ts, r.dur,
        r.queued_dur, r.device_dur, r.size_bytes, r.submitter_kind, r.error, r.io_tag, r.python_stack_id,
        min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts) AS overlap_dur
 FROM step st
 JOIN thread t ON t.process_id = st.process_id
-JOIN block_request r ON r.thread_id = t.id AND r.ts < st.end_ts AND r.ts + r.dur > st.ts
-                    AND r.ts > st.ts - 600000000000
+JOIN block_request r ON r.thread_id = t.id AND r.ts >= st.ts AND r.ts < st.end_ts  -- started in the step
 UNION ALL
 SELECT st.step_mark_id, st.session_id, st.step, r.id, r.device, r.op, r.ts, r.dur,
        r.queued_dur, r.device_dur, r.size_bytes, r.submitter_kind, r.error, r.io_tag, r.python_stack_id,
        min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts)
 FROM step st
-JOIN offcpu o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts
-             AND o.reason IN ('io', 'uninterruptible')
-JOIN block_request r ON r.session_id = st.session_id AND r.submitter_kind = 'kernel_thread'
-                    AND r.ts + r.dur >= o.ts AND r.ts + r.dur <= o.ts + o.dur
-                    AND r.ts > st.ts - 600000000000 AND r.ts < st.end_ts;
+JOIN thread t ON t.process_id = st.process_id
+JOIN block_request r ON r.thread_id = t.id AND r.complete_ts >= st.ts AND r.complete_ts < st.end_ts
+                    AND r.ts < st.ts  -- started before the step, completed in it
+UNION ALL
+SELECT st.step_mark_id, st.session_id, st.step, r.id, r.device, r.op, r.ts, r.dur,
+       r.queued_dur, r.device_dur, r.size_bytes, r.submitter_kind, r.error, r.io_tag, r.python_stack_id,
+       min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts)
+FROM step st
+JOIN offcpu_interval o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts AND o.state = 2
+JOIN block_request r ON r.session_id = st.session_id AND r.complete_ts >= o.ts AND r.complete_ts <= o.ts + o.dur
+                    AND r.submitter_kind = 'kernel_thread';
 
 -- view: step_device_event
 -- Causal link: a step -> device events that hit its block requests (block_request_device_event).
