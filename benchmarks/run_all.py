@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/run_all.py --quick    # fewer repetitions and rates
     .venv/bin/python benchmarks/run_all.py --json     # one JSON object keyed by benchmark
 
-The recording benchmarks (bench_cuda_call, bench_ingest) need root and are reported as skipped
-otherwise; bench_kmsg and bench_pystack run as any user. Exit status is non-zero when a benchmark
-failed its own checks (rows missing, drops where none are allowed), not when a target is missed.
+The recording benchmarks (bench_cuda_call, bench_ingest, bench_block_tracing) need root and are
+reported as skipped otherwise; bench_kmsg and bench_pystack run as any user. Exit status is non-zero
+when a benchmark failed its own checks (rows missing, drops where none are allowed), not when a
+target is missed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _python_bench(name: str, args: list[str], as_json: bool) -> tuple[int, str]:
 
 
 # other benchmarks, run as scripts: name -> whether it has --json
-SCRIPTS = {"bench_kmsg": True, "bench_pystack": False, "bench_markers": True}
+SCRIPTS = {"bench_kmsg": True, "bench_pystack": False, "bench_markers": True, "bench_block_tracing": True}
 
 
 def _script_bench(name: str, as_json: bool) -> tuple[int, str]:
