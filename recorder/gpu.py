@@ -141,6 +141,7 @@ class GpuSampler:
         self.capability: collections.deque[tuple] = collections.deque()
         self.failures: collections.deque[int] = collections.deque()  # ts of samples that failed
         self.status = ("absent", "not started")  # of the 'nvml' probe, for the start summary
+        self._never: set[int] = set()  # NVML answers meaning "this GPU never has that metric"
         self._nvml = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -160,7 +161,6 @@ class GpuSampler:
             self._cap("nvml", target, "absent", str(e))
             return False
         nvml = self._nvml
-        # answers that mean "this GPU never has it", as opposed to one read failing
         self._never = {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION,
                        nvml.NVML_ERROR_FUNCTION_NOT_FOUND}
         ms = round(self.settings.interval_s * 1000)
