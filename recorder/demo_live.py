@@ -53,7 +53,7 @@ def main() -> int:
             h.wait()
 
     workload = [sys.executable, str(ROOT / "tests" / "workloads" / "train_steps.py"),
-                "--libdir", str(out), "--steps", "400", "--cpu", str(cpu)]
+                "--libdir", str(out), "--steps", "400", "--cpu", str(cpu), "--markers", "--quiet"]
     print(f"demo: recording {' '.join(workload[1:2])} pinned to cpu {cpu} into {db}", flush=True)
     code, summary = record_command(
         db, workload, (), "make demo",

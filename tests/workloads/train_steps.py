@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--host-work-us", type=int, default=6000,
                     help="CPU work in Python per step (data loading, bookkeeping)")
     ap.add_argument("--markers", action="store_true", help="call recorder.step(n) at each step")
+    ap.add_argument("--quiet", action="store_true", help="print no JSON at the end (the demo)")
     ap.add_argument("--slow-step", type=int, default=-1, help="this step sleeps --slow-ms longer")
     ap.add_argument("--slow-ms", type=int, default=300)
     ap.add_argument("--jitter", type=float, default=0.0,
@@ -78,6 +79,8 @@ def main() -> None:
             sum(range(200))
         time.sleep(args.step_sleep_us / 1e6 + (args.slow_ms / 1000 if step == args.slow_step else 0))
         step_times.append(time.monotonic() - t0)
+    if args.quiet:
+        return
     print(json.dumps({"pid": os.getpid(), "steps": len(step_times),
                       "max_step_s": round(max(step_times), 4), "step_start_ns": step_starts}), flush=True)
 
