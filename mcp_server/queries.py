@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.causes import all_steps
 from store.db import Store
 from store.errors import UserError
 from store.report import LAYERS, resolve_window, session_row, session_state, slow_calls, utc
@@ -107,9 +108,9 @@ def steps(store: Store, session_id: int | None, limit: int) -> dict:
     session = session_row(store, session_id)
     sid = session["id"]
     off = session["wall_offset_ns"]
-    rows = store.query(
-        "SELECT b.*, p.pid FROM step_baseline b LEFT JOIN process p ON p.id = b.process_id"
-        " WHERE b.session_id = ? ORDER BY b.slow DESC, b.excess_dur DESC, b.ts LIMIT ?", (sid, _limit(limit)))
+    pids = {r["id"]: r["pid"] for r in store.query("SELECT id, pid FROM process WHERE session_id = ?", (sid,))}
+    ranked = sorted(all_steps(store, sid), key=lambda r: (-r["slow"], -(r["excess_dur"] or 0), r["ts"]))
+    rows = [{**r, "pid": pids.get(r["process_id"])} for r in ranked[:_limit(limit)]]
     out = [{"step": r["step"], "step_mark_id": r["step_mark_id"], "pid": r["pid"], "ts": r["ts"],
             "utc": utc(r["ts"] + off), "dur_ns": r["dur"], "baseline_dur_ns": r["baseline_dur"],
             "ratio_to_baseline": r["ratio"], "stalled": bool(r["slow"]), "complete": bool(r["complete"]),

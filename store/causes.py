@@ -96,13 +96,13 @@ def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
             kind = "io_queued"
         else:
             kind = "slow_io"
-        cand.update(kind=kind, request=worst, percentile=_percentile(store, step["session_id"], worst))
+        cand.update(kind=kind, request=worst)
     else:
         cand.update(kind="blocked_io", request=None)
     return cand
 
 
-def _percentile(store: Store, session_id: int, request: dict) -> dict:
+def percentile(store: Store, session_id: int, request: dict) -> dict:
     """Where the request's latency falls among the session's requests of its device and op."""
     span = {"s": session_id, "d": request["device"], "o": request["op"], "v": request["dur"]}
     n = store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o",
@@ -250,3 +250,89 @@ def lineage_at(store: Store, session_id: int, thread_id: int, ts: int, io_tag: i
                      (thread_id, ts))
     return {"tag": tag, "tag_hex": f"0x{tag & (2**64 - 1):016x}", "label": label["label"] if label else None,
             "checkpoint": ckpt["path"] if ckpt and ckpt["phase"] == 1 else None}
+
+
+# -- steps against their rolling baseline -------------------------------------------------------------
+# The same rule as the step_baseline view (store/views/0008_causes.sql), computed here so that a
+# report does not evaluate the view's per-row subqueries once per column: the view is what the
+# sqlite3 shell uses, and tests/test_explain_golden.py checks that both give the same rows.
+STALL_RATIO = 1.5
+STALL_MIN_EXCESS = 1_000_000
+
+
+def _with_baseline(step: dict, neighbours: list[int]) -> dict:
+    ordered = sorted(neighbours)
+    base = ordered[(len(ordered) + 1) // 2 - 1] if ordered else None
+    out = dict(step)
+    out.update(baseline_dur=base, baseline_steps=len(ordered))
+    if base is None:
+        out.update(excess_dur=None, ratio=None, slow=0)
+        return out
+    out.update(excess_dur=step["dur"] - base, ratio=round(step["dur"] / max(base, 1), 2),
+               slow=int(len(ordered) >= 3 and step["dur"] >= STALL_RATIO * base
+                        and step["dur"] - base >= STALL_MIN_EXCESS and bool(step["complete"] or step["running"])))
+    return out
+
+
+def lookup_steps(store: Store, session_id: int, number: int) -> list[dict]:
+    """Every thread's step `number` with its baseline, through the indexes (a few ms)."""
+    out = [_lookup(store, st)
+           for st in store.query("SELECT * FROM step WHERE session_id = ? AND step = ?", (session_id, number))]
+    return sorted(out, key=lambda r: -(r["excess_dur"] or 0))
+
+
+def _lookup(store: Store, st: dict) -> dict:
+    """One step row of the step view with its baseline, from the marks around it."""
+    before = [r[0] for r in store.conn.execute(
+        "SELECT ts FROM step_mark WHERE thread_id = ? AND ts <= ? ORDER BY ts DESC LIMIT ?",
+        (st["thread_id"], st["ts"], NEIGHBOURS + 1))]
+    after = [r[0] for r in store.conn.execute(
+        "SELECT ts FROM step_mark WHERE thread_id = ? AND ts > ? ORDER BY ts LIMIT ?",
+        (st["thread_id"], st["ts"], NEIGHBOURS + 1))]
+    durs = [before[i] - before[i + 1] for i in range(len(before) - 1)]  # the steps before, newest first
+    durs += [after[i + 1] - after[i] for i in range(len(after) - 1)]  # the complete steps after
+    return _with_baseline(st, durs)
+
+
+def all_steps(store: Store, session_id: int) -> list[dict]:
+    """Every step of the session with its baseline, in one pass."""
+    rows = store.query("SELECT * FROM step_all WHERE session_id = ? ORDER BY thread_id, ts", (session_id,))
+    out: list[dict] = []
+    start = 0
+    while start < len(rows):
+        end = start
+        while end < len(rows) and rows[end]["thread_id"] == rows[start]["thread_id"]:
+            end += 1
+        thread = rows[start:end]
+        for i, st in enumerate(thread):
+            before = [r["dur"] for r in thread[max(0, i - NEIGHBOURS):i]]
+            after = [r["dur"] for r in thread[i + 1:i + 1 + NEIGHBOURS] if r["complete"]]
+            out.append(_with_baseline(st, before + after))
+        start = end
+    return out
+
+
+def find_stalls(store: Store, session_id: int, start: int, end: int) -> list[dict]:
+    """The stalled steps whose start lies in [start, end), worst first. A step can only be slow if
+    it is 1.5x the shortest of its neighbours (the median is never below the minimum), so only those
+    steps, and each thread's last step, get their median computed."""
+    rows = store.conn.execute(
+        "SELECT id, thread_id, ts, lead(ts) OVER (PARTITION BY thread_id ORDER BY ts) - ts"
+        " FROM step_mark WHERE session_id = ? ORDER BY thread_id, ts", (session_id,)).fetchall()
+    candidates = []
+    for i, (mark_id, thread_id, ts, dur) in enumerate(rows):
+        if not start <= ts < end:
+            continue
+        if dur is not None:
+            near = [r[3] for r in rows[max(0, i - NEIGHBOURS):i + NEIGHBOURS + 1]
+                    if r[1] == thread_id and r[0] != mark_id and r[3] is not None]
+            if not near or dur < STALL_RATIO * min(near) or dur - min(near) < STALL_MIN_EXCESS:
+                continue
+        candidates.append(mark_id)
+    out = []
+    for mark_id in candidates:
+        st = store.one("SELECT * FROM step WHERE step_mark_id = ?", (mark_id,))
+        row = _lookup(store, st)
+        if row["slow"]:
+            out.append(row)
+    return sorted(out, key=lambda r: -r["excess_dur"])

@@ -5,6 +5,7 @@ Both return plain dicts (the --json output) and render them as text tables.
 
 from __future__ import annotations
 
+from store.causes import all_steps, find_stalls
 from store.db import Store
 from store.report import analyse_step, ms, session_row, utc
 
@@ -15,11 +16,12 @@ STALLS_ANALYSED = 100  # stalls `top` attributes to lines and devices
 def steps(store: Store, session_id: int | None = None, slow_only: bool = False, limit: int = 0) -> dict:
     session = session_row(store, session_id)
     sid = session["id"]
-    where = "WHERE b.session_id = ?" + (" AND b.slow" if slow_only else "")
-    rows = store.query(
-        "SELECT b.*, t.tid, t.pid, t.thread_name, t.process_name FROM step_baseline b"
-        f" JOIN thread_info t ON t.thread_id = b.thread_id {where} ORDER BY b.ts"
-        + (" LIMIT ?" if limit else ""), (sid, limit) if limit else (sid,))
+    names = {r["thread_id"]: r for r in store.query(
+        "SELECT thread_id, tid, pid, thread_name, process_name FROM thread_info WHERE thread_id IN"
+        " (SELECT DISTINCT thread_id FROM step_mark WHERE session_id = ?)", (sid,))}
+    rows = [{**r, **names.get(r["thread_id"], {})} for r in sorted(all_steps(store, sid), key=lambda r: r["ts"])
+            if r["slow"] or not slow_only]
+    rows = rows[:limit] if limit else rows
     out = []
     analysed = 0
     for r in rows:
@@ -54,8 +56,7 @@ def top(store: Store, session_id: int | None = None, limit: int = 5) -> dict:
     """The worst stalls with their causes, and the Python lines and devices they are attributed to."""
     session = session_row(store, session_id)
     sid = session["id"]
-    stalls = store.query("SELECT * FROM stall WHERE session_id = ? ORDER BY excess_dur DESC LIMIT ?",
-                         (sid, STALLS_ANALYSED))
+    stalls = find_stalls(store, sid, 0, 2**63 - 1)[:STALLS_ANALYSED]
     worst, by_line, by_device = [], {}, {}
     for r in stalls:
         a = analyse_step(store, session, r)

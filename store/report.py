@@ -438,8 +438,9 @@ def has_steps(store: Store, session_id: int) -> bool:
 
 
 def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
-    rows = store.query("SELECT * FROM step_baseline_lookup WHERE session_id = ? AND step = ? ORDER BY excess_dur DESC",
-                       (sid, number))
+    from store.causes import lookup_steps
+
+    rows = lookup_steps(store, sid, number)
     if not rows:
         span = store.one("SELECT min(step) AS a, max(step) AS b, count(*) AS n FROM step_mark WHERE session_id = ?",
                          (sid,))
@@ -568,7 +569,9 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
             ]
         path = io_path + [f"{kind.replace('_', ' ')} on {device}"]
     elif kind in ("slow_io", "io_queued", "io_throttled", "blocked_io"):
-        pct = cand.get("percentile") or {}
+        from store.causes import percentile
+
+        pct = percentile(store, step["session_id"], request) if kind == "slow_io" else {}
         facts.update(device=disk, percentile=pct)
         if kind == "slow_io":
             where = ""
@@ -849,8 +852,9 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
     if step is not None:
         rows = _step_rows(store, sid, step)
     else:
-        stalls = store.query("SELECT * FROM stall WHERE session_id = ? AND ts >= ? AND ts < ?"
-                             " ORDER BY excess_dur DESC", (sid, start, end))
+        from store.causes import find_stalls
+
+        stalls = find_stalls(store, sid, start, end)
         rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []
     caps = _capabilities_all(store, sid)
     observed = set(caps["observed"])

@@ -108,3 +108,24 @@ def test_explicit_negatives_name_the_clean_layers(tmp_path: Path) -> None:
     assert "no SWIOTLB bounce detected" in report["negatives"]
     assert "no NVMe timeout or reset" in report["negatives"]
     assert [n["layer"] for n in report["not_observed"]] == ["gpu"]
+
+
+@pytest.mark.parametrize("name", ["nccl-straggler", "cpu-contention"])
+def test_report_baselines_equal_the_views(name: str, tmp_path: Path) -> None:
+    """The report computes step baselines in Python (store/causes.py) for speed; the views are what
+    the sqlite3 shell sees. Both must give the same rows."""
+    from store.causes import all_steps, find_stalls, lookup_steps
+
+    db = tmp_path / f"{name}.db"
+    sid = write_scenario(name, db)
+    keys = ("step_mark_id", "dur", "baseline_dur", "baseline_steps", "excess_dur", "ratio", "slow")
+    with open_store(db, readonly=True) as store:
+        view = [tuple(r[k] for k in keys) for r in store.query("SELECT * FROM step_baseline ORDER BY step_mark_id")]
+        mine = sorted(tuple(r[k] for k in keys) for r in all_steps(store, sid))
+        assert view == mine and any(r[-1] for r in view)
+        stalls = {r["step_mark_id"] for r in store.query("SELECT step_mark_id FROM stall")}
+        assert stalls == {r[0] for r in mine if r[-1]} == {r["step_mark_id"] for r in find_stalls(store, sid, 0, 2**62)}
+        for number in (80_000, 80_017, 80_039):
+            lookup = [tuple(r[k] for k in keys) for r in store.query(
+                "SELECT * FROM step_baseline_lookup WHERE step = ? ORDER BY step_mark_id", (number,))]
+            assert lookup == sorted(tuple(r[k] for k in keys) for r in lookup_steps(store, sid, number))

@@ -53,13 +53,17 @@ FROM (
            json_array_length(n.neighbours) AS baseline_steps
     FROM (
         SELECT st.*,
+               -- the 10 steps before: differences of the 11 marks up to this one; the 10 after:
+               -- differences of the 11 marks after it (a last step without a next mark drops out)
                (SELECT json_group_array(d) FROM (
-                    SELECT * FROM (SELECT p.dur AS d FROM step p
-                                   WHERE p.thread_id = st.thread_id AND p.ts < st.ts ORDER BY p.ts DESC LIMIT 10)
+                    SELECT ts - lag(ts) OVER (ORDER BY ts) AS d
+                    FROM (SELECT n.ts FROM step_mark n WHERE n.thread_id = st.thread_id AND n.ts <= st.ts
+                          ORDER BY n.ts DESC LIMIT 11)
                     UNION ALL
-                    SELECT * FROM (SELECT f.dur AS d FROM step f
-                                   WHERE f.thread_id = st.thread_id AND f.ts > st.ts AND f.complete
-                                   ORDER BY f.ts LIMIT 10))) AS neighbours
+                    SELECT lead(ts) OVER (ORDER BY ts) - ts
+                    FROM (SELECT n.ts FROM step_mark n WHERE n.thread_id = st.thread_id AND n.ts > st.ts
+                          ORDER BY n.ts LIMIT 11))
+                WHERE d IS NOT NULL) AS neighbours
         FROM step st
     ) n
 ) b;
@@ -71,18 +75,39 @@ FROM (
 CREATE VIEW stall AS
 WITH d AS (
     SELECT m.id AS step_mark_id, m.thread_id, m.ts,
-           lead(m.ts) OVER (PARTITION BY m.thread_id ORDER BY m.ts) AS next_ts
+           lead(m.ts) OVER (PARTITION BY m.thread_id ORDER BY m.ts) - m.ts AS dur  -- NULL for a last step
     FROM step_mark m
 ), w AS (
-    SELECT d.*, min(d.next_ts - d.ts) OVER nb AS lo, count(d.next_ts) OVER nb AS n
+    SELECT d.*,
+           min(
+                 coalesce(lag(dur, 1) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 2) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 3) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 4) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 5) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 6) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 7) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 8) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 9) OVER t, 9223372036854775807),
+                 coalesce(lag(dur, 10) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 1) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 2) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 3) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 4) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 5) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 6) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 7) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 8) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 9) OVER t, 9223372036854775807),
+                 coalesce(lead(dur, 10) OVER t, 9223372036854775807)
+           ) AS lo                          -- the shortest of the 20 neighbours
     FROM d
-    WINDOW nb AS (PARTITION BY d.thread_id ORDER BY d.ts ROWS BETWEEN 10 PRECEDING AND 10 FOLLOWING
-                  EXCLUDE CURRENT ROW)
+    WINDOW t AS (PARTITION BY d.thread_id ORDER BY d.ts)
 )
 SELECT b.*
 FROM w
 JOIN step_baseline_lookup b ON b.step_mark_id = w.step_mark_id
-WHERE (w.next_ts IS NULL OR (w.n >= 3 AND w.next_ts - w.ts >= 1.5 * w.lo AND w.next_ts - w.ts - w.lo >= 1000000))
+WHERE (w.dur IS NULL OR (w.dur >= 1.5 * w.lo AND w.dur - w.lo >= 1000000))
   AND b.slow = 1;
 
 -- view: step_offcpu
