@@ -166,3 +166,17 @@ def test_explain_an_empty_database(tmp_path):
     open_store(db, create=True).close()
     one_line_error(run_recorder("explain", "--db", str(db)), "holds no session yet")
     one_line_error(run_recorder("steps", "--db", str(db)), "holds no session yet")
+
+
+def test_explain_an_incomplete_session(tmp_path):
+    """A recorder that died leaves status 'recording' and no stop time: the report says so and
+    still explains the steps it has (the last one ends at its last mark)."""
+    import json
+
+    db = tmp_path / "dead.db"
+    run_recorder("demo", "--no-gpu", "oom-reclaim", "--db", str(db), check=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE session SET status = 'recording', stopped_ts = NULL")
+    report = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
+    assert report["session"]["state"] == "incomplete"
+    assert report["primary_cause"]["kind"] == "memory_reclaim" and report["step"]["step"] == 80042
