@@ -58,6 +58,34 @@ def test_stdio_subprocess_lists_tools_and_matches_recorder_explain(db):
     assert untrusted.unmark(report) == cli_explain(db)
 
 
+def test_stdio_on_a_demo_recording_every_tool_and_the_step_report(tmp_path):
+    """A synthetic recording of an NVMe timeout (recorder demo): every tool answers over real stdio,
+    and explain_stall(step=...) is `recorder explain --step ... --json`."""
+    db = tmp_path / "demo.db"
+    subprocess.run([*RECORDER, "demo", "--no-gpu", "nvme-timeout-checkpoint", "--db", str(db)], check=True,
+                   capture_output=True, cwd=ROOT)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "recorder", "mcp", "--db", str(db)],
+                                   cwd=str(ROOT))
+    calls = [("list_sessions", {}), ("capabilities", {}), ("list_steps", {}), ("top_stalls", {}),
+             ("python_lines", {}), ("io_latency", {}), ("nvme_events", {}), ("kernel_log", {}),
+             ("nccl_collectives", {}), ("evidence", {"kind": "kernel_log", "id": 1}),
+             ("run_sql", {"sql": "SELECT count(*) AS n FROM stall"})]
+
+    async def go() -> dict:
+        async with Client(params) as c:
+            assert len((await c.list_tools()).tools) == TOOL_COUNT
+            for name, args in calls:
+                assert not (await c.call_tool(name, args)).is_error, name
+            result = await c.call_tool("explain_stall", {"step": 80042})
+            assert not result.is_error
+            return result.structured_content
+    report = untrusted.unmark(anyio.run(go))
+    out = subprocess.run([*RECORDER, "explain", "--db", str(db), "--step", "80042", "--json"], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout
+    assert report == json.loads(out)
+    assert report["primary_cause"]["kind"] == "nvme_timeout"
+
+
 # -- HTTPS ----------------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
