@@ -316,23 +316,32 @@ def find_stalls(store: Store, session_id: int, start: int, end: int) -> list[dic
     """The stalled steps whose start lies in [start, end), worst first. A step can only be slow if
     it is 1.5x the shortest of its neighbours (the median is never below the minimum), so only those
     steps, and each thread's last step, get their median computed."""
-    rows = store.conn.execute(
-        "SELECT id, thread_id, ts, lead(ts) OVER (PARTITION BY thread_id ORDER BY ts) - ts"
-        " FROM step_mark WHERE session_id = ? ORDER BY thread_id, ts", (session_id,)).fetchall()
+    rows = store.conn.execute("SELECT thread_id, id, ts FROM step_mark WHERE session_id = ? ORDER BY thread_id, ts",
+                              (session_id,)).fetchall()
     candidates = []
-    for i, (mark_id, thread_id, ts, dur) in enumerate(rows):
-        if not start <= ts < end:
-            continue
-        if dur is not None:
-            near = [r[3] for r in rows[max(0, i - NEIGHBOURS):i + NEIGHBOURS + 1]
-                    if r[1] == thread_id and r[0] != mark_id and r[3] is not None]
-            if not near or dur < STALL_RATIO * min(near) or dur - min(near) < STALL_MIN_EXCESS:
+    first = 0
+    while first < len(rows):
+        last = first
+        while last < len(rows) and rows[last][0] == rows[first][0]:
+            last += 1
+        ids = [r[1] for r in rows[first:last]]
+        tss = [r[2] for r in rows[first:last]]
+        durs = [b - a for a, b in zip(tss, tss[1:], strict=False)]  # complete steps; the last has no end yet
+        for i, ts in enumerate(tss):
+            if not start <= ts < end:
                 continue
-        candidates.append(mark_id)
+            if i == len(durs):  # the thread's last step
+                candidates.append(ids[i])
+                continue
+            near = durs[max(0, i - NEIGHBOURS):i] + durs[i + 1:i + 1 + NEIGHBOURS]
+            if near:
+                lo = min(near)
+                if durs[i] >= STALL_RATIO * lo and durs[i] - lo >= STALL_MIN_EXCESS:
+                    candidates.append(ids[i])
+        first = last
     out = []
     for mark_id in candidates:
-        st = store.one("SELECT * FROM step WHERE step_mark_id = ?", (mark_id,))
-        row = _lookup(store, st)
+        row = _lookup(store, store.one("SELECT * FROM step WHERE step_mark_id = ?", (mark_id,)))
         if row["slow"]:
             out.append(row)
     return sorted(out, key=lambda r: -r["excess_dur"])
