@@ -153,6 +153,12 @@ static __always_inline void pystack_count(u32 slot)
 
 static __always_inline void pystack_submit(struct pystack_scratch *st, u32 status)
 {
+    /* a preemptible kernel can run another capture on this CPU in the middle of a walker program
+     * (BPF programs only disable migration there): then the record is not this thread's any more */
+    if (st->owner != bpf_get_current_pid_tgid()) {
+        pystack_count(PYSTACK_COUNT_CLOBBERED);
+        return;
+    }
     u32 n = st->ev.nframes;
     if (n > PYSTACK_MAX_FRAMES)
         n = PYSTACK_MAX_FRAMES;

@@ -33,6 +33,8 @@ EXAMPLES = {
     "steps": ("recorder steps                         # every step with its baseline\n"
               "  recorder steps --slow --json           # only the stalls"),
     "top": "recorder top\n  recorder top --limit 10 --json",
+    "verify-checkpoints": ("recorder verify-checkpoints                 # the latest session\n"
+                           "  recorder verify-checkpoints --db run.db --session 3 --json"),
     "demo": ("recorder demo --no-gpu --list\n"
              "  recorder demo --no-gpu nvme-timeout-checkpoint\n"
              "  recorder demo --no-gpu nccl-straggler --db /tmp/straggler.db --json"),
@@ -114,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     _db_arg(p)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("--limit", type=int, default=5, metavar="N", help="rows per table (default 5)")
+    p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "verify-checkpoints", "hash a recording's checkpoint files again and say which changed")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
     p = _sub(subs, "demo", "write a synthetic recording of a known stall (no root, no BPF, no GPU) and explain it")
@@ -265,6 +272,16 @@ def cmd_top(args) -> int:
     return 0
 
 
+def cmd_verify_checkpoints(args) -> int:
+    from recorder.checkpoints import render_verification, verify_checkpoints
+    from store.db import open_store
+
+    with open_store(args.db) as store:  # writable: each look is stored as a 'recheck' row
+        results = verify_checkpoints(store, args.session)
+    print(json.dumps(results, indent=1) if args.json else render_verification(results))
+    return 0 if all(r["matches"] for r in results) else 1
+
+
 def cmd_demo(args) -> int:
     from recorder.demo import SCENARIOS, write_scenario
     from store.db import open_store
@@ -313,6 +330,7 @@ def cmd_mcp(args) -> int:
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
     "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
+    "verify-checkpoints": cmd_verify_checkpoints,
     "mcp": cmd_mcp,
 }
 

@@ -815,6 +815,12 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
             continue
         secondary.append(f"{e['n']} {e['kind'].replace('_', ' ')} event{'s' if e['n'] != 1 else ''} "
                          f"during the step ({e['detail']})")
+    for c in store.query(
+            "SELECT final_path, status, reasons FROM checkpoint_integrity WHERE session_id = ? AND pid = ?"
+            " AND open_ts >= ? AND open_ts < ? AND status IN ('incomplete', 'changed', 'missing')",
+            (sid, names.get("pid"), step["ts"], step["ts"] + step["dur"])):
+        secondary.append(f"checkpoint {c['final_path']} written in this step is {c['status']}"
+                         + (f" ({c['reasons']})" if c["reasons"] else ""))
     return {
         "step": step["step"], "step_mark_id": step["step_mark_id"], "ts": step["ts"], "utc": utc(step["ts"] + off),
         "dur_ns": step["dur"], "baseline_dur_ns": step["baseline_dur"], "baseline_steps": step["baseline_steps"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -178,6 +179,10 @@ def test_recheck_finds_a_later_change(recording, tmp_path):
         with open_store(copy) as store:
             again = {r["path"]: r for r in verify_checkpoints(store)}
         assert not again[t["path"]]["matches"]
+        # the same through the command line: exit status 1 and the changed file named
+        cli = run_recorder("verify-checkpoints", "--db", str(copy), "--json")
+        assert cli.returncode == 1
+        assert {r["path"]: r["matches"] for r in json.loads(cli.stdout)}[t["path"]] is False
         assert hashlib.sha256(Path(t["path"]).read_bytes()).hexdigest() == again[t["path"]]["sha256"]
     finally:
         Path(t["path"]).write_bytes(original)

@@ -97,7 +97,7 @@ def test_every_call_has_the_stack_the_workload_saw(interp: str, natives, tmp_pat
         assert call["frames"] == expected, f"seq {t['seq']} via {t['via']}"
     assert truncated == 1
     # deduplicated: far fewer stacks than calls, and the call-site view agrees with frame 0
-    assert q(db, "SELECT count(*) FROM python_stack")[0][0] < len(truth)
+    assert q(db, "SELECT count(DISTINCT python_stack_id) FROM cuda_call")[0][0] < len(truth)
     sites = q(db, "SELECT python_function, python_lineno, python_file FROM cuda_call_python")
     assert {(f, ln) for f, ln, _ in sites} == {(t["frames"][0][1], t["frames"][0][2]) for t in truth}
     cap = q(db, "SELECT status, detail FROM capability WHERE layer = 'python' AND target LIKE 'pid %'")
@@ -139,7 +139,8 @@ def test_train_steps_calls_carry_their_line(tmp_path: Path, native) -> None:
     by_line = q(db, "SELECT python_line, calls FROM python_lines")
     assert dict(by_line) == {f"main() at train_steps.py:{lines[a]}": steps * (3 if a == "cudaLaunchKernel" else 1)
                              for a in lines}
-    assert q(db, "SELECT count(*) FROM python_stack")[0][0] == 4  # one per call site
+    # one per call site (the session also stores the stacks of the thread's off-CPU waits)
+    assert q(db, "SELECT count(DISTINCT python_stack_id) FROM cuda_call")[0][0] == 4
     assert q(db, "SELECT count(*) FROM native_stack_frame WHERE depth = 0 AND symbol IS NULL")[0][0] == 0
     assert {r[0] for r in q(db, "SELECT symbol FROM native_stack_frame WHERE depth = 0")} == set(lines)
 
