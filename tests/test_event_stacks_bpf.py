@@ -28,8 +28,8 @@ def tagged_lines() -> dict[str, int]:
 
 
 def record(db: Path, native, *extra: str) -> dict:
-    res = run_recorder("record", "--db", str(db), "--", sys.executable, str(WORKLOAD),
-                       "--libdir", str(native["dir"]), *extra, timeout=300)
+    res = run_recorder("record", "--db", str(db), "--cuda-lib", str(native["dir"] / "libnccl.so.2"), "--",
+                       sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]), *extra, timeout=300)
     assert res.returncode == 0, res.stderr
     return workload_output(res.stdout)
 

@@ -129,3 +129,29 @@ def test_report_baselines_equal_the_views(name: str, tmp_path: Path) -> None:
             lookup = [tuple(r[k] for k in keys) for r in store.query(
                 "SELECT * FROM step_baseline_lookup WHERE step = ? ORDER BY step_mark_id", (number,))]
             assert lookup == sorted(tuple(r[k] for k in keys) for r in lookup_steps(store, sid, number))
+
+
+def test_gpu_utilisation_in_the_symptom_and_drops(tmp_path: Path) -> None:
+    """With NVML samples in the session, the step's symptom quotes the GPU's utilisation during it
+    against the session median, and gpu_util_drop finds the starved stretch."""
+    import sqlite3
+
+    from recorder.demo import MS, T0
+
+    db = tmp_path / "gpu.db"
+    sid = write_scenario("cpu-contention", db)
+    with open_store(db, readonly=True) as store:
+        step = store.one("SELECT ts, dur FROM step WHERE step = 80042")
+    end = T0 + 30_000 * MS
+    rows = [(sid, ts, 0, "0000:10:1c.0", "demo", 8 if step["ts"] <= ts < step["ts"] + step["dur"] else 97)
+            for ts in range(T0, end, 100 * MS)]
+    with sqlite3.connect(db) as conn:
+        conn.executemany("INSERT INTO gpu_sample (session_id, ts, gpu_index, pci_address, name, util_gpu)"
+                         " VALUES (?, ?, ?, ?, ?, ?)", rows)
+    with open_store(db, readonly=True) as store:
+        report = explain(store, sid)
+        drops = store.query("SELECT * FROM gpu_util_drop")
+    assert report["gpu"]["util_gpu_pct"] == 8 and report["gpu"]["session_median_util_gpu_pct"] == 97
+    assert "GPU utilisation 8.0% (session median 97%)" in report["symptom"]
+    assert len(drops) == 1 and drops[0]["usual_util_gpu"] == 97 and drops[0]["samples"] >= 6
+    assert step["ts"] <= drops[0]["ts"] < step["ts"] + step["dur"]

@@ -407,3 +407,34 @@ SELECT session_id, 'step_mark', step_mark_id, 'dirty_throttle', 'dirty_throttle'
 FROM step_dirty_throttle
 UNION ALL
 SELECT session_id, 'step_mark', step_mark_id, 'during', event_table, event_id, NULL FROM step_machine_event;
+
+-- view: gpu_util_drop
+-- Stretches where a GPU's utilisation (gpu_sample, NVML) fell below half its median over the
+-- session, for at least two consecutive samples: the GPU starved, whatever the host was doing.
+CREATE VIEW gpu_util_drop AS
+WITH ranked AS (
+    SELECT session_id, gpu_index, util_gpu,
+           row_number() OVER (PARTITION BY session_id, gpu_index ORDER BY util_gpu) AS rn,
+           count(*) OVER (PARTITION BY session_id, gpu_index) AS n
+    FROM gpu_sample WHERE util_gpu IS NOT NULL
+), usual AS (
+    SELECT session_id, gpu_index, util_gpu AS median_util FROM ranked WHERE rn = (n + 1) / 2
+), marked AS (
+    SELECT g.session_id, g.gpu_index, g.pci_address, g.ts, g.util_gpu, u.median_util,
+           g.util_gpu < 0.5 * u.median_util AS low,
+           row_number() OVER (PARTITION BY g.session_id, g.gpu_index ORDER BY g.ts)
+             - row_number() OVER (PARTITION BY g.session_id, g.gpu_index, g.util_gpu < 0.5 * u.median_util
+                                  ORDER BY g.ts) AS run
+    FROM gpu_sample g JOIN usual u ON u.session_id = g.session_id AND u.gpu_index = g.gpu_index
+    WHERE g.util_gpu IS NOT NULL
+)
+SELECT session_id, gpu_index,
+       min(pci_address) AS pci_address,     -- the GPU
+       min(ts) AS ts,                       -- ns: first low sample
+       max(ts) - min(ts) AS dur,            -- ns: first to last low sample
+       count(*) AS samples,                 -- low samples in the stretch
+       round(avg(util_gpu), 1) AS util_gpu, -- % average over the stretch
+       min(median_util) AS usual_util_gpu   -- % the GPU's median over the session
+FROM marked WHERE low
+GROUP BY session_id, gpu_index, run
+HAVING count(*) >= 2;
