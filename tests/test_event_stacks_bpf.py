@@ -116,7 +116,8 @@ def test_throttled_io_queued_by_a_kworker_keeps_the_line(tmp_path: Path, native,
                  " WHERE x.device = ? AND t.tid = ? AND x.submitter_kind = 'target_deferred' AND x.op = 'write'"
                  " GROUP BY 1, 2, 3", (name, truth["tid"]))
     sites = {(fn, filename, line): n for fn, filename, line, n in rows}
-    assert sites.get(("direct_write", here, lines["direct"]), 0) >= 4, rows
-    # never another line than the one whose syscall queued them
-    assert set(sites) <= {("direct_write", here, lines["direct"]), ("checkpoint_write", here, lines["fsync"]),
-                          (None, None, None)}, rows
+    # 8 x 64 KiB at 2 MiB/s: the first bios pass, later ones wait for the kworker
+    assert sites.get(("direct_write", here, lines["direct"]), 0) >= 2, rows
+    assert sites.get(("checkpoint_write", here, lines["fsync"]), 0) >= 1, rows
+    # each names the line whose syscall caused it, none is left without
+    assert set(sites) == {("direct_write", here, lines["direct"]), ("checkpoint_write", here, lines["fsync"])}, rows
