@@ -1,17 +1,21 @@
 """The server as users start it: `recorder mcp` over real stdio and over real HTTPS (a self-signed
-certificate made here), a bearer token that is required, refusals to start unsafely, and a second,
-independent client (the MCP Inspector's CLI, run with npx) when it is available."""
+certificate made here), a bearer token that is required, refusals to start unsafely, and independent
+clients when they are available: the MCP Inspector's CLI (run with npx) and Claude Code's `claude mcp`
+commands, driven with the README's own set-up lines."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -208,3 +212,116 @@ def test_mcp_inspector_cli_lists_and_calls_tools(db):
     assert called.returncode == 0, called.stderr
     result = json.loads(called.stdout)
     assert result["structuredContent"]["stalls"][0]["cuda_call_id"] == 8
+
+
+# -- the README's client set-up, run as a new user would --------------------------------------------
+README = ROOT / "README.md"
+README_RECORDER = "/path/to/stall-recorder/.venv/bin/recorder"
+README_DB = "/abs/path/run.db"
+README_URL = "https://127.0.0.1:8765/mcp"
+CLAUDE_STATUS = re.compile(r"^(?P<name>[\w.-]+): .* - (?P<status>✔ Connected|✘ Failed to connect|.+)$", re.M)
+
+
+def readme_mcp_section() -> str:
+    text = README.read_text()
+    return text[text.index("## Ask an assistant (MCP)"):text.index("## Development")]
+
+
+def readme_command(prefix: str) -> list[str]:
+    """A command line from the README's MCP section (joined over backslash continuations), as argv."""
+    lines = [ln.strip() for ln in readme_mcp_section().splitlines()]
+    i = next(i for i, ln in enumerate(lines) if ln.startswith(prefix))
+    text = lines[i]
+    while text.endswith("\\"):
+        i += 1
+        text = text[:-1] + " " + lines[i]
+    return shlex.split(text)
+
+
+def installed_recorder() -> Path:
+    """The `recorder` script of the environment running the tests, standing for the README's path."""
+    script = Path(sys.executable).parent / "recorder"
+    if not script.is_file():
+        pytest.skip(f"needs the recorder script next to {sys.executable} (pip install -e .)")
+    return script
+
+
+def test_readme_cursor_snippet_is_json_and_its_command_serves_the_recording(db):
+    """The `.cursor/mcp.json` snippet (Cursor's documented `mcpServers` / `command` / `args` shape) parses,
+    and the command it names, with the placeholders filled in, answers over real stdio."""
+    section = readme_mcp_section()
+    start = section.index("{", section.index(".cursor/mcp.json"))
+    snippet, _ = json.JSONDecoder().raw_decode(section[start:])
+    server = snippet["mcpServers"]["stall-recorder"]
+    assert server["command"] == README_RECORDER and README_DB in server["args"]
+    args = [str(db) if a == README_DB else a for a in server["args"]]
+    params = StdioServerParameters(command=str(installed_recorder()), args=args, cwd=str(db.parent))
+
+    async def go() -> int:
+        async with Client(params) as c:
+            return len((await c.list_tools()).tools)
+    assert anyio.run(go) == TOOL_COUNT
+
+
+needs_claude = pytest.mark.skipif(shutil.which("claude") is None, reason=(
+    "needs the Claude Code CLI on PATH (npm install @anthropic-ai/claude-code; add node_modules/.bin to PATH)"))
+
+
+@pytest.fixture
+def claude(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """Runs the Claude Code CLI (`claude`, the npm registry package @anthropic-ai/claude-code) with a
+    temporary HOME, in a temporary project folder. `claude mcp add/list/get` need no account and no
+    network: `list` and `get` start each server and report whether it connected."""
+    binary = shutil.which("claude")
+    assert binary is not None
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("CLAUDE", "ANTHROPIC", "NODE_EXTRA_CA_CERTS", "STALL_RECORDER_MCP_TOKEN"))}
+    base.update(HOME=str(home), CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([binary, *args], capture_output=True, text=True, timeout=120, cwd=project,
+                              env={**base, **(env or {})}, stdin=subprocess.DEVNULL)
+    return run
+
+
+def statuses(listed: subprocess.CompletedProcess) -> dict[str, str]:
+    assert listed.returncode == 0, listed.stderr
+    return {m["name"]: m["status"] for m in CLAUDE_STATUS.finditer(listed.stdout)}
+
+
+@needs_claude
+def test_claude_code_adds_the_stdio_server_with_the_readme_command(db, claude, tmp_path):
+    argv = [str(installed_recorder()) if a == README_RECORDER else str(db) if a == README_DB else a
+            for a in readme_command("claude mcp add stall-recorder --")]
+    added = claude(*argv[1:])
+    assert added.returncode == 0 and "Added stdio MCP server stall-recorder" in added.stdout, added.stderr
+    # a control that must fail, so that "Connected" is known to mean the server answered
+    claude("mcp", "add", "missing-db", "--", str(installed_recorder()), "mcp", "--db", str(tmp_path / "none.db"))
+    assert statuses(claude("mcp", "list")) == {"stall-recorder": "✔ Connected", "missing-db": "✘ Failed to connect"}
+    got = claude("mcp", "get", "stall-recorder")
+    assert "Status: ✔ Connected" in got.stdout and "Scope: Local config" in got.stdout, got.stdout
+    without_separator = claude("mcp", "add", "x", str(installed_recorder()), "mcp", "--db", str(db))
+    assert without_separator.returncode != 0 and "unknown option '--db'" in without_separator.stderr
+
+
+@needs_claude
+def test_claude_code_over_https_with_the_token_from_the_environment(tls, https_server, claude, tmp_path):
+    """The README's HTTPS set-up: the header names ${STALL_RECORDER_MCP_TOKEN}, so the token is not
+    written to Claude Code's configuration; the self-signed certificate is trusted through
+    NODE_EXTRA_CA_CERTS and refused without it."""
+    argv = [https_server if a == README_URL else a for a in readme_command("claude mcp add --transport http")]
+    assert argv[-1] == "Authorization: Bearer ${STALL_RECORDER_MCP_TOKEN}"
+    token = tls["token"].read_text().strip()
+    added = claude(*argv[1:])
+    assert added.returncode == 0 and "Added HTTP MCP server stall-recorder-https" in added.stdout, added.stderr
+    claude("mcp", "add", "--transport", "http", "wrong-token", https_server,
+           "--header", "Authorization: Bearer " + "b" * 64)
+    trusted = {"STALL_RECORDER_MCP_TOKEN": token, "NODE_EXTRA_CA_CERTS": str(tls["cert"])}
+    assert statuses(claude("mcp", "list", env=trusted)) == {"stall-recorder-https": "✔ Connected",
+                                                           "wrong-token": "✘ Failed to connect"}
+    untrusted_cert = statuses(claude("mcp", "list", env={"STALL_RECORDER_MCP_TOKEN": token}))
+    assert untrusted_cert["stall-recorder-https"] == "✘ Failed to connect"
+    assert token not in (tmp_path / "home" / ".claude.json").read_text()
