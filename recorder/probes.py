@@ -21,6 +21,8 @@ from recorder.libraries import exported_functions, find_libc
 from recorder.pyframes import PyStackProbe, bpf_source
 
 TRACEFS = Path("/sys/kernel/tracing")
+# "0" turns off the Python stack at each blocking switch of a traced thread (bench_offcpu_stack.py)
+OFFCPU_STACKS_ENV = "STALL_RECORDER_OFFCPU_STACKS"
 
 # Tracepoints each BPF source needs; a source whose tracepoints are missing is left out and
 # recorded as absent instead of failing the whole compile.
@@ -112,6 +114,13 @@ def cgroup_identity(path: str) -> tuple[int, int]:
     return os.stat(p).st_ino, level
 
 
+def offcpu_stacks_enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether off-CPU intervals get the thread's Python stack: on unless $STALL_RECORDER_OFFCPU_STACKS
+    is 0/off/no/false."""
+    value = (os.environ if environ is None else environ).get(OFFCPU_STACKS_ENV, "1")
+    return value.strip().lower() not in ("0", "off", "no", "false")
+
+
 def check_privileges() -> None:
     if os.geteuid() != 0:
         raise NotPrivileged(
@@ -123,7 +132,7 @@ def check_privileges() -> None:
 class Probes:
     """The session's BPF object and everything attached to it."""
 
-    def __init__(self, target: TargetSpec, extra_source: str = "", offcpu_stacks: bool = True) -> None:
+    def __init__(self, target: TargetSpec, extra_source: str = "", offcpu_stacks: bool | None = None) -> None:
         check_privileges()
         if not ensure_tracefs():
             raise ProbeError("tracefs is not mounted and could not be: mount -t tracefs nodev /sys/kernel/tracing")
@@ -158,7 +167,12 @@ class Probes:
                 install()
             except Exception as e:  # every record then says "walker not installed"
                 self._cap("python", probe, "failed", str(e).splitlines()[0][:200])
+        if offcpu_stacks is None:
+            offcpu_stacks = offcpu_stacks_enabled()
         self.set_offcpu_stacks(offcpu_stacks)
+        if "sched" in self.layers:
+            self._cap("python", "off-CPU stacks", "attached" if offcpu_stacks else "absent",
+                      "at each blocking switch" if offcpu_stacks else f"turned off ({OFFCPU_STACKS_ENV}=0)")
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
 

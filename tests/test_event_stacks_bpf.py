@@ -7,6 +7,7 @@ devices."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -121,3 +122,26 @@ def test_throttled_io_queued_by_a_kworker_keeps_the_line(tmp_path: Path, native,
     assert sites.get(("checkpoint_write", here, lines["fsync"]), 0) >= 1, rows
     # each names the line whose syscall caused it, none is left without
     assert set(sites) == {("direct_write", here, lines["direct"]), ("checkpoint_write", here, lines["fsync"])}, rows
+
+
+def test_offcpu_stacks_can_be_turned_off(tmp_path: Path, native) -> None:
+    """$STALL_RECORDER_OFFCPU_STACKS=0: off-CPU intervals without stacks, said so in `capability`;
+    the markers and the collective still carry theirs."""
+    db = tmp_path / "off.db"
+    res = run_recorder("record", "--db", str(db), "--cuda-lib", str(native["dir"] / "libnccl.so.2"), "--",
+                       sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]), timeout=300,
+                       env={**os.environ, "STALL_RECORDER_OFFCPU_STACKS": "0"})
+    assert res.returncode == 0, res.stderr
+    assert q(db, "SELECT count(*) FROM offcpu_interval WHERE python_stack_id IS NOT NULL")[0][0] == 0
+    assert q(db, "SELECT count(*) FROM offcpu_interval WHERE state = 1")[0][0] > 0
+    assert q(db, "SELECT status, detail FROM capability WHERE probe = 'off-CPU stacks'") == [
+        ("absent", "turned off (STALL_RECORDER_OFFCPU_STACKS=0)")]
+    assert call_sites(db, "step_mark") == [("main", str(WORKLOAD), tagged_lines()["step"])] * 3
+
+
+def test_offcpu_stacks_setting() -> None:
+    from recorder.probes import offcpu_stacks_enabled
+
+    assert offcpu_stacks_enabled({}) is True
+    assert offcpu_stacks_enabled({"STALL_RECORDER_OFFCPU_STACKS": "1"}) is True
+    assert all(offcpu_stacks_enabled({"STALL_RECORDER_OFFCPU_STACKS": v}) is False for v in ("0", "off", "No"))
