@@ -90,8 +90,11 @@ def build_app(db: Path, host: str, port: int, token: str | None, extra_hosts: li
     hosts, origins = allowed(host, port, extra_hosts or [])
     public = extra_hosts[0] if host in ("0.0.0.0", "::") and extra_hosts else host
     base = f"https://{f'[{public}]' if ':' in public else public}:{port}"
+    # The verifier accepts one configured token, which names no resource (RFC 8707): checking the
+    # token's resource would refuse it (the SDK warns while this is unset; 3.0 turns it on by default).
     server = build_server(db, token_verifier=StaticTokenVerifier(token),
-                          auth=AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp"))
+                          auth=AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp",
+                                            validate_token_resource=False))
     return server.streamable_http_app(
         transport_security=TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins), host=host)
 

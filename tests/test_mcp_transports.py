@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,9 +24,11 @@ import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPDeprecationWarning
 from test_mcp_recording import make_recording
 
 from mcp_server import untrusted
+from mcp_server.https import build_app
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDER = [sys.executable, "-m", "recorder"]
@@ -165,6 +168,14 @@ def test_https_without_or_with_a_wrong_token_is_401(tls, https_server):
     assert wrong.status_code == 401
     assert evil_host.status_code == 421
     assert evil_origin.status_code == 403
+
+
+def test_https_server_starts_without_sdk_deprecation_warnings(db):
+    """Unset, `validate_token_resource` makes the SDK print a warning at every start, and 3.0 will turn
+    it on by default, which would refuse our tokens (they name no resource): it is set explicitly."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MCPDeprecationWarning)
+        build_app(db, "127.0.0.1", free_port(), "t0k3n-" + "a" * 40)
 
 
 def test_http_refuses_to_start_without_a_usable_token(db, tls):
