@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = subs.add_parser("mcp", help=mcp_help, description=mcp_help,
                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
                             "examples:\n  recorder mcp --db run.db                # stdio, started by the client\n"
-                            "  claude mcp add stall-recorder -- recorder mcp --db /abs/path/run.db\n"
+                            "  claude mcp add stall-recorder -- /abs/.venv/bin/recorder mcp --db /abs/run.db\n"
                             "  recorder mcp --db run.db --http 127.0.0.1:8765 --certfile cert.pem "
                             "--keyfile key.pem --token-file token\n"
                             "the token is read from --token-file (chmod 600) or $STALL_RECORDER_MCP_TOKEN, "
