@@ -11,7 +11,9 @@ child is timed in each mode, the modes interleaved in every repetition: no BPF p
 (measured first), loaded but the child not a target, a target with stack capture off (the off-CPU
 interval only), a target with stack capture on. Prints the median microseconds per round trip,
 the blocking switches per round trip (counted from the off-CPU records) and the capture's cost per
-blocking switch.
+blocking switch, in wall-clock time and as the kernel's own count of time spent in the
+sched_switch program (BPF_ENABLE_STATS; it includes the tail-called walker), which does not depend
+on what else the machine runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 CHILD = r"""
 import os, sys, threading, time
@@ -101,6 +104,13 @@ def measure(round_trips: int, depth: int, reps: int) -> dict:
         target = probes.pystack.configure(child.proc.pid)
         samples: dict[str, list[float]] = {m: [] for m in MODES}
         per_trip: dict[str, float] = {}
+        try:
+            from bench_block_tracing import BpfRunTime
+
+            stats = BpfRunTime(probes.bpf, ["sched:sched_switch"])
+        except Exception as e:  # no bpftool, or a kernel without BPF_ENABLE_STATS
+            stats, stats_error = None, str(e)
+        bpf_ns: dict[str, list[float]] = {m: [] for m in MODES}
         for _ in range(reps + 1):  # the first repetition warms up
             for mode in MODES:
                 targets = probes.bpf["targets"]
@@ -110,12 +120,17 @@ def measure(round_trips: int, depth: int, reps: int) -> dict:
                     probes.add_pid(child.proc.pid)
                 probes.set_offcpu_stacks(mode == "target, stacks on")
                 before = dict(records)
+                ran_before = stats.snapshot()["sched:sched_switch"][0] if stats else 0
                 us = child.run(round_trips)
+                if stats:
+                    bpf_ns[mode].append((stats.snapshot()["sched:sched_switch"][0] - ran_before) / round_trips)
                 probes.consume()  # outside the timed region
                 for kind in records:
                     per_trip[f"{kind} ({mode})"] = (records[kind] - before[kind]) / round_trips
                 samples[mode].append(us)
         counts = probes.pystack.counts()
+        if stats:
+            stats.close()
         probes.cleanup()
     finally:
         child.close()
@@ -133,6 +148,13 @@ def measure(round_trips: int, depth: int, reps: int) -> dict:
     result["offcpu_us_per_blocking_switch"] = ((rt["target, stacks off"] - rt["not a target"]) / blocking
                                                if blocking else None)
     result["walker_counts"] = counts
+    if stats:
+        ns = {m: statistics.median(v[1:]) for m, v in bpf_ns.items()}
+        result["sched_switch_bpf_ns_per_round_trip"] = ns
+        result["capture_bpf_ns_per_blocking_switch"] = ((ns["target, stacks on"] - ns["target, stacks off"]) / blocking
+                                                        if blocking else None)
+    else:
+        result["sched_switch_bpf_ns_per_round_trip"] = f"not measured: {stats_error}"
     return result
 
 
@@ -157,15 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per round trip (stacks on): {r['blocking_switches_per_round_trip']:.2f} blocking switches, "
           f"{r['per_round_trip']['preempted (target, stacks on)']:.2f} preemptions; stack records per "
           f"blocking switch {r['stack_records_per_blocking_switch']:.2f}; walker counts {r['walker_counts']}")
-    print("| mode | us/round trip | added us | vs previous row |")
-    print("|---|---:|---:|---:|")
+    bpf_ns = r["sched_switch_bpf_ns_per_round_trip"]
+    print("| mode | us/round trip | added us | vs previous row | in sched_switch BPF, ns/round trip |")
+    print("|---|---:|---:|---:|---:|")
     prev = base
     for mode, us in per.items():
-        print(f"| {mode} | {us:.2f} | {us - base:.2f} | {us - prev:+.2f} |")
+        ran = f"{bpf_ns[mode]:,.0f}" if isinstance(bpf_ns, dict) and mode in bpf_ns else "-"
+        print(f"| {mode} | {us:.2f} | {us - base:.2f} | {us - prev:+.2f} | {ran} |")
         prev = us
     if r["capture_us_per_blocking_switch"] is not None:
         print(f"off-CPU interval: {r['offcpu_us_per_blocking_switch']:.2f} us per blocking switch; "
               f"stack capture: {r['capture_us_per_blocking_switch']:.2f} us more")
+    if r.get("capture_bpf_ns_per_blocking_switch") is not None:
+        print(f"stack capture in BPF (kernel run time): {r['capture_bpf_ns_per_blocking_switch']:,.0f} ns per blocking "
+              "switch")
     return 0
 
 
