@@ -42,7 +42,11 @@ from recorder.pyframes import (
 
 CAPABILITY_PROBE = "cpython frames"
 PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's row (long syncs)
-RECENT_PER_THREAD = 16  # shared keys already taken, kept per thread for the syscall's other events
+# Shared keys already taken stay per thread for the syscall's other events, e.g. a throttled bio a
+# kworker queues (and the device completes) seconds after the thread's wait took the key: for
+# RECENT_NS after the thread's newest taken key, at most RECENT_PER_THREAD of them.
+RECENT_NS = 30 * 1_000_000_000
+RECENT_PER_THREAD = 4096
 Key = tuple[int, int, int]  # a stack record's (ts, pid, tid)
 _PYTHON_NAME = re.compile(r"python\d|libpython")
 # bpf_get_stackid() errors, as the loss table names them
@@ -414,7 +418,8 @@ class StackRecorder:
         if stack_id is None:
             return recent.get(k[0])
         recent[k[0]] = stack_id
-        if len(recent) > RECENT_PER_THREAD:
+        horizon = k[0] - RECENT_NS
+        while len(recent) > RECENT_PER_THREAD or next(iter(recent)) < horizon:
             del recent[next(iter(recent))]
         return stack_id
 

@@ -1,0 +1,88 @@
+"""How events meet their Python stack records (recorder/stacks.py StackRecorder.join), without BPF:
+records are made with the layout bpf/pystack.h sends, events are plain tuples keyed by them."""
+
+from __future__ import annotations
+
+import struct
+from types import SimpleNamespace
+
+from recorder import stacks
+from recorder.pyframes import STATUS_NO_THREAD_STATE
+from recorder.stacks import StackRecorder
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.rows: dict[str, list[tuple]] = {}
+
+    def table(self, name: str, columns: tuple) -> None:
+        self.rows.setdefault(name, [])
+
+    def add(self, name: str, row: tuple) -> None:
+        self.rows[name].append(row)
+
+    def extend(self, name: str, rows: list) -> None:
+        self.rows[name].extend(rows)
+
+
+def recorder() -> StackRecorder:
+    store = SimpleNamespace(one=lambda sql: {"n": 0})
+    probes = SimpleNamespace(pystack=SimpleNamespace(targets={}), capabilities=[])
+    return StackRecorder(store, FakeWriter(), 1, probes)
+
+
+def record(ts: int, pid: int = 10, tid: int = 11, status: int = STATUS_NO_THREAD_STATE) -> bytes:
+    """A pystacks record without frames: (ts, pid, tid, nframes, status)."""
+    return struct.pack("=QIIII", ts, pid, tid, 0, status)
+
+
+def key(event: tuple):
+    return (event[0], 10, 11) if event[0] else None
+
+
+def test_events_of_one_syscall_share_its_capture() -> None:
+    r = recorder()
+    r.add([record(100)])
+    got = list(r.join("offcpu", [(100, "wait 1"), (100, "wait 2"), (0, "preempted")], key, shared=True))
+    stack_id = got[0][1]
+    assert stack_id is not None
+    assert got == [((100, "wait 1"), stack_id), ((100, "wait 2"), stack_id), ((0, "preempted"), None)]
+    # a kworker-queued request of the same syscall, read in a later flush, still finds it
+    assert list(r.join("block", [(100, "bio")], key, shared=True)) == [((100, "bio"), stack_id)]
+
+
+def test_an_event_read_before_its_stack_waits_one_flush() -> None:
+    r = recorder()
+    assert list(r.join("marker", [(200, "step")], key)) == []  # held back
+    assert r.held("marker")
+    r.add([record(200)])
+    (event, stack_id), = r.join("marker", [], key)
+    assert event == (200, "step") and stack_id is not None
+    assert not r.held("marker")
+    # held once only: a record that never comes (lost in the kernel, counted there) gives None
+    assert list(r.join("marker", [(300, "step")], key)) == []
+    assert list(r.join("marker", [], key)) == [((300, "step"), None)]
+
+
+def test_a_call_takes_its_own_stack_once() -> None:
+    r = recorder()
+    r.add([record(400)])
+    assert list(r.join("cuda", [(400, "call")], key))[0][1] is not None
+    assert r.take((400, 10, 11)) is None  # not shared: popped
+
+
+def test_taken_shared_keys_are_kept_for_a_while_per_thread() -> None:
+    r = recorder()
+    r.add([record(1_000), record(1_000 + stacks.RECENT_NS + 1)])
+    first = r.take((1_000, 10, 11), shared=True)
+    assert r.take((1_000, 10, 11), shared=True) == first
+    r.take((1_000 + stacks.RECENT_NS + 1, 10, 11), shared=True)
+    assert r.take((1_000, 10, 11), shared=True) is None  # older than RECENT_NS before the newest
+
+
+def test_stacks_are_deduplicated() -> None:
+    r = recorder()
+    r.add([record(500), record(501), record(502, tid=12)])
+    ids = {r.take((ts, 10, tid)) for ts, tid in ((500, 11), (501, 11), (502, 12))}
+    assert len(ids) == 1
+    assert [row[4] for row in r.writer.rows["python_stack"]] == ["no python thread state"]
