@@ -24,6 +24,9 @@
  * target's intent (writeback, journal) has none.
  */
 BPF_RINGBUF_OUTPUT(block_events, 256);
+#ifndef BLOCK_RB_FLAGS
+#define BLOCK_RB_FLAGS 0
+#endif
 
 /* types the ext4 tracepoints' fields are declared with (tracefs format), not in BCC's headers */
 typedef u32 ext4_lblk_t;
@@ -199,6 +202,11 @@ TRACEPOINT_PROBE(block, block_bio_queue)
     e.flags = flags;
     bpf_probe_read_kernel(e.rwbs, sizeof(args->rwbs), args->rwbs);
     struct block_key k = {.sector = sector, .dev = e.dev};
+    /* an issued request still under this key never reached block_done: its completion program was
+     * skipped (see block_done), or another request at this sector is in flight; count it */
+    struct block_event *stale = block_inflight.lookup(&k);
+    if (stale && stale->issue_ts)
+        count_drop(PROBE_BLOCK_UNCOMPLETED);
     if (block_inflight.update(&k, &e))
         count_drop(PROBE_BLOCK_MAP);
     if (fresh)
@@ -213,15 +221,31 @@ static __always_inline struct block_event *inflight(u32 dev, u64 sector)
 }
 
 #ifdef HAVE_TP_block_block_bio_frontmerge
-/* the bio becomes the request's new start: its entry now names the request; the request's old
- * entry (keyed by its old start sector) is left to be overwritten, counted in merges */
+/* the bio becomes the request's new start: the request's entry (keyed by its old start, the bio's
+ * end) moves to the bio's sector, replacing the bio's own entry; the earlier submission is kept */
 TRACEPOINT_PROBE(block, block_bio_frontmerge)
 {
-    struct block_event *e = inflight(disk_of(args->dev, 0), args->sector);
-    if (e) {
-        e->flags |= BLOCK_FLAG_FRONT_MERGE;
-        e->merges++;
+    u64 sector = args->sector;
+    u32 dev = disk_of(args->dev, &sector);
+    struct block_key k = {.sector = sector, .dev = dev};
+    struct block_key old = {.sector = sector + args->nr_sector, .dev = dev};
+    struct block_event *e = block_inflight.lookup(&old);
+    if (!e) {
+        /* a request of no traced submitter: the bio's entry names it from now on */
+        e = block_inflight.lookup(&k);
+        if (e) {
+            e->flags |= BLOCK_FLAG_FRONT_MERGE;
+            e->merges++;
+        }
+        return 0;
     }
+    struct block_event moved = *e;
+    moved.sector = sector;
+    moved.flags |= BLOCK_FLAG_FRONT_MERGE;
+    moved.merges++;
+    if (block_inflight.update(&k, &moved))
+        count_drop(PROBE_BLOCK_MAP);
+    block_inflight.delete(&old);
     return 0;
 }
 #endif
@@ -234,6 +258,49 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
     u32 dev = disk_of(args->dev, &sector);
     struct block_key k = {.sector = sector, .dev = dev};
     block_inflight.delete(&k);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_block_block_rq_merge
+/* the I/O scheduler merged this request into the one before it (which ends at its start): that
+ * one's row has its bytes; its own entry would never complete */
+TRACEPOINT_PROBE(block, block_rq_merge)
+{
+    struct block_key k = {.sector = args->sector, .dev = args->dev};
+    block_inflight.delete(&k);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_block_block_split
+/* The block layer splits a bio larger than the device's limits (max_sectors_kb, segments): the
+ * front part keeps the bio's sector and entry, the rest continues at new_sector without another
+ * block_bio_queue (and may be split again). The rest gets a copy of the entry under its own
+ * sector, so each request made from the bio is a row with the bio's submitter and time. */
+TRACEPOINT_PROBE(block, block_split)
+{
+    u64 sector = args->sector;
+    u32 dev = disk_of(args->dev, &sector);
+    u64 rest_sector = args->new_sector + (sector - args->sector);
+    if (rest_sector <= sector)
+        return 0;
+    struct block_key k = {.sector = sector, .dev = dev};
+    struct block_event *e = block_inflight.lookup(&k);
+    if (!e)
+        return 0;
+    u64 front = (rest_sector - sector) << 9;
+    if (e->nr_bytes <= front)
+        return 0;
+    struct block_event rest = *e;
+    rest.sector = rest_sector;
+    rest.nr_bytes = e->nr_bytes - front;
+    rest.flags |= BLOCK_FLAG_SPLIT;
+    e->nr_bytes = front;
+    e->flags |= BLOCK_FLAG_SPLIT;
+    struct block_key rk = {.sector = rest_sector, .dev = dev};
+    if (block_inflight.update(&rk, &rest))
+        count_drop(PROBE_BLOCK_MAP);
     return 0;
 }
 #endif
@@ -253,7 +320,9 @@ TRACEPOINT_PROBE(block, block_rq_issue)
     struct block_event *e = inflight(args->dev, args->sector);
     if (e) {
         e->issue_ts = bpf_ktime_get_ns();
-        e->nr_bytes = args->bytes;
+        /* after a partial completion and a requeue the request is issued again from a later
+         * sector with what is left: its size stays the whole request's */
+        e->nr_bytes = ((args->sector - e->sector) << 9) + args->bytes;
         bpf_probe_read_kernel(e->rwbs, sizeof(args->rwbs), args->rwbs);
     }
     return 0;
@@ -281,21 +350,41 @@ TRACEPOINT_PROBE(block, block_rq_error)
 }
 #endif
 
+/* A completion of nr_sector sectors from `sector`. A driver may complete a request in several calls
+ * (SCSI: blk_update_request with part of it; the request's start moves past the part done): the
+ * entry moves to the next sector and the row is sent once, at the call that completes the rest,
+ * with the whole request's size.
+ *
+ * The kernel runs a tracepoint's BPF program only if no other one is running on that CPU
+ * (bpf_prog_active), and completions run in softirq context that can interrupt any program (or a
+ * task in a BPF map syscall): then this program is skipped (the program's recursion_misses), the
+ * entry stays, and is counted as PROBE_BLOCK_UNCOMPLETED when its key is reused or at stop. */
 static __always_inline void block_done(u32 dev, u64 sector, u32 nr_sector, s32 error, u64 io_tag, u32 ai)
 {
     struct block_key k = {.sector = sector, .dev = dev};
     struct block_event *e = block_inflight.lookup(&k);
     if (!e)
         return;
-    e->complete_ts = bpf_ktime_get_ns();
+    u64 before = (sector - e->sector) << 9;  /* completed by earlier calls */
+    u64 now_done = before + ((u64)nr_sector << 9);
     if (error)
         e->error = error;
-    if (!e->nr_bytes)
-        e->nr_bytes = nr_sector << 9;
+    if (nr_sector && e->issue_ts && now_done < e->nr_bytes) {
+        struct block_event rest = *e;
+        rest.flags |= BLOCK_FLAG_PARTIAL;
+        struct block_key nk = {.sector = sector + nr_sector, .dev = dev};
+        if (block_inflight.update(&nk, &rest))
+            count_drop(PROBE_BLOCK_MAP);
+        block_inflight.delete(&k);
+        return;
+    }
+    e->complete_ts = bpf_ktime_get_ns();
+    if (!e->issue_ts || !e->nr_bytes)
+        e->nr_bytes = now_done;  /* issue not seen: what the completions covered */
     e->io_tag = io_tag;
     if (ai)
         e->flags |= BLOCK_FLAG_AI;
-    if (block_events.ringbuf_output(e, sizeof(*e), 0))
+    if (block_events.ringbuf_output(e, sizeof(*e), BLOCK_RB_FLAGS))
         count_drop(PROBE_BLOCK);
     block_inflight.delete(&k);
 }

@@ -357,7 +357,7 @@ CHECKPOINT = Layout(
 
 LAYOUTS = (*LAYOUTS, BLOCK, RECLAIM, DIRTY, OOM, TCP, DMA, NVME_AI, CHECKPOINT)
 
-_IO_PROBES = ("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_MM", "PROBE_NET", "PROBE_DMA")
+_IO_PROBES = ("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_MM", "PROBE_NET", "PROBE_DMA", "PROBE_BLOCK_UNCOMPLETED")
 for _i, _name in enumerate(_IO_PROBES):
     CONSTANTS[_name] = CONSTANTS["PROBE_COUNT"] + _i
 CONSTANTS["PROBE_COUNT"] += len(_IO_PROBES)
@@ -367,6 +367,8 @@ CONSTANTS.update({
     "BLOCK_FLAG_ERROR": 4,  # block_rq_error fired for it
     "BLOCK_FLAG_FRONT_MERGE": 8,  # its first sector came from a front-merged bio
     "BLOCK_FLAG_AI": 16,  # completed through block_ai_rq_complete (io_tag valid)
+    "BLOCK_FLAG_SPLIT": 32,  # a part of a bio the block layer split (block_split)
+    "BLOCK_FLAG_PARTIAL": 64,  # completed in several block_rq_complete calls (summed into one row)
     "RECLAIM_DIRECT": 0,
     "RECLAIM_MEMCG": 1,
     "DMA_KIND_MAP": 1,
@@ -383,6 +385,9 @@ PROBE_NAMES.update({
     CONSTANTS["PROBE_MM"]: "mm ring buffer",
     CONSTANTS["PROBE_NET"]: "net ring buffer",
     CONSTANTS["PROBE_DMA"]: "dma ring buffer",
+    # issued, and its completion never reached the probe: the kernel skips a tracepoint's BPF program
+    # while another one runs on that CPU (completions run in softirq context and interrupt them)
+    CONSTANTS["PROBE_BLOCK_UNCOMPLETED"]: "block request completion not seen",
 })
 
 

@@ -35,7 +35,7 @@ LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
 OPTIONAL_TRACEPOINTS: dict[str, tuple[str, ...]] = {
     "block": (
         "block:block_rq_insert", "block:block_rq_requeue", "block:block_rq_error",
-        "block:block_bio_backmerge", "block:block_bio_frontmerge",
+        "block:block_bio_backmerge", "block:block_bio_frontmerge", "block:block_rq_merge", "block:block_split",
         "iomap:iomap_iter_dstmap", "ext4:ext4_ext_map_blocks_exit", "ext4:ext4_es_lookup_extent_exit",
         "block:block_ai_rq_complete", "nvme:nvme_ai_timeout",
     ),
@@ -169,8 +169,24 @@ class IoLayer:
                             ("checkpoint_write", CHECKPOINT_COLUMNS)):
             writer.table(table, cols)
         self.events = 0
+        self.probes = probes
         if probes is not None and "block" in probes.layers:
             self._fill_partitions(probes.bpf)
+
+    def finish(self, ts: int) -> int:
+        """At stop, after the last records were read: requests issued whose completion never
+        reached the probe (still in flight, or their completion program skipped: bpf/block.bpf.c,
+        block_done) go to `loss`; returns how many."""
+        if self.probes is None or "block" not in self.probes.layers:
+            return 0
+        try:
+            uncompleted = sum(1 for e in self.probes.bpf["block_inflight"].values() if e.issue_ts)
+        except Exception:  # the map could not be read: nothing to add
+            return 0
+        if uncompleted:
+            self.writer.add("loss", (self.session_id, ts - ts % 1_000_000_000,
+                                     events.PROBE_NAMES[C["PROBE_BLOCK_UNCOMPLETED"]], uncompleted))
+        return uncompleted
 
     def _fill_partitions(self, bpf) -> None:
         import ctypes

@@ -423,6 +423,7 @@ class Session:
             self.gpu.stop()  # its last samples go out with the flush below
         self.probes.consume()
         self.flush()
+        self.io.finish(now_ns())  # block requests whose completion was never seen, into `loss`
         self.housekeeping()
         stop = now_ns()
         self.stacks.finish()

@@ -316,32 +316,29 @@ def find_stalls(store: Store, session_id: int, start: int, end: int) -> list[dic
     """The stalled steps whose start lies in [start, end), worst first. A step can only be slow if
     it is 1.5x the shortest of its neighbours (the median is never below the minimum), so only those
     steps, and each thread's last step, get their median computed."""
-    rows = store.conn.execute("SELECT thread_id, id, ts FROM step_mark WHERE session_id = ? ORDER BY thread_id, ts",
-                              (session_id,)).fetchall()
-    candidates = []
-    first = 0
-    while first < len(rows):
-        last = first
-        while last < len(rows) and rows[last][0] == rows[first][0]:
-            last += 1
-        ids = [r[1] for r in rows[first:last]]
-        tss = [r[2] for r in rows[first:last]]
+    threads = [r[0] for r in store.conn.execute(
+        "SELECT t.id FROM thread t WHERE t.session_id = ?"
+        " AND EXISTS (SELECT 1 FROM step_mark m WHERE m.thread_id = t.id)", (session_id,))]
+    candidates = []  # (thread_id, ts) of steps that may be stalls
+    for thread_id in threads:
+        tss = [r[0] for r in store.conn.execute(  # the covering (thread_id, ts) index, nothing else
+            "SELECT ts FROM step_mark WHERE thread_id = ? ORDER BY ts", (thread_id,))]
         durs = [b - a for a, b in zip(tss, tss[1:], strict=False)]  # complete steps; the last has no end yet
         for i, ts in enumerate(tss):
             if not start <= ts < end:
                 continue
             if i == len(durs):  # the thread's last step
-                candidates.append(ids[i])
+                candidates.append((thread_id, ts))
                 continue
             near = durs[max(0, i - NEIGHBOURS):i] + durs[i + 1:i + 1 + NEIGHBOURS]
             if near:
                 lo = min(near)
                 if durs[i] >= STALL_RATIO * lo and durs[i] - lo >= STALL_MIN_EXCESS:
-                    candidates.append(ids[i])
-        first = last
+                    candidates.append((thread_id, ts))
     out = []
-    for mark_id in candidates:
-        row = _lookup(store, store.one("SELECT * FROM step WHERE step_mark_id = ?", (mark_id,)))
-        if row["slow"]:
-            out.append(row)
+    for key in candidates:
+        for st in store.query("SELECT * FROM step WHERE thread_id = ? AND ts = ?", key):
+            row = _lookup(store, st)
+            if row["slow"]:
+                out.append(row)
     return sorted(out, key=lambda r: -r["excess_dur"])

@@ -129,10 +129,13 @@ def test_cpu_hog_on_the_workloads_core_is_the_cause(tmp_path, native):
     assert report["stall"] is True
     cause = report["primary_cause"]
     assert cause["kind"] == "cpu_contention", cause
-    assert cause["contender_name"] == "busy_loop"
+    # every task that held the CPU is named with its share; the hogs hold a large part of it (on a
+    # machine busy with other work, other tasks on that CPU are contention too, and named as well)
+    hogs = [c for c in cause["contenders"] if c["name"] == "busy_loop"]
+    assert hogs and hogs[0]["cpu_wait_dur_ns"] >= 0.25 * cause["dur_ns"], cause["contenders"]
     assert report["findings"][0]["cpu_wait_dur_ns"] > 0
     text = run_recorder("explain", "--db", str(db), check=True).stdout
-    assert "busy_loop (pid" in text and "Primary cause: CPU contention" in text
+    assert "busy_loop (" in text and "Primary cause: CPU contention" in text
 
 
 def test_start_status_stop_and_a_second_start_is_refused(tmp_path, native):

@@ -7,9 +7,22 @@
 -- One row per completed block request whose submitter was traced. Recorded: requests a target
 -- thread submitted (its own bio, or its throttled bio queued later by a kworker, matched through
 -- its I/O intent), and requests kernel threads (writeback, journal) submitted on disks the targets
--- used. A bio back-merged into a request counts in that request's size; partial completions of
--- one request are not split. Stages: queued = ts -> issue_ts (throttling, I/O scheduler, tag
--- wait), on device = issue_ts -> complete_ts.
+-- used. Stages: queued = ts -> issue_ts (throttling, I/O scheduler, tag wait), on device =
+-- issue_ts -> complete_ts.
+-- How bios map to rows (the sum of size_bytes of a thread's rows is the bytes it moved):
+--   split: a bio larger than the device's limits (max_sectors_kb, segments) is split by the block
+--     layer (block_split) into several requests; each is a row with the bio's submitter, ts and
+--     bio_queue_ts, its own sector and size.
+--   merged: a bio back- or front-merged into a request, and a request the I/O scheduler merged
+--     into another (block_rq_merge), count in the surviving request's row (size_bytes, merges);
+--     that row keeps the earliest submission's thread and ts.
+--   partial completions: a request completed in several block_rq_complete calls (part of it at a
+--     time, possibly requeued in between) is one row with the whole request's size; complete_ts is
+--     the last call.
+--   not seen at issue: issue_ts NULL and size_bytes what its completions covered.
+--   completion not seen: a request issued whose completion never reached the probe (the kernel
+--     skips a tracepoint's BPF program while another one runs on that CPU; or still in flight at
+--     stop) has no row and is counted in `loss` as 'block request completion not seen'.
 CREATE TABLE block_request (
   id INTEGER PRIMARY KEY,                              -- row id
   session_id INTEGER NOT NULL REFERENCES session(id), -- recording session
@@ -21,7 +34,7 @@ CREATE TABLE block_request (
   dev_major INTEGER NOT NULL,                          -- disk major number
   dev_minor INTEGER NOT NULL,                          -- disk minor number
   sector INTEGER NOT NULL,                             -- first 512-byte sector on the whole disk
-  size_bytes INTEGER NOT NULL,                         -- bytes of the request at issue
+  size_bytes INTEGER NOT NULL,                         -- bytes of the request at issue (the whole request, after partial completions)
   op TEXT NOT NULL,                                    -- read, write, discard, secure_erase, flush, other
   rwbs TEXT NOT NULL,                                  -- the block layer's rwbs string as traced (WS, R, FWFS, ...)
   sync INTEGER NOT NULL,                               -- 1 if REQ_SYNC

@@ -13,5 +13,4 @@ ALTER TABLE checkpoint_mark ADD COLUMN python_stack_id INTEGER REFERENCES python
 -- built at stop: the step view finds each step's end through them even while recording.
 CREATE INDEX IF NOT EXISTS step_mark_thread_ts ON step_mark(thread_id, ts);
 CREATE INDEX IF NOT EXISTS step_mark_session_step ON step_mark(session_id, step);
-CREATE INDEX IF NOT EXISTS step_mark_session_thread_ts ON step_mark(session_id, thread_id, ts);
 CREATE INDEX IF NOT EXISTS lineage_mark_thread_ts ON lineage_mark(thread_id, ts);
