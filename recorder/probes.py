@@ -171,7 +171,8 @@ class Probes:
             offcpu_stacks = offcpu_stacks_enabled()
         self.set_offcpu_stacks(offcpu_stacks)
         if "sched" in self.layers:
-            self._cap("python", "off-CPU stacks", "attached" if offcpu_stacks else "absent",
+            # in the sched layer: the python layer is observed only where a process's frames are read
+            self._cap("sched", "python stacks at blocking switches", "attached" if offcpu_stacks else "absent",
                       "at each blocking switch" if offcpu_stacks else f"turned off ({OFFCPU_STACKS_ENV}=0)")
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]

@@ -134,7 +134,7 @@ def test_offcpu_stacks_can_be_turned_off(tmp_path: Path, native) -> None:
     assert res.returncode == 0, res.stderr
     assert q(db, "SELECT count(*) FROM offcpu_interval WHERE python_stack_id IS NOT NULL")[0][0] == 0
     assert q(db, "SELECT count(*) FROM offcpu_interval WHERE state = 1")[0][0] > 0
-    assert q(db, "SELECT status, detail FROM capability WHERE probe = 'off-CPU stacks'") == [
+    assert q(db, "SELECT status, detail FROM capability WHERE probe = 'python stacks at blocking switches'") == [
         ("absent", "turned off (STALL_RECORDER_OFFCPU_STACKS=0)")]
     assert call_sites(db, "step_mark") == [("main", str(WORKLOAD), tagged_lines()["step"])] * 3
 
