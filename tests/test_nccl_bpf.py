@@ -48,6 +48,15 @@ def test_two_ranks_straggler_and_steps(tmp_path, native):
     waits = q("SELECT step, wait_dur FROM nccl_collective_wait WHERE rank = 0 AND wait_dur > 40000000 AND step > 0"
               " ORDER BY step")
     assert [s for s, _ in waits] == [10, 11]
+    # every collective and step mark names the rank's line that made it (its stack at the uprobe)
+    script = (ROOT / "tests" / "workloads" / "nccl_ranks.py").read_text().splitlines()
+    line_of = {what: next(n for n, t in enumerate(script, 1) if what in t)
+               for what in ("nccl.ncclAllReduce(", "recorder.step(")}
+    for table, where, what in (("nccl_call", "x.api_id = (SELECT id FROM nccl_api WHERE name = 'ncclAllReduce')",
+                                "nccl.ncclAllReduce("), ("step_mark", "1", "recorder.step(")):
+        sites = q(f"SELECT p.qualname, p.line, count(*) FROM {table} x"
+                  f" LEFT JOIN python_call_site p ON p.stack_id = x.python_stack_id WHERE {where} GROUP BY 1, 2")
+        assert sites == [("rank_main", line_of[what], 40)], (table, sites)
     # the wait rank 0 reports itself agrees with the recording within 15 ms
     for step, wait in waits:
         assert abs(wait / 1e9 - ranks[0]["step_s"][step]) < 0.015
