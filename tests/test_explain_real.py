@@ -55,9 +55,11 @@ def test_throttled_checkpoint_fsync_is_the_cause(tmp_path, write_throttled):
     assert cause["share_of_stall"] > 0.5
     text = run_recorder("explain", "--db", str(db), "--step", str(truth["ckpt_step"]), check=True).stdout
     assert "Primary cause: I/O queued in blk-throttle" in text and truth["label"] in text
-    # the same step through the listing
+    # the same step through the listing, the worst of the stalled ones (a first step may be slow
+    # too: it pays for the recorder reading the new process)
     steps = json.loads(run_recorder("steps", "--db", str(db), "--slow", "--json", check=True).stdout)
-    assert [s["step"] for s in steps["steps"]] == [truth["ckpt_step"]]
+    slow = {s["step"]: s["dur_ns"] for s in steps["steps"]}
+    assert max(slow, key=slow.get) == truth["ckpt_step"] and set(slow) <= {0, truth["ckpt_step"]}, slow
 
 
 def test_nvme_timeout_in_the_kernel_log_during_a_tagged_write(tmp_path, write_throttled):
