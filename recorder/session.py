@@ -110,6 +110,7 @@ class Session:
         self.raw: dict[str, list[bytes]] = {"offcpu": [], "cuda": [], "task": [], "pystack": []}
         self.known_pids: set[int] = set()
         self.stopping = False
+        self._deferred_exits: list[tuple] = []  # task exit records retired at the next flush
         self.gpu_settings = gpu
         self.gpu: GpuSampler | None = None
 
@@ -316,9 +317,11 @@ class Session:
         self.workload.flush()  # before task events: an exit retires the thread's identity
         self.checkpoints.flush()
         self.io.flush()  # also before: a thread's block requests complete before it exits
-        for rec in tasks:
-            if rec[1] == events.CONSTANTS["TASK_EXIT"]:
-                self._task_event(*rec)
+        # Exits retire a thread's identity one flush late: rows held back for their stack record
+        # are written in the next flush and must still find the thread they belong to.
+        for rec in self._deferred_exits:
+            self._task_event(*rec)
+        self._deferred_exits = [rec for rec in tasks if rec[1] == events.CONSTANTS["TASK_EXIT"]]
         self.kernel_log.poll()
         if self.gpu:
             self.gpu.flush()
@@ -428,6 +431,9 @@ class Session:
         stop = now_ns()
         self.stacks.finish()
         self.flush()  # the calls held back for their stack record, and the capability rows
+        for rec in self._deferred_exits:  # the last exits, now that nothing is held back
+            self._task_event(*rec)
+        self._deferred_exits = []
         for tid, rec in self.probes.open_offcpu():
             ident = self.identity
             th = ident.thread(tid, rec.pid, bytes(rec.comm), rec.ts)
