@@ -271,6 +271,11 @@ class Session:
             now = time.monotonic()
             # exec and dlopen may have mapped a CUDA library: attach before the next call
             if self.raw["task"] or now - last_flush >= FLUSH_INTERVAL_S:
+                # A poll reads only the rings that woke it; the block ring wakes the consumer at most
+                # every 50 ms per CPU (bpf/block.bpf.c), so its records would lag the task ring and a
+                # thread's exit could retire its identity before its last requests were read. Every
+                # ring is read to the end before each flush.
+                self.probes.consume()
                 self.flush()
                 last_flush = now
             if now - last_house >= HOUSEKEEPING_INTERVAL_S:

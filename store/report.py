@@ -204,15 +204,16 @@ def _call_text(call: dict) -> str:
     return text
 
 
-def _capabilities(store: Store, session_id: int) -> dict:
+def _capabilities(store: Store, session_id: int, layers: dict[str, str] = LAYERS) -> dict:
+    """Which of `layers` the session observed, and for the others why not."""
     rows = store.query(
         "SELECT layer, status, count(*) AS n FROM capability WHERE session_id = ? GROUP BY layer, status",
         (session_id,),
     )
     attached = {r["layer"] for r in rows if r["status"] == "attached"}
-    observed = [k for k in LAYERS if k in attached]
+    observed = [k for k in layers if k in attached]
     not_observed = []
-    for layer, label in LAYERS.items():
+    for layer, label in layers.items():
         if layer in attached:
             continue
         reasons = store.query(
@@ -862,7 +863,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
 
         stalls = find_stalls(store, sid, start, end)
         rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []
-    caps = _capabilities_all(store, sid)
+    caps = _capabilities(store, sid, STEP_LAYERS)
     observed = set(caps["observed"])
     lost = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
     base = {
@@ -936,23 +937,6 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
 
 def _window(a: int, b: int, off: int) -> dict:
     return {"start_ts": a, "end_ts": b, "start_utc": utc(a + off), "end_utc": utc(b + off), "dur_ns": b - a}
-
-
-def _capabilities_all(store: Store, session_id: int) -> dict:
-    rows = store.query("SELECT layer, status FROM capability WHERE session_id = ?", (session_id,))
-    attached = {r["layer"] for r in rows if r["status"] == "attached"}
-    observed = [k for k in STEP_LAYERS if k in attached]
-    not_observed = []
-    for layer, label in STEP_LAYERS.items():
-        if layer in attached:
-            continue
-        reasons = store.query(
-            "SELECT DISTINCT status || ': ' || probe"
-            " || CASE WHEN detail != '' THEN ' (' || detail || ')' ELSE '' END AS why"
-            " FROM capability WHERE session_id = ? AND layer = ? LIMIT 3", (session_id, layer))
-        not_observed.append({"layer": layer, "what": label,
-                             "why": "; ".join(r["why"] for r in reasons) or "not recorded by this session"})
-    return {"observed": observed, "not_observed": not_observed}
 
 
 def render_step_text(report: dict, stack: bool = False) -> str:

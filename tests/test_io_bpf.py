@@ -153,7 +153,10 @@ def test_exact_percentiles_match_python(tmp_path, ext4_loop):
     db = tmp_path / "p.db"
     record(db, "dd", "if=/dev/zero", f"of={mnt}/dd.bin", "bs=4k", "count=3000", "oflag=direct")
     durs = [r[0] for r in q(db, "SELECT dur FROM block_request WHERE device = ? AND op = 'write'", (name,))]
-    assert len(durs) >= 3000
+    # a completion the kernel did not run the probe for (another BPF program was running on that CPU)
+    # is counted as a loss, never silent: the stored rows and that count add up to the 3000 writes
+    unseen = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe = 'block request completion not seen'")[0][0]
+    assert len(durs) + unseen >= 3000 and unseen <= 30, (len(durs), unseen)
     row = q(db, "SELECT requests, p50_dur, p99_dur, p999_dur, max_dur FROM block_latency"
                 " WHERE device = ? AND op = 'write'", (name,))[0]
     assert row == (len(durs), _percentile(durs, 0.5), _percentile(durs, 0.99), _percentile(durs, 0.999), max(durs))

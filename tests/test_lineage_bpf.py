@@ -33,11 +33,14 @@ def test_tagged_checkpoint_write_carries_tag_label_and_step(tmp_path, native, ex
                      (tid, loop))
 
     tagged = requests(truth["tagged"]["tid"])
-    assert len(tagged) >= 2 and sum(r[4] for r in tagged) >= 1 << 20  # the shard, written back by the fsync
-    assert {r[:4] for r in tagged} == {(7, tag, truth["label"], "thread")}
+    threads = q(db, "SELECT id, tid, name, first_ts, exit_ts, traced FROM thread WHERE tid IN (?, ?)",
+                (truth["tagged"]["tid"], truth["untagged"]["tid"]))
+    assert len(threads) == 2, threads  # one identity per thread, however late its last rows were read
+    assert len(tagged) >= 2 and sum(r[4] for r in tagged) >= 1 << 20, tagged  # the shard, written back by the fsync
+    assert {r[:4] for r in tagged} == {(7, tag, truth["label"], "thread")}, tagged
     untagged = requests(truth["untagged"]["tid"])
-    assert len(untagged) >= 2 and sum(r[4] for r in untagged) >= 1 << 20
-    assert {r[:4] for r in untagged} == {(8, None, None, None)}
+    assert len(untagged) >= 2 and sum(r[4] for r in untagged) >= 1 << 20, untagged
+    assert {r[:4] for r in untagged} == {(8, None, None, None)}, untagged
     # the journal's commits (jbd2, a kernel thread) carry no tag without the kernel patch series
     kernel = q(db, "SELECT count(*), count(tag), count(step) FROM block_request_lineage"
                    " WHERE submitter_kind = 'kernel_thread' AND device = ?", (loop,))
