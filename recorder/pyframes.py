@@ -664,7 +664,18 @@ class StackResolver:
         qual = struct.unpack_from("<Q", head, o.code_qualname)[0] if o.code_qualname else name
         filename = struct.unpack_from("<Q", head, o.code_filename)[0]
         table = struct.unpack_from("<Q", head, o.code_linetable)[0]
-        return _Code(self._str(t, filename), self._str(t, qual), firstlineno, self._bytes(t, table))
+        info = _Code(self._str(t, filename), self._str(t, qual), firstlineno, self._bytes(t, table))
+        # The code object may have been freed while its strings were read, and they reused by
+        # another object's: the fields used (and on 3.10/3.11 the name's hash) read again must be
+        # unchanged (not the whole head: the reference count changes all the time).
+        again = self._read(t.pid, code, 144)
+        used = [(8, 8), (o.code_firstlineno, 4), (o.code_name, 8), (o.code_filename, 8), (o.code_linetable, 8)]
+        used += [(off, size) for off, size in ((o.code_qualname, 8), (o.code_version, 4)) if off]
+        if any(again[off:off + size] != head[off:off + size] for off, size in used):
+            return None
+        if version is None and struct.unpack_from("<q", self._read(t.pid, name + o.str_hash, 8))[0] != name_hash:
+            return None
+        return info
 
     def _str(self, t: PythonTarget, addr: int) -> str:
         o = t.offsets
