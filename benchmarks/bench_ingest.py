@@ -10,13 +10,17 @@ committed), the drops counted in the `loss` table and the database's bytes per r
 Because on a small VM the producer (one uprobe+uretprobe trap per call) may be slower than the
 consumer, a second measurement isolates the consumer: the hammer makes a burst of calls that fits
 in the ring buffer while the consumer is paused, then the consumer drains it and the time to drain
-gives the consumer's capacity. Time inside the loop is split into ring-buffer polling (BCC's
-ring_buffer_poll and one Python callback per record), unpacking into row tuples (`_cuda_rows`:
-struct.iter_unpack plus tuple building) and writing (executemany + commit), by wrapping those
-methods of the live session (the recorder code itself is unchanged).
+gives the consumer's capacity. Time inside the loop is split into ring-buffer reading
+(`Probes.poll`: the rings' memory mapping read in blocks, or with --bcc-rings BCC's
+ring_buffer_poll and one Python callback per record), the Python stack records (`stacks.add`),
+unpacking into row tuples (`_cuda_rows`: struct.iter_unpack plus tuple building) and handing the
+batch to the writer (`Writer.flush`; the writer thread's executemany + commit runs beside the
+loop and shows in the total), by wrapping those methods of the live session (the recorder code
+itself is unchanged).
 
     .venv/bin/python benchmarks/bench_ingest.py                       # rates 25k..200k + flat out
     .venv/bin/python benchmarks/bench_ingest.py --rates 50000,100000 --threads 2 --seconds 5
+    .venv/bin/python benchmarks/bench_ingest.py --rates 100000 --bcc-rings   # BCC's reader
     .venv/bin/python benchmarks/bench_ingest.py --json
 """
 
@@ -41,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_cuda_call import build_c, skip_reason  # noqa: E402
 
 TARGET_EVENTS_PER_S = 300_000  # issue 2
-RING_RECORDS = 65_536  # cuda_events: 2048 pages of 4 KiB / (120-byte record + 8-byte header)
+RING_RECORDS = 61_680  # cuda_events: 2048 pages of 4 KiB / (128-byte record + 8-byte header)
 
 HAMMER_C = r"""
 /* Calls a stand-in CUDA API from THREADS threads, paced at RATE calls/s in all (0: as fast as
@@ -149,15 +153,20 @@ class Timers:
     """Wraps the live session's poll, row-building and write steps with wall-clock accumulators."""
 
     def __init__(self, session) -> None:
-        self.poll_s = self.rows_s = self.write_s = 0.0
+        self.poll_s = self.stacks_s = self.rows_s = self.write_s = 0.0
         self.last_commit = 0.0
-        probes, writer = session.probes, session.writer
-        poll, cuda_rows, flush = probes.poll, session._cuda_rows, writer.flush
+        probes, writer, stacks = session.probes, session.writer, session.stacks
+        poll, cuda_rows, flush, add = probes.poll, session._cuda_rows, writer.flush, stacks.add
 
         def timed_poll(timeout_ms: int) -> None:
             t = time.perf_counter()
             poll(timeout_ms)
             self.poll_s += time.perf_counter() - t
+
+        def timed_add(records: list[bytes]) -> None:
+            t = time.perf_counter()
+            add(records)
+            self.stacks_s += time.perf_counter() - t
 
         def timed_rows(joined: bytes) -> list[tuple]:
             t = time.perf_counter()
@@ -173,6 +182,7 @@ class Timers:
             return n
 
         probes.poll = timed_poll
+        stacks.add = timed_add
         session._cuda_rows = timed_rows
         writer.flush = timed_flush
 
@@ -248,7 +258,8 @@ def sustained(exe: Path, library: Path, api: str, threads: int, rate: int, secon
         "rows": rows, "rows_per_s": rows / span, "dropped": lost, "offcpu_rows": offcpu,
         "db_bytes": db.stat().st_size, "bytes_per_row": db.stat().st_size / max(rows, 1),
         "recorder_cpu_s": cpu, "span_s": span,
-        "poll_s": timers.poll_s, "rows_s": timers.rows_s, "write_s": timers.write_s,
+        "poll_s": timers.poll_s, "stacks_s": timers.stacks_s, "rows_s": timers.rows_s,
+        "write_s": timers.write_s,
     }
 
 
@@ -274,7 +285,7 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
         cpu = _cpu_s() - cpu0
         session.finish()
         per.append({"calls": calls, "wall_s": wall, "cpu_s": cpu, "poll_s": timers.poll_s,
-                    "rows_s": timers.rows_s, "write_s": timers.write_s})
+                    "stacks_s": timers.stacks_s, "rows_s": timers.rows_s, "write_s": timers.write_s})
     rows, lost, _ = _stored(db, api)
     total_calls = sum(p["calls"] for p in per)
 
@@ -286,7 +297,8 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
         "rows_exact": rows == total_calls,
         "events_per_s": 1e9 / med("wall_s"),
         "ns_per_event": {"total_wall": med("wall_s"), "cpu": med("cpu_s"), "poll": med("poll_s"),
-                         "unpack_rows": med("rows_s"), "executemany_commit": med("write_s")},
+                         "stack_records": med("stacks_s"), "unpack_rows": med("rows_s"),
+                         "hand_to_writer": med("write_s")},
     }
 
 
@@ -311,6 +323,8 @@ def measure(api: str, threads: int, rates: list[int], seconds: float, burst: int
         "best_zero_drop_rows_per_s": best["rows_per_s"] if best else 0.0,
         "bytes_per_row_marginal": marginal,
         "drain": capacity, "target_events_per_s": TARGET_EVENTS_PER_S,
+        "ring_reader": "BCC callbacks" if os.environ.get("STALL_RECORDER_BCC_RINGS") == "1"
+        else "memory-mapped, in blocks",
         "load_avg": os.getloadavg(),
     }
 
@@ -346,9 +360,10 @@ def render(r: dict) -> str:
         "",
         "| step | ns/event |",
         "|---|---:|",
-        f"| ring_buffer_poll + Python callback per record | {ns['poll']:,.0f} |",
+        f"| ring buffers read (`Probes.poll`, {r['ring_reader']}) | {ns['poll']:,.0f} |",
+        f"| Python stack records (`stacks.add`) | {ns['stack_records']:,.0f} |",
         f"| unpack + row tuples (`_cuda_rows`) | {ns['unpack_rows']:,.0f} |",
-        f"| executemany + commit (`Writer.flush`) | {ns['executemany_commit']:,.0f} |",
+        f"| hand over to the writer thread (`Writer.flush`) | {ns['hand_to_writer']:,.0f} |",
         f"| total wall | {ns['total_wall']:,.0f} |",
         f"| recorder process CPU | {ns['cpu']:,.0f} |",
         "",
@@ -362,7 +377,7 @@ def render(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[-4:]),
+        description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[-5:]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--api", default="cudaLaunchKernel",
                     choices=("cudaLaunchKernel", "cudaStreamSynchronize"),
@@ -374,8 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst", type=int, default=60_000,
                     help=f"calls per drain burst (under the {RING_RECORDS:,} the ring holds)")
     ap.add_argument("--reps", type=int, default=5, help="drain bursts")
+    ap.add_argument("--bcc-rings", action="store_true",
+                    help="read the rings with BCC's callback per record (as before the mapped reader)")
     ap.add_argument("-j", "--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    if args.bcc_rings:
+        os.environ["STALL_RECORDER_BCC_RINGS"] = "1"
     reason = skip_reason()
     if reason:
         print(json.dumps({"skipped": reason}) if args.json else f"bench_ingest: skipped: {reason}")

@@ -25,6 +25,9 @@ _CTYPES: dict[str, tuple[str, int]] = {
 }
 
 
+_FRAMED: dict[str, struct.Struct] = {}  # layout name -> its struct after a ring header
+
+
 @dataclass(frozen=True)
 class Layout:
     """A fixed-size record: a C struct and its Python struct format from the same field list."""
@@ -65,6 +68,18 @@ class Layout:
 
     def iter_unpack(self, joined: bytes):
         return self._struct.iter_unpack(joined)
+
+    @property
+    def framed_size(self) -> int:
+        """Bytes per record as a ring buffer holds it: its 8-byte header, then the record."""
+        return self._struct.size + 8
+
+    def iter_framed(self, joined: bytes):
+        """Records read in blocks from a ring buffer (recorder/ringbuf.py), headers skipped."""
+        framed = _FRAMED.get(self.name)
+        if framed is None:
+            framed = _FRAMED[self.name] = struct.Struct("=8x" + self._struct.format[1:])
+        return framed.iter_unpack(joined)
 
     def c_struct(self) -> str:
         lines = [f"/* {self.doc} */", f"struct {self.name} {{"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bpf
-from recorder import checkpoints, cuda, events, iolayer, kheaders
+from recorder import checkpoints, cuda, events, iolayer, kheaders, ringbuf
 from recorder.errors import NotPrivileged, ProbeError
 from recorder.libraries import exported_functions, find_libc
 from recorder.pyframes import PyStackProbe, bpf_source
@@ -176,6 +176,8 @@ class Probes:
                       "at each blocking switch" if offcpu_stacks else f"turned off ({OFFCPU_STACKS_ENV}=0)")
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
+        self.rings: ringbuf.RingSet | None = None  # set by open_rings() where the fast reader works
+        self._skipped_seen = 0
 
     def _cap(self, layer: str, probe: str, status: str, detail: str = "", target: str = "") -> None:
         self.capabilities.append(Capability(layer, probe, status, detail, target, now_ns()))
@@ -271,25 +273,55 @@ class Probes:
                 self._cap("task", sym, "failed", str(e).splitlines()[0][:200], libc)
 
     # -- consumption ------------------------------------------------------------------------------
-    def open_rings(self, sinks: dict[str, Callable[[bytes], None]]) -> None:
-        """Register one sink per ring buffer name; each gets every record's raw bytes."""
+    def open_rings(self, sinks: dict[str, Callable[[bytes], None]],
+                   blocks: dict[str, int] | None = None) -> None:
+        """Register one sink per ring buffer name; each gets every record's raw bytes. A ring named
+        in `blocks` (name -> record size) hands its sink blocks of framed records instead
+        (recorder/ringbuf.py: an 8-byte header before each record; `events.Layout.iter_framed`).
+
+        On x86-64 the rings are read from their memory mapping (a loop over many records per call,
+        no Python callback per record); elsewhere, or with STALL_RECORDER_BCC_RINGS=1, through
+        BCC's callback per record.
+        """
+        blocks = blocks or {}
+        fast = ringbuf.supported() and os.environ.get("STALL_RECORDER_BCC_RINGS") != "1"
+        self.rings = ringbuf.RingSet() if fast else None
         for name, sink in sinks.items():
             try:
                 table = self.bpf[name]
             except KeyError:  # its layer was left out
                 continue
+            if self.rings is not None:
+                self.rings.add(table.map_fd, table.max_entries, sink, blocks.get(name))
+                continue
 
-            def callback(ctx, data, size, _sink=sink):
-                _sink(ctypes.string_at(data, size))
+            def callback(ctx, data, size, _sink=sink, _framed=name in blocks):
+                record = ctypes.string_at(data, size)
+                _sink(ringbuf.frame(record) if _framed else record)
                 return 0
 
             table.open_ring_buffer(callback)
 
     def poll(self, timeout_ms: int) -> None:
-        self.bpf.ring_buffer_poll(timeout_ms)
+        if self.rings is not None:
+            self.rings.poll(timeout_ms)
+        else:
+            self.bpf.ring_buffer_poll(timeout_ms)
 
     def consume(self) -> None:
-        self.bpf.ring_buffer_consume()
+        if self.rings is not None:
+            self.rings.consume()
+        else:
+            self.bpf.ring_buffer_consume()
+
+    def skipped_records(self) -> int:
+        """Records of another size found in a ring read in blocks since the last call (skipped;
+        none is expected: each such ring carries one struct)."""
+        if self.rings is None:
+            return 0
+        total = sum(ring.malformed for ring in self.rings.rings)
+        delta, self._skipped_seen = total - self._skipped_seen, total
+        return delta
 
     def read_drops(self) -> list[int]:
         """Per-probe events lost since the last call."""
@@ -308,4 +340,7 @@ class Probes:
         return [(k.value, v) for k, v in self.bpf["offcpu_open"].items()]
 
     def cleanup(self) -> None:
+        if self.rings is not None:
+            self.rings.close()
+            self.rings = None
         self.bpf.cleanup()

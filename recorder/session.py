@@ -68,6 +68,9 @@ _LAYOUT_FIELDS = {
     "launch_rt_ex": {"function", "launch", "stream"},
 }
 _API_FIELDS = [_LAYOUT_FIELDS[api.layout] for api in cuda.APIS]
+# per API: (size, stream, launch, pointer, handle, memcpy_kind) are meaningful
+_API_FLAGS = [tuple(name in fields for name in ("size", "stream", "launch", "pointer", "handle", "memcpy_kind"))
+              for fields in _API_FIELDS]
 
 
 def status_path(db: Path) -> Path:
@@ -179,7 +182,7 @@ class Session:
             **self.io.sinks(),
             **self.workload.sinks(),
             **self.checkpoints.sinks(),
-        })
+        }, blocks={"offcpu_events": events.OFFCPU.size, "cuda_events": events.CUDA.size})
         for pid in self.target.pids:
             self._scan_process(pid, "maps", started)
         self.gpu = GpuSampler(self.writer, self.session_id, gpu_settings)
@@ -287,8 +290,11 @@ class Session:
         sid = self.session_id
         ident = self.identity
         raw_off, raw_cuda, raw_task = self.raw["offcpu"], self.raw["cuda"], self.raw["task"]
-        self.counters.events["offcpu"] += len(raw_off)
-        self.counters.events["cuda"] += len(raw_cuda)
+        # offcpu and cuda come in blocks of framed records (Probes.open_rings)
+        joined_off = b"".join(raw_off)
+        joined_cuda = b"".join(raw_cuda)
+        self.counters.events["offcpu"] += len(joined_off) // events.OFFCPU.framed_size
+        self.counters.events["cuda"] += len(joined_cuda) // events.CUDA.framed_size
         self.counters.events["task"] += len(raw_task)
         # Forks and execs first, so this batch's events of a new process image get its identity;
         # exits last, so the exiting thread's final events still find theirs.
@@ -302,7 +308,7 @@ class Session:
         if raw_off or self.stacks.held("offcpu"):
             rows = []
             threads = ident.threads
-            for rec, py_stack in self.stacks.join("offcpu", events.OFFCPU.iter_unpack(b"".join(raw_off)),
+            for rec, py_stack in self.stacks.join("offcpu", events.OFFCPU.iter_framed(joined_off),
                                                   _offcpu_stack_key, shared=True):
                 (ts, dur, cg, state, wakeup_ts, contender_run, stack_ts, pid, tid, cpu, next_tid, waker_tid,
                  waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,
@@ -317,7 +323,7 @@ class Session:
             raw_off.clear()
             self.writer.extend("offcpu_interval", rows)
         if raw_cuda or self.stacks.held("cuda"):
-            self.writer.extend("cuda_call", self._cuda_rows(b"".join(raw_cuda)))
+            self.writer.extend("cuda_call", self._cuda_rows(joined_cuda))
             raw_cuda.clear()
         self.workload.flush()  # before task events: an exit retires the thread's identity
         self.checkpoints.flush()
@@ -336,31 +342,46 @@ class Session:
         self.writer.flush()
 
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
+        """cuda_call rows from framed cuda_event records (ring header, then the record)."""
         sid = self.session_id
         ident = self.identity
         threads = ident.threads
+        stacks = self.stacks
+        natives = stacks.native_cache()
+        dims: dict[tuple[int, int, int], str] = {}  # a launch's few distinct grid/block shapes
         rows = []
-        for rec, py_stack in self.stacks.join("cuda", events.CUDA.iter_unpack(joined), _cuda_stack_key):
+        append = rows.append
+        for rec, py_stack in stacks.join("cuda", events.CUDA.iter_framed(joined), _cuda_stack_key):
             (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
              gx, gy, gz, bx, by, bz, shmem, flags, native_stack, _pad) = rec
-            meaningful = _API_FIELDS[api]
+            has_size, has_stream, launch, has_pointer, has_handle, has_kind = _API_FLAGS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
-            launch = "launch" in meaningful
-            rows.append((
+            native = natives.get((pid, native_stack))
+            if native is None:
+                native = stacks.native_id(pid, native_stack)
+            grid = block = None
+            if launch:
+                grid = dims.get((gx, gy, gz))
+                if grid is None:
+                    grid = dims[(gx, gy, gz)] = f"{gx},{gy},{gz}"
+                block = dims.get((bx, by, bz))
+                if block is None:
+                    block = dims[(bx, by, bz)] = f"{bx},{by},{bz}"
+            append((
                 sid, ts, dur, th, api, ret,
-                size if "size" in meaningful else None,
-                size.bit_length() if "size" in meaningful else None,
-                stream if "stream" in meaningful else None,
+                size if has_size else None,
+                size.bit_length() if has_size else None,
+                stream if has_stream else None,
                 function if launch else None,
-                pointer if "pointer" in meaningful and not flags & 1 else None,
-                handle if "handle" in meaningful else None,
-                kind if "memcpy_kind" in meaningful else None,
-                f"{gx},{gy},{gz}" if launch else None,
-                f"{bx},{by},{bz}" if launch else None,
+                pointer if has_pointer and not flags & 1 else None,
+                handle if has_handle else None,
+                kind if has_kind else None,
+                grid,
+                block,
                 shmem if launch else None,
                 cg,
                 py_stack,
-                self.stacks.native_id(pid, native_stack),
+                native,
             ))
         return rows
 
@@ -394,6 +415,9 @@ class Session:
             if dropped:
                 self.counters.dropped += dropped
                 self.writer.add("loss", (self.session_id, second, events.PROBE_NAMES[probe], dropped))
+        skipped = self.probes.skipped_records()
+        if skipped:
+            self.writer.add("loss", (self.session_id, second, "ring record of unexpected size", skipped))
         for reason, n in self.stacks.housekeeping(ts).items():
             self.writer.add("loss", (self.session_id, second, reason, n))
         for pid in list(self.known_pids):

@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import os
 import re
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -48,6 +49,7 @@ PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's 
 RECENT_NS = 30 * 1_000_000_000
 RECENT_PER_THREAD = 4096
 Key = tuple[int, int, int]  # a stack record's (ts, pid, tid)
+_RECORD_KEY = struct.Struct("=QII")  # the (ts, pid, tid) that opens a pystacks record
 _PYTHON_NAME = re.compile(r"python\d|libpython")
 # bpf_get_stackid() errors, as the loss table names them
 _STACKID_ERRORS = {-14: "native stack unreadable", -17: "native stack map collision",
@@ -238,6 +240,8 @@ class StackRecorder:
         self._codes: dict[tuple[str, str, int], int] = {}
         self._py_stacks: dict[str, int] = {}  # hash -> id
         self._raw: dict[tuple, int] = {}  # (pid, status, raw frames) -> stack id
+        # (pid, record bytes after ts/pid/tid) -> (stack id, status waits for configuration)
+        self._seen: dict[tuple[int, bytes], tuple[int, bool]] = {}
         self._native_stacks: dict[str, int] = {}
         self._native_raw: dict[tuple[int, int], int] = {}  # (pid, stack map id) -> stack id
         self._join: dict[Key, int] = {}  # (ts, pid, tid) -> python stack id, until an event takes it
@@ -304,6 +308,7 @@ class StackRecorder:
         self.natives.forget(pid)
         self.walker.targets.pop(pid, None)
         self._raw = {k: v for k, v in self._raw.items() if k[0] != pid}
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != pid}
         self._recent = {k: v for k, v in self._recent.items() if k[0] != pid}
         self._native_raw = {k: v for k, v in self._native_raw.items() if k[0] != pid}
         self._reported.discard(pid)
@@ -331,20 +336,37 @@ class StackRecorder:
 
     # -- python stacks ----------------------------------------------------------------------------
     def add(self, records: list[bytes]) -> None:
-        """Resolve `pystacks` records now, while their processes live (called at every flush)."""
+        """Resolve `pystacks` records now, while their processes live (called at every flush).
+
+        A record whose bytes after (ts, pid, tid) were seen before in the same process names the
+        same stack: `_seen` maps them to its id without parsing (most calls repeat a few stacks)."""
         retry = bool(self.pending)
+        seen, join, pending, reported = self._seen, self._join, self.pending, self._reported
+        key_of = _RECORD_KEY.unpack_from
         for data in records:
+            ts, pid, tid = key_of(data)
+            hit = seen.get((pid, data[_RECORD_KEY.size:]))
+            if hit is not None:
+                stack_id, waits = hit
+                if waits and pid in pending:
+                    retry = True
+                elif pid not in reported and pid not in pending:
+                    self._report(pid)
+                join[(ts, pid, tid)] = stack_id
+                continue
             ev = parse_pystack_event(data)
-            pid = ev.pid
-            if ev.status in (STATUS_NOT_CONFIGURED, STATUS_UNSUPPORTED) and pid in self.pending:
+            waits = ev.status in (STATUS_NOT_CONFIGURED, STATUS_UNSUPPORTED)
+            if waits and pid in pending:
                 retry = True
-            elif pid not in self._reported and pid not in self.pending:
+            elif pid not in reported and pid not in pending:
                 self._report(pid)
             key = (pid, ev.status, ev.frames)
             stack_id = self._raw.get(key)
             if stack_id is None:
                 stack_id = self._python_stack(ev)
-            self._join[(ev.ts, pid, ev.tid)] = stack_id
+            if key in self._raw:  # resolved for good: the same bytes mean the same stack
+                seen[(pid, data[_RECORD_KEY.size:])] = (stack_id, waits)
+            join[(ts, pid, tid)] = stack_id
         if retry:
             self.retry_pending()
 
@@ -396,12 +418,13 @@ class StackRecorder:
         held = self._held.pop(kind, [])
         retrying = {key(r) for r in held}
         again = []
+        pop = self._join.pop
         for rec in itertools.chain(held, records):
             k = key(rec)
             if k is None:
                 yield rec, None
                 continue
-            stack_id = self.take(k, shared)
+            stack_id = self.take(k, shared) if shared else pop(k, None)
             if stack_id is None and not self._final and k not in retrying:
                 again.append(rec)
                 continue
@@ -424,6 +447,11 @@ class StackRecorder:
         return stack_id
 
     # -- native stacks ----------------------------------------------------------------------------
+    def native_cache(self) -> dict[tuple[int, int], int]:
+        """(pid, stack map id) -> native stack id already stored: the hot path's lookup before
+        calling native_id()."""
+        return self._native_raw
+
     def native_id(self, pid: int, map_id: int) -> int | None:
         if map_id < 0:  # no walk (e.g. unreadable user stack): the call keeps no native stack
             self.native_errors[_STACKID_ERRORS.get(map_id, f"native stack error {map_id}")] += 1
