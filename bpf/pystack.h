@@ -37,6 +37,7 @@
 #error "PYSTACK_MAX_FRAMES must be a power of two (frames[] is indexed with a mask)"
 #endif
 #define PYSTACK_FRAMES_PER_PROG 32
+#define PYSTACK_SEEN_SLOTS 8   /* power of two: code objects remembered per walk */
 #define PYSTACK_MAX_INTERPRETERS 8
 #define PYSTACK_MAX_THREADS 256
 #ifndef PYSTACK_RINGBUF_PAGES
@@ -123,6 +124,12 @@ struct pystack_scratch {
     u64 owner;              /* pid_tgid that filled this scratch */
     u8 fbuf[128];           /* head of the frame being read */
     u8 cbuf[136];           /* head of its code object */
+    /* Code objects already read in this walk (direct-mapped by address) and their checksums: a
+     * frame holds a strong reference to its code object, so while the thread is stopped in the
+     * probe an address seen earlier in the same stack is the same code object. Recursion and the
+     * wrappers every nesting level repeats (a framework's __call__) cost one read, not two or three. */
+    u64 seen_code[PYSTACK_SEEN_SLOTS];
+    u32 seen_sum[PYSTACK_SEEN_SLOTS];
 };
 
 #ifndef PYSTACK_LAYOUT_ONLY
@@ -258,6 +265,9 @@ static __always_inline int pystack_start_walk(void *ctx, struct pystack_scratch 
         return 0;
     }
     st->frame = frame;
+#pragma unroll
+    for (int i = 0; i < PYSTACK_SEEN_SLOTS; i++)
+        st->seen_code[i] = 0;
     pystack_next(ctx, tp, PYSTACK_PROG_WALK);
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
@@ -381,30 +391,38 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
             frame = back;
             continue;
         }
-        /* ... and one for the code object head (type, firstlineno, co_version, co_name) */
-        if (!code || bpf_probe_read_user(st->cbuf, 128, (void *)code) != 0) {
-            pystack_submit(st, PYSTACK_READ_ERROR);
-            return 0;
-        }
-        if (*(u64 *)&st->cbuf[8] != c->code_type) {
-            frame = back;    /* e.g. 3.13's None executable in shim frames */
-            continue;
-        }
         u64 instr;
         if (c->flags & PYSTACK_F_LASTI_INT)
             instr = *(u32 *)&st->fbuf[c->frame_instr & 0x7c];
         else
             instr = *(u64 *)&st->fbuf[c->frame_instr & 0x78];
-        u32 firstlineno = *(u32 *)&st->cbuf[c->code_firstlineno & 0x7c];
-        u32 sum = firstlineno * 0x9E3779B1u;
-        if (c->code_version)
-            sum ^= *(u32 *)&st->cbuf[c->code_version & 0x7c];
-        if (c->flags & PYSTACK_F_NAME_HASH) {
-            /* no co_version before 3.12: the interned name's cached hash tells code apart */
-            u64 name = *(u64 *)&st->cbuf[c->code_name & 0x78];
-            u64 hash = 0;
-            bpf_probe_read_user(&hash, sizeof(hash), (void *)(name + c->str_hash));
-            sum ^= (u32)hash ^ (u32)(hash >> 32);
+        u32 slot = ((code >> 4) ^ (code >> 10)) & (PYSTACK_SEEN_SLOTS - 1);
+        u32 sum;
+        if (code && st->seen_code[slot] == code) {
+            sum = st->seen_sum[slot];
+        } else {
+            /* ... and one for the code object head (type, firstlineno, co_version, co_name) */
+            if (!code || bpf_probe_read_user(st->cbuf, 128, (void *)code) != 0) {
+                pystack_submit(st, PYSTACK_READ_ERROR);
+                return 0;
+            }
+            if (*(u64 *)&st->cbuf[8] != c->code_type) {
+                frame = back;    /* e.g. 3.13's None executable in shim frames */
+                continue;
+            }
+            u32 firstlineno = *(u32 *)&st->cbuf[c->code_firstlineno & 0x7c];
+            sum = firstlineno * 0x9E3779B1u;
+            if (c->code_version)
+                sum ^= *(u32 *)&st->cbuf[c->code_version & 0x7c];
+            if (c->flags & PYSTACK_F_NAME_HASH) {
+                /* no co_version before 3.12: the interned name's cached hash tells code apart */
+                u64 name = *(u64 *)&st->cbuf[c->code_name & 0x78];
+                u64 hash = 0;
+                bpf_probe_read_user(&hash, sizeof(hash), (void *)(name + c->str_hash));
+                sum ^= (u32)hash ^ (u32)(hash >> 32);
+            }
+            st->seen_code[slot] = code;
+            st->seen_sum[slot] = sum;
         }
         struct pystack_frame *f = &st->ev.frames[n & (PYSTACK_MAX_FRAMES - 1)];
         f->code = code;
@@ -415,6 +433,9 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
         frame = back;
     }
     st->frame = frame;
+#pragma unroll
+    for (int i = 0; i < PYSTACK_SEEN_SLOTS; i++)
+        st->seen_code[i] = 0;
     pystack_next(ctx, tp, PYSTACK_PROG_WALK);
     /* out of tail calls (never at 64 frames) */
     pystack_submit(st, PYSTACK_TRUNCATED);
