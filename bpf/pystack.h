@@ -38,6 +38,9 @@
 #endif
 #define PYSTACK_FRAMES_PER_PROG 32
 #define PYSTACK_SEEN_SLOTS 8   /* power of two: code objects remembered per walk */
+#define PYSTACK_WINDOW 2048    /* power of two: bytes of a 3.11+ data stack read at once */
+#define PYSTACK_NEAR 65536     /* a frame this far below the window is in the same data stack */
+#define PYSTACK_FRAME_HEAD 104 /* every frame field used is in the first 104 bytes */
 #define PYSTACK_MAX_INTERPRETERS 8
 #define PYSTACK_MAX_THREADS 256
 #ifndef PYSTACK_RINGBUF_PAGES
@@ -68,6 +71,7 @@
 #define PYSTACK_F_CFRAME 1    /* top frame is tstate->cframe->current_frame (3.11, 3.12) */
 #define PYSTACK_F_LASTI_INT 2 /* frame instr is an int f_lasti (3.10), else a pointer */
 #define PYSTACK_F_NAME_HASH 4 /* mix co_name's cached str hash into the checksum (no co_version) */
+#define PYSTACK_F_DATASTACK 8 /* frames are allocated in a per-thread data stack (3.11+) */
 
 struct pystack_frame {
     u64 code;      /* PyCodeObject address */
@@ -122,7 +126,15 @@ struct pystack_scratch {
     u32 interps;            /* interpreters scanned so far */
     u32 pad;
     u64 owner;              /* pid_tgid that filled this scratch */
-    u8 fbuf[128];           /* head of the frame being read */
+    /* Frame heads are read through a window of user memory: 3.11+ allocates a thread's frames one
+     * above the other in its data stack, so the callers of the top frame are the bytes below it
+     * and one read of PYSTACK_WINDOW bytes holds several frames (each frame head alone is one
+     * read of 104 bytes otherwise, as for 3.10's heap frames and generators' frames). Valid:
+     * [win_lo, win_hi), at win[address - win_base]. */
+    u64 win_base;
+    u64 win_lo;
+    u64 win_hi;
+    u8 win[PYSTACK_WINDOW + 128];
     u8 cbuf[136];           /* head of its code object */
     /* Code objects already read in this walk (direct-mapped by address) and their checksums: a
      * frame holds a strong reference to its code object, so while the thread is stopped in the
@@ -268,6 +280,7 @@ static __always_inline int pystack_start_walk(void *ctx, struct pystack_scratch 
 #pragma unroll
     for (int i = 0; i < PYSTACK_SEEN_SLOTS; i++)
         st->seen_code[i] = 0;
+    st->win_lo = st->win_hi = 0;
     pystack_next(ctx, tp, PYSTACK_PROG_WALK);
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
@@ -379,23 +392,47 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
             pystack_submit(st, PYSTACK_TRUNCATED);
             return 0;
         }
-        /* one read for the frame head (every field used is in its first 104 bytes) ... */
-        if (bpf_probe_read_user(st->fbuf, 104, (void *)frame) != 0) {
-            pystack_submit(st, PYSTACK_READ_ERROR);
-            return 0;
+        /* the frame head: from the window when it is there, else one read (a window's worth
+         * below it when the frame is in the data stack, near or below the last window) ... */
+        if (frame < st->win_lo || frame + PYSTACK_FRAME_HEAD > st->win_hi) {
+            u64 lo = frame, size = PYSTACK_FRAME_HEAD;
+            if ((c->flags & PYSTACK_F_DATASTACK) && frame + PYSTACK_FRAME_HEAD > PYSTACK_WINDOW &&
+                (!st->win_hi || (frame < st->win_lo && st->win_lo - frame < PYSTACK_NEAR))) {
+                lo = frame + PYSTACK_FRAME_HEAD - PYSTACK_WINDOW;
+                size = PYSTACK_WINDOW;
+                if (bpf_probe_read_user(st->win, PYSTACK_WINDOW, (void *)lo) != 0) {
+                    /* the data stack's first page: the page below may not be mapped */
+                    lo = frame & ~4095ull;
+                    if (lo + PYSTACK_WINDOW < frame + PYSTACK_FRAME_HEAD)
+                        lo = frame + PYSTACK_FRAME_HEAD - PYSTACK_WINDOW;
+                    size = frame + PYSTACK_FRAME_HEAD - lo;
+                    if (size > PYSTACK_WINDOW)
+                        size = PYSTACK_WINDOW;
+                    if (bpf_probe_read_user(st->win, size, (void *)lo) != 0) {
+                        pystack_submit(st, PYSTACK_READ_ERROR);
+                        return 0;
+                    }
+                }
+            } else if (bpf_probe_read_user(st->win, PYSTACK_FRAME_HEAD, (void *)frame) != 0) {
+                pystack_submit(st, PYSTACK_READ_ERROR);
+                return 0;
+            }
+            st->win_base = st->win_lo = lo;
+            st->win_hi = lo + size;
         }
-        u64 back = *(u64 *)&st->fbuf[c->frame_back & 0x78];
-        u64 code = *(u64 *)&st->fbuf[c->frame_code & 0x78];
+        u8 *fb = &st->win[(frame - st->win_base) & (PYSTACK_WINDOW - 1)];
+        u64 back = *(u64 *)&fb[c->frame_back & 0x78];
+        u64 code = *(u64 *)&fb[c->frame_code & 0x78];
         /* 3.12+: frames owned by the C stack (entry shims) are not Python frames */
-        if (c->frame_owner && st->fbuf[c->frame_owner & 0x7f] == 3) {
+        if (c->frame_owner && fb[c->frame_owner & 0x7f] == 3) {
             frame = back;
             continue;
         }
         u64 instr;
         if (c->flags & PYSTACK_F_LASTI_INT)
-            instr = *(u32 *)&st->fbuf[c->frame_instr & 0x7c];
+            instr = *(u32 *)&fb[c->frame_instr & 0x7c];
         else
-            instr = *(u64 *)&st->fbuf[c->frame_instr & 0x78];
+            instr = *(u64 *)&fb[c->frame_instr & 0x78];
         u32 slot = ((code >> 4) ^ (code >> 10)) & (PYSTACK_SEEN_SLOTS - 1);
         u32 sum;
         if (code && st->seen_code[slot] == code) {
@@ -436,6 +473,7 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
 #pragma unroll
     for (int i = 0; i < PYSTACK_SEEN_SLOTS; i++)
         st->seen_code[i] = 0;
+    st->win_lo = st->win_hi = 0;
     pystack_next(ctx, tp, PYSTACK_PROG_WALK);
     /* out of tail calls (never at 64 frames) */
     pystack_submit(st, PYSTACK_TRUNCATED);

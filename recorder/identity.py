@@ -49,6 +49,10 @@ def read_tgid(tid: int) -> int | None:
     return None
 
 
+DEPARTED_NS = 2_000_000_000  # an exited thread's identity still answers for events this long after
+DEPARTED_MAX = 4096  # exited threads remembered before the old ones are dropped
+
+
 class Identity:
     def __init__(self, store: Store, writer: Writer, session_id: int) -> None:
         self.session_id = session_id
@@ -61,6 +65,11 @@ class Identity:
         self.threads: dict[int, int] = {}  # tid -> thread.id, threads of the targets
         self.others: dict[int, int] = {}  # tid -> thread.id, tasks seen as preemptors or wakers
         self.exited: list[tuple[str, int, int]] = []  # (change, id, ts) to apply after a flush
+        # tid -> (thread.id, exit ts) of threads that exited: rows read after the exit (their records
+        # came through another ring, or name the thread as a waker, or as what ran while it finished
+        # exiting) still find it. A tid used again is a new thread: a fork says so at once, and
+        # without one, an event more than DEPARTED_NS after the exit.
+        self.departed: dict[int, tuple[int, int]] = {}
 
     def process(self, pid: int, ts: int) -> int:
         pid_id = self.processes.get(pid)
@@ -82,6 +91,9 @@ class Identity:
         tid_id = self.threads.get(tid)
         if tid_id is not None:
             return tid_id
+        gone = self.departed.get(tid)
+        if gone is not None and ts <= gone[1] + DEPARTED_NS:
+            return gone[0]
         tid_id = self.others.get(tid)
         if tid_id is not None:
             if not traced:
@@ -107,10 +119,18 @@ class Identity:
         (self.threads if traced else self.others)[tid] = tid_id
         return tid_id
 
+    def thread_forked(self, tid: int, pid: int, ts: int) -> int:
+        """A new thread (fork or clone): a new identity, whatever thread had its tid before."""
+        self.departed.pop(tid, None)
+        return self.thread(tid, pid, None, ts)
+
     def thread_exited(self, tid: int, pid: int, ts: int) -> None:
         tid_id = self.threads.pop(tid, None) or self.others.pop(tid, None)
         if tid_id is not None:
             self.exited.append(("thread", tid_id, ts))
+            if len(self.departed) >= DEPARTED_MAX:
+                self.departed = {t: v for t, v in self.departed.items() if v[1] + DEPARTED_NS >= ts}
+            self.departed[tid] = (tid_id, ts)
         if tid == pid:
             pid_id = self.processes.pop(pid, None)
             if pid_id is not None:

@@ -55,6 +55,7 @@ COUNT_NAMES: dict[int, str] = {
 F_CFRAME = 1
 F_LASTI_INT = 2
 F_NAME_HASH = 4
+F_DATASTACK = 8  # frames allocated in a per-thread data stack (3.11+): read a window at a time
 
 PROG_FIND = 0
 PROG_WALK = 1
@@ -396,6 +397,8 @@ def proc_config(target: PythonTarget | Unsupported, fsbase_offset: int) -> dict[
         flags |= F_CFRAME
     if o.code_adaptive is None:
         flags |= F_LASTI_INT
+    else:
+        flags |= F_DATASTACK
     if o.code_version is None:
         flags |= F_NAME_HASH
     values.update(

@@ -101,6 +101,8 @@ class Ring:
             length = words[at >> 2]  # a record that is not a committed one of `size` bytes
             if length & BUSY:
                 break
+            if length == size:  # committed since the headers were read: the next stretch has it
+                continue
             if not length & DISCARD:
                 self.malformed += 1
             cons += ((length & ~(BUSY | DISCARD)) + HEADER + 7) & ~7

@@ -391,7 +391,7 @@ class Session:
             child_pid = _tgid_or(child, pid)
             if child_pid != pid and child_pid not in self.known_pids:
                 self._scan_process(child_pid, "fork", ts)
-            self.identity.thread(child, child_pid, None, ts)
+            self.identity.thread_forked(child, child_pid, ts)
         elif kind == c["TASK_EXEC"]:
             self.identity.process_exec(pid, ts)
             self.identity.thread(tid, pid, comm, ts)

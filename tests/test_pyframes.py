@@ -135,6 +135,8 @@ def test_stacks_equal_ground_truth(recording: Recording, native: Callable[[str],
             assert got == expected, f"seq {t['seq']} via {t['via']}"
             vias.add(t["via"])
         assert vias == {"ctypes", "gil"} and truncated == 1
+        # the stack of large frames that spans data-stack chunks was among those compared
+        assert sum(1 for t in w.truth if [f[1] for f in t["frames"]].count("wide") == 31) == 1
     finally:
         w.finish()
     # after exit: frames come back marked unavailable, nothing raises

@@ -98,6 +98,13 @@ def deep(n: int) -> None:
         call_ctypes()
 
 
+# A recursion of large frames (120 locals each, ~1 KiB): 30 levels overflow a 3.11+ thread's data
+# stack chunk (16 KiB), so the walker's window reads (bpf/pystack.h) meet a chunk boundary.
+_WIDE = ", ".join(f"v{i}" for i in range(120))
+exec(compile(f"def wide(n):\n    {_WIDE} = range(120)\n    if n:\n        wide(n - 1)\n"
+             f"    else:\n        call_ctypes()\n", "<wide>", "exec"), globals())
+
+
 def worker(steps: int) -> None:
     Trainer().run(steps)
 
@@ -108,6 +115,7 @@ def run_stacks() -> None:
         t.start()
     Trainer().run(4)
     deep(80)  # deeper than the walker's 64 frames: truncated, innermost frames kept
+    wide(30)  # noqa: F821 - defined by the exec above
     for t in threads:
         t.join()
 
