@@ -29,9 +29,8 @@ BPF_RINGBUF_OUTPUT(block_events, 256);
  * completion program ~1.5 us (irq_work) and the request a consumer wakeup competing for the CPUs
  * (docs/benchmarks.md). A completion wakes the consumer only when this CPU has not done so for
  * BLOCK_WAKEUP_NS (a lone request is read at once) or has sent BLOCK_WAKEUP_RECORDS since (the
- * ring does not fill between wakeups). The rest is read when the session drains the rings: each
- * poll (<= 50 ms) with recorder/ringbuf.py; with BCC's poll, which reads only rings that were
- * woken, at the next wakeup or at stop. */
+ * ring does not fill between wakeups). The rest is read at the session's next poll (<= 50 ms),
+ * which reads every ring to the end (Probes.poll). */
 #define BLOCK_WAKEUP_NS 50000000ull
 #define BLOCK_WAKEUP_RECORDS 256
 struct block_wakeup {

@@ -469,11 +469,7 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
         st->ev.nframes = n + 1;
         frame = back;
     }
-    st->frame = frame;
-#pragma unroll
-    for (int i = 0; i < PYSTACK_SEEN_SLOTS; i++)
-        st->seen_code[i] = 0;
-    st->win_lo = st->win_hi = 0;
+    st->frame = frame;  /* the next program goes on with the same window and code objects */
     pystack_next(ctx, tp, PYSTACK_PROG_WALK);
     /* out of tail calls (never at 64 frames) */
     pystack_submit(st, PYSTACK_TRUNCATED);

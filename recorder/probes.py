@@ -303,10 +303,14 @@ class Probes:
             table.open_ring_buffer(callback)
 
     def poll(self, timeout_ms: int) -> None:
+        """Wait up to timeout_ms for a record, then read every ring to the end. BCC's poll reads
+        only the rings that woke it, and the block ring wakes the reader at most every 50 ms per
+        CPU (bpf/block.bpf.c): without the consume its records would wait for the next wakeup."""
         if self.rings is not None:
             self.rings.poll(timeout_ms)
         else:
             self.bpf.ring_buffer_poll(timeout_ms)
+            self.bpf.ring_buffer_consume()
 
     def consume(self) -> None:
         if self.rings is not None:

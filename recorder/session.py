@@ -274,11 +274,6 @@ class Session:
             now = time.monotonic()
             # exec and dlopen may have mapped a CUDA library: attach before the next call
             if self.raw["task"] or now - last_flush >= FLUSH_INTERVAL_S:
-                # A poll reads only the rings that woke it; the block ring wakes the consumer at most
-                # every 50 ms per CPU (bpf/block.bpf.c), so its records would lag the task ring and a
-                # thread's exit could retire its identity before its last requests were read. Every
-                # ring is read to the end before each flush.
-                self.probes.consume()
                 self.flush()
                 last_flush = now
             if now - last_house >= HOUSEKEEPING_INTERVAL_S:
@@ -328,8 +323,9 @@ class Session:
         self.workload.flush()  # before task events: an exit retires the thread's identity
         self.checkpoints.flush()
         self.io.flush()  # also before: a thread's block requests complete before it exits
-        # Exits retire a thread's identity one flush late: rows held back for their stack record
-        # are written in the next flush and must still find the thread they belong to.
+        # Exits are applied one flush late: rows held back for their stack record are written in
+        # the next flush, and a process's exit drops its stack caches (StackRecorder.exited).
+        # Thread identities outlive exits anyway (Identity.departed).
         for rec in self._deferred_exits:
             self._task_event(*rec)
         self._deferred_exits = [rec for rec in tasks if rec[1] == events.CONSTANTS["TASK_EXIT"]]

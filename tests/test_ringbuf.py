@@ -5,6 +5,8 @@ in order, across many wrap-arounds of a one-page ring, read in blocks (fixed siz
 import ctypes
 import os
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -13,9 +15,10 @@ from recorder import ringbuf
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for BPF")
 
 PROGRAM = r"""
-BPF_RINGBUF_OUTPUT(fixed, 1);
+BPF_RINGBUF_OUTPUT(fixed, PAGES);
 BPF_RINGBUF_OUTPUT(mixed, 1);
 BPF_ARRAY(seq, u64, 1);
+BPF_ARRAY(lost, u64, 1);
 struct rec { u64 n; u64 pid; u64 a; u64 b; };
 struct small { u64 n; };
 
@@ -26,11 +29,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_getppid)
         return 0;
     int k = 0;
     u64 *next = seq.lookup(&k);
-    if (!next)
+    u64 *drops = lost.lookup(&k);
+    if (!next || !drops)
         return 0;
     u64 n = __sync_fetch_and_add(next, 1);
     struct rec r = {.n = n, .pid = pid, .a = n * 3, .b = ~n};
-    fixed.ringbuf_output(&r, sizeof(r), 0);
+    if (fixed.ringbuf_output(&r, sizeof(r), 0) != 0)
+        __sync_fetch_and_add(drops, 1);
     if (n & 1) {
         struct small s = {.n = n};
         mixed.ringbuf_output(&s, sizeof(s), 0);
@@ -44,8 +49,8 @@ REC = struct.Struct("=QQQQ")
 FRAMED = struct.Struct("=8xQQQQ")
 
 
-@pytest.fixture(scope="module")
-def bpf():
+def _program(target: int, pages: int):
+    """PROGRAM loaded for the process `target`, its `fixed` ring `pages` pages long."""
     if not ringbuf.supported():
         pytest.skip("the mapped reader is used on x86-64 only")
     from bcc import BPF
@@ -53,7 +58,12 @@ def bpf():
     from recorder import kheaders
 
     kheaders.locate()  # exports BCC_KERNEL_SOURCE where only generic headers exist
-    b = BPF(text=PROGRAM.replace("TARGET", str(os.getpid())))
+    return BPF(text=PROGRAM.replace("TARGET", str(target)).replace("PAGES", str(pages)))
+
+
+@pytest.fixture(scope="module")
+def bpf():
+    b = _program(os.getpid(), 1)
     yield b
     b.cleanup()
 
@@ -79,6 +89,7 @@ def test_blocks_and_single_records_across_wraparounds(bpf):
         assert rings.poll(100) == 2 * n
     assert rings.poll(0) == 0
     rings.close()
+    assert bpf["lost"][ctypes.c_int(0)].value == 0
     records = list(FRAMED.iter_unpack(b"".join(blocks)))
     assert [r[0] for r in records] == list(range(start, start + total))
     assert all(r[1] == os.getpid() and r[2] == r[0] * 3 and r[3] == ~r[0] & (2**64 - 1) for r in records)
@@ -91,51 +102,16 @@ def test_frame_matches_the_block_layout():
     assert FRAMED.unpack(ringbuf.frame(record)) == (1, 2, 3, 4)
 
 
-CONCURRENT = r"""
-BPF_RINGBUF_OUTPUT(fixed, 4);
-BPF_ARRAY(seq, u64, 1);
-BPF_ARRAY(lost, u64, 1);
-struct rec { u64 n; u64 pid; u64 a; u64 b; };
-
-TRACEPOINT_PROBE(syscalls, sys_enter_getppid)
-{
-    u32 pid = bpf_get_current_pid_tgid() >> 32;
-    if (pid != TARGET)
-        return 0;
-    int k = 0;
-    u64 *next = seq.lookup(&k);
-    u64 *drops = lost.lookup(&k);
-    if (!next || !drops)
-        return 0;
-    u64 n = __sync_fetch_and_add(next, 1);
-    struct rec r = {.n = n, .pid = pid, .a = n * 3, .b = ~n};
-    if (fixed.ringbuf_output(&r, sizeof(r), 0) != 0)
-        __sync_fetch_and_add(drops, 1);
-    return 0;
-}
-"""
-
-
 def test_blocks_read_while_another_cpu_writes():
     """A producer process on another CPU writes while the reader drains: records reserved but not
     yet committed when the headers are read are read later, never skipped as malformed."""
-    if not ringbuf.supported():
-        pytest.skip("the mapped reader is used on x86-64 only")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs for a concurrent producer")
-    import subprocess
-    import sys
-
-    from bcc import BPF
-
-    from recorder import kheaders
-
     calls = 200_000
     child = subprocess.Popen([sys.executable, "-c", "import os, sys; sys.stdin.readline()\n"
                               f"for _ in range({calls}): os.getppid()"], stdin=subprocess.PIPE)
     try:
-        kheaders.locate()
-        b = BPF(text=CONCURRENT.replace("TARGET", str(child.pid)))
+        b = _program(child.pid, 4)
         blocks: list[bytes] = []
         rings = ringbuf.RingSet()
         fixed = b["fixed"]
