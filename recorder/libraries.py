@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from recorder.cuda import library_kind
+from recorder.elfsyms import SymbolTableError, function_names
 
 
 def mapped_files(pid: int) -> list[str]:
@@ -54,19 +54,11 @@ def gpu_libraries(pid: int) -> list[tuple[str, str]]:
 @functools.lru_cache(maxsize=256)
 def exported_functions(path: str) -> frozenset[str]:
     """Names of the functions a shared object defines in its dynamic symbol table."""
-    names = set()
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            dynsym = elf.get_section_by_name(".dynsym")
-            if dynsym is None:
-                return frozenset()
-            for sym in dynsym.iter_symbols():
-                if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] != "SHN_UNDEF":
-                    names.add(sym.name.split("@", 1)[0])
-    except (OSError, ELFError):
+        names = function_names(path, (".dynsym",))
+    except (OSError, ELFError, SymbolTableError, ValueError):  # ValueError: an empty file is not mapped
         return frozenset()
-    return frozenset(names)
+    return frozenset(n.split("@", 1)[0] for n in names)
 
 
 def find_libc(pid: int | None = None) -> str | None:

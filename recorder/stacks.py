@@ -7,8 +7,9 @@ ts. sched_switch (a traced thread blocking) and the block layer (a target's bio 
 with PYSTACK_CAPTURE_TP: their events carry the key of their stack record (`stack_ts`), which the
 events of one syscall share. `StackRecorder.add()` resolves the records as they arrive and keeps
 each stack id under its key until the event's row takes it (`join()`). Native stacks are ids in the `user_stacks`
-stack map; `native_id()` reads and symbolises them (pyelftools, symbols of the mapped ELF objects),
-cached per object and address. Both are interned: a million calls from one line cost one stack row.
+stack map; `native_id()` reads and symbolises them (the mapped ELF objects' symbols, read in bulk
+by recorder/elfsyms.py), cached per object and address. Both are interned: a million calls from one
+line cost one stack row.
 
 Per process (start, fork, exec) `seen()` configures the walker and one `capability` row says whether
 its Python frames are read and, if not, why. A Python whose libpython is not mapped yet at exec
@@ -18,7 +19,6 @@ and once a second until it is.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import itertools
 import os
@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from recorder.elfsyms import FunctionSymbols
 from recorder.pyframes import (
     COUNT_NAMES,
     STATUS_NAMES,
@@ -80,45 +81,6 @@ class _Mapping:
     path: str
 
 
-class _ElfSymbols:
-    """Function symbols of one ELF object (.symtab, else .dynsym), looked up by virtual address."""
-
-    def __init__(self, path: str) -> None:
-        from elftools.elf.elffile import ELFFile  # deferred: only symbolisation needs it
-
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            self.loads = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
-                          if s["p_type"] == "PT_LOAD"]
-            found: dict[int, tuple[str, int]] = {}
-            for name in (".symtab", ".dynsym"):
-                sec = elf.get_section_by_name(name)
-                if sec is None or not hasattr(sec, "iter_symbols"):
-                    continue
-                for sym in sec.iter_symbols():
-                    if (sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"]
-                            and sym["st_shndx"] != "SHN_UNDEF" and sym.name):
-                        found.setdefault(sym["st_value"], (sym.name, sym["st_size"]))
-        self.starts = sorted(found)
-        self.entries = [found[s] for s in self.starts]
-
-    def vaddr(self, file_offset: int) -> int:
-        for off, vaddr, size in self.loads:
-            if off <= file_offset < off + size:
-                return file_offset - off + vaddr
-        return file_offset
-
-    def lookup(self, vaddr: int) -> tuple[str, int] | None:
-        i = bisect.bisect_right(self.starts, vaddr) - 1
-        if i < 0:
-            return None
-        name, size = self.entries[i]
-        start = self.starts[i]
-        if size and vaddr >= start + size:
-            return None
-        return name, vaddr - start
-
-
 class NativeSymbolizer:
     """Addresses of a process -> NativeFrames, via /proc/PID/maps and the mapped files' symbols.
     Objects are keyed by (device, inode) of the file actually mapped, so a library replaced on disk
@@ -126,7 +88,7 @@ class NativeSymbolizer:
 
     def __init__(self) -> None:
         self._maps: dict[int, list[_Mapping]] = {}
-        self._objects: dict[tuple[int, int], _ElfSymbols | None] = {}
+        self._objects: dict[tuple[int, int], FunctionSymbols | None] = {}
         self._cache: dict[tuple[tuple[int, int], int], tuple[str, int] | None] = {}
 
     def forget(self, pid: int) -> None:
@@ -159,7 +121,7 @@ class NativeSymbolizer:
                     return m
         return None
 
-    def _object(self, pid: int, m: _Mapping) -> tuple[tuple[int, int], _ElfSymbols | None] | None:
+    def _object(self, pid: int, m: _Mapping) -> tuple[tuple[int, int], FunctionSymbols | None] | None:
         mapped = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
         try:
             st = os.stat(mapped)
@@ -172,7 +134,7 @@ class NativeSymbolizer:
         key = (st.st_dev, st.st_ino)
         if key not in self._objects:
             try:
-                self._objects[key] = _ElfSymbols(mapped)
+                self._objects[key] = FunctionSymbols(mapped)
             except Exception:  # not an ELF file, or one pyelftools cannot read: addresses only
                 self._objects[key] = None
         return key, self._objects[key]
