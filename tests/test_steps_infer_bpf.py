@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_right
+from collections import Counter
 from itertools import pairwise
 
 import pytest
 from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
 
 from recorder import _markers
-from recorder.steps_infer import inferred_steps
+from recorder.steps_infer import inferred_steps, sync_calls
 from store.db import open_store
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
@@ -40,17 +41,36 @@ def assert_close(inferred: list[int], truth: list[int]) -> None:
     assert all(a < b for a, b in pairwise(steps)), "two inferred starts in one true step"
 
 
+def what_was_seen(db) -> str:
+    """The synchronising calls per thread by key, their stacks' status, the losses: printed when an
+    assertion fails, so that a failure says whether the recording or the heuristic went wrong."""
+    with open_store(db, readonly=True) as store:
+        calls = sync_calls(store, 1)
+    keys = {t: Counter(c.key for c in cs) for t, cs in calls.items()}
+    status = q(db, "SELECT s.status, count(*) FROM cuda_call c LEFT JOIN python_stack s"
+                   " ON s.id = c.python_stack_id GROUP BY 1")
+    return f"sync keys per thread {keys}; call stacks by status {status}; loss {q(db, 'SELECT * FROM loss')}"
+
+
+def close_or_explain(db, inferred: list[int], truth: list[int]) -> None:
+    try:
+        assert_close(inferred, truth)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {what_was_seen(db)}") from e
+
+
 def test_inferred_steps_match_the_markers(tmp_path, native):
     db = tmp_path / "marked.db"
     record(db, native, "--markers")
     marks = [ts for (ts,) in q(db, "SELECT ts FROM step_mark WHERE inferred = 0 ORDER BY ts")]
-    assert len(marks) == STEPS
+    assert len(marks) == STEPS, what_was_seen(db)
     # the process marks its own steps: nothing was inferred for it at stop
     assert q(db, "SELECT count(*) FROM step_mark WHERE inferred = 1") == [(0,)]
     with open_store(db, readonly=True) as store:
         found = inferred_steps(store, 1, skip_marked=False)
-    assert {thread for thread, _, _ in found} == {t for (t,) in q(db, "SELECT DISTINCT thread_id FROM step_mark")}
-    assert_close([ts for _, ts, _ in found], marks)
+    marking = {t for (t,) in q(db, "SELECT DISTINCT thread_id FROM step_mark")}
+    assert {thread for thread, _, _ in found} == marking, what_was_seen(db)
+    close_or_explain(db, [ts for _, ts, _ in found], marks)
 
 
 def test_irregular_steps_and_a_stall_without_markers(tmp_path, native):
@@ -61,7 +81,7 @@ def test_irregular_steps_and_a_stall_without_markers(tmp_path, native):
     rows = q(db, "SELECT step, ts, dur, inferred FROM step ORDER BY ts")
     assert {r[3] for r in rows} == {1}
     assert [r[0] for r in rows] == list(range(len(rows)))
-    assert_close([r[1] for r in rows], truth)
+    close_or_explain(db, [r[1] for r in rows], truth)
     slowest = max(rows[:-1], key=lambda r: r[2])  # the last step runs on to the session stop
     assert slowest[0] == 30 and slowest[2] >= 300_000_000
 
@@ -82,4 +102,4 @@ def test_two_ranks_steps_inferred_from_their_collectives(tmp_path, native):
     threads = {t for t, _ in marks}
     assert len(threads) == 2 and {t for t, _, _ in found} == threads
     for thread in threads:
-        assert_close([ts for t, ts, _ in found if t == thread], [ts for t, ts in marks if t == thread])
+        close_or_explain(db, [ts for t, ts, _ in found if t == thread], [ts for t, ts in marks if t == thread])
