@@ -269,7 +269,24 @@ class _ElfFacts:
 _WANTED = ("_PyRuntime", "Py_Version", "PyCode_Type")
 
 
+_FACTS: dict[tuple[int, int, int, int], _ElfFacts] = {}  # (dev, inode, size, mtime) -> facts
+
+
 def _elf_facts(path: str) -> _ElfFacts:
+    """What detection needs from an interpreter's ELF file, read once per file: every rank or
+    worker exec'ing the same Python is configured without parsing it again (~7 ms each), which is
+    time its first calls would otherwise spend unconfigured."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    facts = _FACTS.get(key)
+    if facts is None:
+        if len(_FACTS) >= 64:
+            _FACTS.clear()
+        facts = _FACTS[key] = _read_elf_facts(path)
+    return facts
+
+
+def _read_elf_facts(path: str) -> _ElfFacts:
     from elftools.elf.elffile import ELFFile  # deferred: only detection needs it
 
     with open(path, "rb") as f:

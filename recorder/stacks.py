@@ -193,6 +193,9 @@ class StackRecorder:
         self.walker: PyStackProbe = probes.pystack  # installed by Probes
         self.resolver = StackResolver(self.walker.targets)
         self.natives = NativeSymbolizer()
+        # imported now, not at the first target's detection: the import takes ~50 ms, during which
+        # a freshly exec'd Python's first calls would be recorded with the walker not configured
+        import elftools.elf.elffile  # noqa: F401
         for name, cols in (("python_code", PY_CODE_COLUMNS), ("python_stack", PY_STACK_COLUMNS),
                            ("python_stack_frame", PY_FRAME_COLUMNS), ("native_stack", NATIVE_STACK_COLUMNS),
                            ("native_stack_frame", NATIVE_FRAME_COLUMNS)):

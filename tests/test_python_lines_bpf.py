@@ -52,6 +52,25 @@ def stacks_by_call(db: Path) -> dict[int, dict]:
     return out
 
 
+def wait_for_rows(db: Path, calls: int, timeout_s: float = 60) -> None:
+    """Until the recording being written has `calls` cuda_call rows (read-only, beside the writer)."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline:
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            try:
+                seen = conn.execute("SELECT count(*) FROM cuda_call").fetchone()[0]
+            finally:
+                conn.close()
+        except sqlite3.OperationalError:  # not created yet
+            seen = 0
+        if seen >= calls:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the recorder wrote {seen} of {calls} calls in {timeout_s} s")
+
+
 @pytest.fixture(scope="module")
 def natives(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("native")
@@ -76,7 +95,9 @@ def test_every_call_has_the_stack_the_workload_saw(interp: str, natives, tmp_pat
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "done"
-        time.sleep(1)  # stacks are resolved from the live process: let the recorder catch up
+        # stacks are resolved from the live process: it exits once the recorder has written every
+        # call, which it does after resolving the calls' stacks
+        wait_for_rows(db, len(json.loads(truth_path.read_text())))
         _, err = proc.communicate("go\n", timeout=120)
     finally:
         proc.kill()

@@ -28,6 +28,10 @@ class UniqueId(ctypes.Structure):
 
 
 def rank_main(args: argparse.Namespace) -> None:
+    # A real rank spends seconds importing its framework before its first collective; this one
+    # would call within ~50 ms of its exec, while the recorder may still be configuring its Python
+    # stack walker (the call is then recorded with its stack "not configured")
+    time.sleep(args.settle_s)
     import recorder  # the marker API: steps visible to the recorder
 
     nccl = ctypes.CDLL(os.path.join(args.libdir, "libnccl.so.2"))
@@ -66,7 +70,8 @@ def launcher(args: argparse.Namespace) -> None:
     assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0
     argv = [sys.executable, os.path.abspath(__file__), "--libdir", args.libdir, "--ranks", str(args.ranks),
             "--steps", str(args.steps), "--slow-rank", str(args.slow_rank), "--slow-steps", args.slow_steps,
-            "--slow-ms", str(args.slow_ms), "--gpu-ms", str(args.gpu_ms), "--unique-id", bytes(uid.internal).hex()]
+            "--slow-ms", str(args.slow_ms), "--gpu-ms", str(args.gpu_ms), "--settle-s", str(args.settle_s),
+            "--unique-id", bytes(uid.internal).hex()]
     procs = [subprocess.Popen([*argv, "--rank", str(r)]) for r in range(args.ranks)]
     codes = [p.wait() for p in procs]
     sys.exit(max(codes))
@@ -81,6 +86,7 @@ def main() -> None:
     ap.add_argument("--slow-steps", default="10")
     ap.add_argument("--slow-ms", type=int, default=80)
     ap.add_argument("--gpu-ms", type=int, default=4, help="device time per synchronisation")
+    ap.add_argument("--settle-s", type=float, default=0.5, help="pause before a rank's first call")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--unique-id")
     args = ap.parse_args()
