@@ -1,7 +1,7 @@
 /* task: follow the targets' children and tell user space when to rescan mapped libraries.
  *
  * A fork of a traced process adds the child to `targets` in the kernel, before the child runs, so
- * nothing it does is missed. exec, exit and every return from dlopen() are sent to user space,
+ * nothing it does is missed; a forked Python also gets its parent's stack-walking recipe there. exec, exit and every return from dlopen() are sent to user space,
  * which reads /proc for names and rescans /proc/PID/maps for CUDA and NCCL libraries.
  */
 BPF_RINGBUF_OUTPUT(task_events, 256);
@@ -37,6 +37,27 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
     task_send(TASK_FORK, tgid, (u32)id, child);
     return 0;
 }
+
+#if defined(PYSTACK_H) && defined(HAVE_TP_task_task_newtask)
+/* A new process of a traced Python (a fork, not a thread: no CLONE_THREAD) runs the parent's image
+ * in a copy of its memory, so the parent's walking recipe is valid for it as is: copied here, in
+ * the parent's context before the child first runs, its first calls have their Python stack
+ * instead of "not configured" until user space has read the fork (a DataLoader worker starts
+ * reading at once). An exec drops the copy like any recipe (below). */
+TRACEPOINT_PROBE(task, task_newtask)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if ((args->clone_flags & 0x00010000 /* CLONE_THREAD */) || !is_target(tgid))
+        return 0;
+    struct pystack_proc *cfg = pystack_procs.lookup(&tgid);
+    if (!cfg)
+        return 0;
+    struct pystack_proc copy = *cfg;
+    u32 child = args->pid;
+    pystack_procs.update(&child, &copy);
+    return 0;
+}
+#endif
 
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {

@@ -25,6 +25,7 @@ OPTIONAL_TRACEPOINTS = (
     "swiotlb:swiotlb_bounced", "iommu:io_page_fault", "oom:mark_victim",
     "vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end",
     "writeback:balance_dirty_pages", "tcp:tcp_retransmit_skb",
+    "task:task_newtask",  # a forked Python walks with its parent's recipe from its first call
 )
 
 

@@ -39,7 +39,9 @@ LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 LAYER_SOURCES.update(iolayer.LAYER_SOURCES)
 LAYER_SOURCES.update(checkpoints.LAYER_SOURCES)
-OPTIONAL_TRACEPOINTS = {**iolayer.OPTIONAL_TRACEPOINTS, **checkpoints.OPTIONAL_TRACEPOINTS}
+OPTIONAL_TRACEPOINTS = {**iolayer.OPTIONAL_TRACEPOINTS, **checkpoints.OPTIONAL_TRACEPOINTS,
+                        # a forked Python inherits its parent's stack-walking recipe in the kernel
+                        "task": ("task:task_newtask",)}
 
 
 @dataclass(frozen=True)

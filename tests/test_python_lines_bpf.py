@@ -214,6 +214,48 @@ def test_explain_names_the_line_of_the_slow_call(tmp_path: Path, native) -> None
     assert f"<module>() at slow_call.py:{caller_line}" in out
 
 
+FORK_SCRIPT = """
+import ctypes, json, os, sys, time
+time.sleep({settle})
+rt = ctypes.CDLL(sys.argv[1])
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+
+
+def in_child():
+    rt.cudaMalloc(ctypes.byref(ctypes.c_void_p()), 2)
+
+
+rt.cudaMalloc(ctypes.byref(ctypes.c_void_p()), 1)
+pid = os.fork()
+if pid == 0:
+    in_child()  # microseconds after the fork: long before the recorder has read it
+    time.sleep(1)  # stacks are resolved from the live process
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps({{"parent": os.getpid(), "child": pid}}), flush=True)
+"""
+
+
+def test_a_forked_child_has_its_stack_from_its_first_call(tmp_path: Path, native) -> None:
+    """A fork inherits its parent's stack-walking recipe in the kernel (bpf/task.bpf.c): the
+    child's call made right after the fork has its Python stack, not "not configured"."""
+    script = tmp_path / "forker.py"
+    script.write_text(FORK_SCRIPT.format(settle=SETTLE_S))
+    text = script.read_text().splitlines()
+    line = next(n for n, t in enumerate(text, 1) if "cudaMalloc(" in t and "), 2)" in t)
+    db = tmp_path / "r.db"
+    res = run_recorder("record", "--db", str(db), "--cuda-lib", str(native["libcudart.so.12"]), "--",
+                       sys.executable, str(script), str(native["libcudart.so.12"]), timeout=300)
+    assert res.returncode == 0, res.stderr
+    pids = workload_output(res.stdout)
+    rows = q(db, "SELECT c.size_bytes, p.pid, s.status FROM cuda_call c JOIN thread t ON t.id = c.thread_id"
+                 " JOIN process p ON p.id = t.process_id LEFT JOIN python_stack s ON s.id = c.python_stack_id"
+                 " ORDER BY c.ts")
+    assert rows == [(1, pids["parent"], "ok"), (2, pids["child"], "ok")], rows
+    child = next(c for c in stacks_by_call(db).values() if c["size"] == 2)
+    assert child["frames"][0] == (str(script), "in_child", line)
+
+
 C_CALLER = r"""
 #include <dlfcn.h>
 #include <stdio.h>
