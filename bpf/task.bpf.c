@@ -1,8 +1,9 @@
 /* task: follow the targets' children and tell user space when to rescan mapped libraries.
  *
  * A fork of a traced process adds the child to `targets` in the kernel, before the child runs, so
- * nothing it does is missed; a forked Python also gets its parent's stack-walking recipe there. exec, exit and every return from dlopen() are sent to user space,
- * which reads /proc for names and rescans /proc/PID/maps for CUDA and NCCL libraries.
+ * nothing it does is missed; a forked Python also gets its parent's stack-walking recipe there.
+ * exec, exit and every return from dlopen() are sent to user space, which reads /proc for names
+ * and rescans /proc/PID/maps for CUDA and NCCL libraries.
  */
 BPF_RINGBUF_OUTPUT(task_events, 256);
 

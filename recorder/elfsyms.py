@@ -62,6 +62,27 @@ def _columns(sec: Any, is64: bool, little: bool) -> tuple[array, array, array, a
             array("Q", cols[3]), array("Q", cols[4]))
 
 
+def _functions(elf, file_size: int, sections: Iterable[str]) -> list[tuple[int, int, int]]:
+    """(start, size, name's position in the file) of each defined function symbol in `sections`,
+    in table order."""
+    picked: list[tuple[int, int, int]] = []
+    for sec, str_off, str_size, is64 in _tables(elf, sections):
+        if str_off + str_size > file_size:
+            raise SymbolTableError(f"{sec.name}: string table past the end of the file")
+        names, types, shndx, values, sizes = _columns(sec, is64, elf.little_endian)
+        keep = [i for i, t in enumerate(types)
+                if t in _FUNCTION_TYPES and values[i] and shndx[i] != SHN_UNDEF and names[i]]
+        if keep and max(names[i] for i in keep) >= str_size:
+            raise SymbolTableError(f"{sec.name}: a symbol name past its string table")
+        picked += [(values[i], sizes[i], str_off + names[i]) for i in keep]
+    return picked
+
+
+def _name(mapped: mmap.mmap, position: int) -> str:
+    end = mapped.find(b"\0", position)
+    return mapped[position:end if end >= 0 else len(mapped)].decode("utf-8", "replace")
+
+
 class FunctionSymbols:
     """The defined function symbols of one ELF file, .symtab first, then .dynsym (the first symbol
     seen at an address names it), looked up by virtual address.
@@ -70,8 +91,7 @@ class FunctionSymbols:
     from the mapping on lookup, so a library of 10^5-10^6 symbols costs a few MB of the recorder's
     memory, not the hundreds its string table and Python objects would."""
 
-    def __init__(self, path: str, sections: Iterable[str] = (".symtab", ".dynsym"),
-                 aliases: bool = False) -> None:
+    def __init__(self, path: str, sections: Iterable[str] = (".symtab", ".dynsym")) -> None:
         from elftools.elf.elffile import ELFFile  # deferred: only symbolisation needs it
 
         with open(path, "rb") as f:
@@ -79,35 +99,19 @@ class FunctionSymbols:
             elf = ELFFile(f)
             self.loads = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
                           if s["p_type"] == "PT_LOAD"]
-            picked: list[tuple[int, int, int]] = []  # (start, size, name position), in table order
-            for sec, str_off, str_size, is64 in _tables(elf, sections):
-                if str_off + str_size > len(self._map):
-                    raise SymbolTableError(f"{sec.name}: string table past the end of the file")
-                names, types, shndx, values, sizes = _columns(sec, is64, elf.little_endian)
-                keep = [i for i, t in enumerate(types)
-                        if t in _FUNCTION_TYPES and values[i] and shndx[i] != SHN_UNDEF and names[i]]
-                if keep and max(names[i] for i in keep) >= str_size:
-                    raise SymbolTableError(f"{sec.name}: a symbol name past its string table")
-                picked += [(values[i], sizes[i], str_off + names[i]) for i in keep]
-        # every name, where asked: the API a library exports includes its aliases
-        self.aliases = {self._name(name) for _, _, name in picked} if aliases else set()
+            picked = _functions(elf, len(self._map), sections)
         picked.sort(key=itemgetter(0))  # stable: the first symbol in table order names an address
-        starts, self._sizes, self._names = array("Q"), array("Q"), array("Q")
+        self.starts, self._sizes, self._names = array("Q"), array("Q"), array("Q")
         last = None
         for start, size, name in picked:
             if start != last:
-                starts.append(start)
+                self.starts.append(start)
                 self._sizes.append(size)
                 self._names.append(name)
                 last = start
-        self.starts = starts
 
     def __len__(self) -> int:
         return len(self.starts)
-
-    def _name(self, position: int) -> str:
-        end = self._map.find(b"\0", position)
-        return self._map[position:end if end >= 0 else len(self._map)].decode("utf-8", "replace")
 
     def vaddr(self, file_offset: int) -> int:
         """The virtual address a file offset is loaded at (the offset itself outside PT_LOADs)."""
@@ -119,7 +123,7 @@ class FunctionSymbols:
     def items(self) -> Iterator[tuple[int, int, str]]:
         """(start, size, name) of every symbol, by address."""
         for i, start in enumerate(self.starts):
-            yield start, self._sizes[i], self._name(self._names[i])
+            yield start, self._sizes[i], _name(self._map, self._names[i])
 
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
         """(symbol, offset from its start) of the function containing vaddr, None outside any."""
@@ -129,9 +133,13 @@ class FunctionSymbols:
         start, size = self.starts[i], self._sizes[i]
         if size and vaddr >= start + size:
             return None
-        return self._name(self._names[i]), vaddr - start
+        return _name(self._map, self._names[i]), vaddr - start
 
 
 def function_names(path: str, sections: Iterable[str] = (".dynsym",)) -> set[str]:
-    """Names of the functions an ELF file defines in `sections`, aliases included."""
-    return FunctionSymbols(path, sections, aliases=True).aliases
+    """Names of the functions an ELF file defines in `sections`, aliases included (the API a
+    library exports is every name, not one per address)."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+        return {_name(mapped, position) for _, _, position in _functions(ELFFile(f), len(mapped), sections)}

@@ -9,7 +9,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 
 from recorder.cuda import library_kind
-from recorder.elfsyms import SymbolTableError, function_names
+from recorder.elfsyms import function_names
 
 
 def mapped_files(pid: int) -> list[str]:
@@ -56,7 +56,7 @@ def exported_functions(path: str) -> frozenset[str]:
     """Names of the functions a shared object defines in its dynamic symbol table."""
     try:
         names = function_names(path, (".dynsym",))
-    except (OSError, ELFError, SymbolTableError, ValueError):  # ValueError: an empty file is not mapped
+    except (OSError, ELFError, ValueError):  # ValueError: SymbolTableError, or an empty file (not mapped)
         return frozenset()
     return frozenset(n.split("@", 1)[0] for n in names)
 
