@@ -52,6 +52,11 @@ class Layout:
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.fields)
 
+    @property
+    def fmt(self) -> str:
+        """The struct format: '=' and one code per field."""
+        return self._struct.format
+
     def offsets(self) -> dict[str, int]:
         out, at = {}, 0
         for name, ctype in self.fields:

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +72,39 @@ _API_FIELDS = [_LAYOUT_FIELDS[api.layout] for api in cuda.APIS]
 # per API: (size, stream, launch, pointer, handle, memcpy_kind) are meaningful
 _API_FLAGS = [tuple(name in fields for name in ("size", "stream", "launch", "pointer", "handle", "memcpy_kind"))
               for fields in _API_FIELDS]
+# The same as one byte per API, bit i for flag i (recorder/_ingest.c)
+_API_FLAG_BITS = bytes(sum(1 << i for i, flag in enumerate(flags) if flag) for flags in _API_FLAGS)
+# cuda_call's columns as recorder/_ingest.c packs them: 'd' is a launch's "x,y,z" grid or block
+CUDA_PROGRAM = "iiiiiiiiiiiiiddiiii"
+# cuda_event fields recorder/_ingest.c reads, in its order
+CUDA_PACK_FIELDS = ("ts", "dur", "cgroup_id", "ret", "size", "stream", "function", "pointer", "handle",
+                    "pid", "tid", "api", "memcpy_kind", "grid_x", "grid_y", "grid_z", "block_x",
+                    "block_y", "block_z", "shared_mem", "flags", "native_stack_id")
+# cuda_event unpacked with its 64-bit fields signed: SQLite's INTEGER is a signed 64-bit value, so a
+# value above 2**63 - 1 (a size_t of -1 passed to cudaMalloc) is stored as its two's complement
+_CUDA_SIGNED = struct.Struct("=8x" + events.CUDA.fmt[1:].replace("Q", "q"))
+
+
+def _keys_struct() -> struct.Struct:
+    """(ts, pid, tid, native_stack_id) of a framed cuda_event: what identifies its thread and stacks."""
+    at = events.CUDA.offsets()
+    wanted = {"ts": "Q", "pid": "I", "tid": "I", "native_stack_id": "i"}
+    fmt, pos = "=", 0
+    for name in sorted(wanted, key=at.get):
+        fmt += f"{at[name] + 8 - pos}x{wanted[name]}" if at[name] + 8 > pos else wanted[name]
+        pos = at[name] + 8 + struct.calcsize(wanted[name])
+    return struct.Struct(fmt + f"{events.CUDA.framed_size - pos}x")
+
+
+_CUDA_KEYS = _keys_struct()  # in field order: ts, pid, tid, native_stack_id
+
+
+def _ingest_module():
+    try:
+        from recorder import _ingest
+    except ImportError:  # not built (no compiler at install time): rows are built in Python
+        return None
+    return _ingest
 
 
 def status_path(db: Path) -> Path:
@@ -144,6 +178,11 @@ class Session:
         self.writer = Writer(self.store, background=True)
         self.writer.table("offcpu_interval", OFFCPU_COLUMNS)
         self.writer.table("cuda_call", CUDA_COLUMNS)
+        ingest = _ingest_module() if self.writer.packs else None
+        self._pack_cuda = ingest.pack_cuda if ingest else None
+        if self._pack_cuda:
+            self.writer.packed_table("cuda_call", CUDA_PROGRAM)
+            self._cuda_offsets = tuple(events.CUDA.offsets()[name] for name in CUDA_PACK_FIELDS)
         self.writer.table("capability", CAPABILITY_COLUMNS)
         self.writer.table("loss", ("session_id", "ts", "probe", "dropped"))
         self.writer.table("library", ("session_id", "path", "kind", "first_ts", "found_by"))
@@ -318,6 +357,8 @@ class Session:
             raw_off.clear()
             self.writer.extend("offcpu_interval", rows)
         if raw_cuda or self.stacks.held("cuda"):
+            if self._pack_cuda and joined_cuda:
+                joined_cuda = self._pack_cuda_rows(joined_cuda)
             self.writer.extend("cuda_call", self._cuda_rows(joined_cuda))
             raw_cuda.clear()
         self.workload.flush()  # before task events: an exit retires the thread's identity
@@ -337,6 +378,35 @@ class Session:
             ident.flush_exits()
         self.writer.flush()
 
+    def _pack_cuda_rows(self, joined: bytes) -> bytes:
+        """Write the cuda_call rows of the records whose thread and stacks are known, packed
+        (recorder/_ingest.c, the same values _cuda_rows() gives); returns the other records."""
+        framed = events.CUDA.framed_size
+        threads, natives = self.identity.threads, self.stacks.native_cache()
+        args = (self.session_id, threads, self.stacks.join_keys(), natives, _API_FLAG_BITS)
+        packed, _, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args)
+        self.writer.extend_packed("cuda_call", packed)
+        if not misses:
+            return b""
+        view = memoryview(joined)
+        rest = b"".join([view[at:at + framed] for at in misses])
+        # Threads and native stacks seen for the first time are known after one lookup each (in
+        # the order the Python path would make them); then their calls go the packed way too.
+        learnt = False
+        for ts, pid, tid, native in _CUDA_KEYS.iter_unpack(rest):
+            if tid not in threads:
+                self.identity.thread(tid, pid, None, ts)
+                learnt = True
+            if native >= 0 and (pid, native) not in natives:
+                self.stacks.native_id(pid, native)
+                learnt = True
+        if not learnt:
+            return rest
+        packed, _, misses = self._pack_cuda(rest, framed, self._cuda_offsets, *args)
+        self.writer.extend_packed("cuda_call", packed)
+        view = memoryview(rest)
+        return b"".join([view[at:at + framed] for at in misses])
+
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
         """cuda_call rows from framed cuda_event records (ring header, then the record)."""
         sid = self.session_id
@@ -347,7 +417,7 @@ class Session:
         dims: dict[tuple[int, int, int], str] = {}  # a launch's few distinct grid/block shapes
         rows = []
         append = rows.append
-        for rec, py_stack in stacks.join("cuda", events.CUDA.iter_framed(joined), _cuda_stack_key):
+        for rec, py_stack in stacks.join("cuda", _CUDA_SIGNED.iter_unpack(joined), _cuda_stack_key):
             (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
              gx, gy, gz, bx, by, bz, shmem, flags, native_stack, _pad) = rec
             has_size, has_stream, launch, has_pointer, has_handle, has_kind = _API_FLAGS[api]
@@ -366,7 +436,7 @@ class Session:
             append((
                 sid, ts, dur, th, api, ret,
                 size if has_size else None,
-                size.bit_length() if has_size else None,
+                (size.bit_length() if size >= 0 else 64) if has_size else None,
                 stream if has_stream else None,
                 function if launch else None,
                 pointer if has_pointer and not flags & 1 else None,

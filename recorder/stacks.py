@@ -169,6 +169,8 @@ class NativeSymbolizer:
 # ---------------------------------------------------------------------------------------------
 # The session side
 
+_NOT_USER = 1 << 63  # kernel half of the address space, and above SQLite's INTEGER
+
 PY_CODE_COLUMNS = ("id", "session_id", "filename", "qualname", "first_line")
 PY_STACK_COLUMNS = ("id", "session_id", "hash", "depth", "status")
 PY_FRAME_COLUMNS = ("stack_id", "depth", "code_id", "line")
@@ -397,6 +399,11 @@ class StackRecorder:
         if again:
             self._held[kind] = again
 
+    def join_keys(self) -> dict[Key, int]:
+        """(ts, pid, tid) -> Python stack id of the stack records read and not yet joined: a
+        caller that joins an event itself pops its key (recorder/_ingest.c)."""
+        return self._join
+
     def take(self, k: Key, shared: bool = False) -> int | None:
         """The stack id recorded under key k (None when not read, or lost)."""
         stack_id = self._join.pop(k, None)
@@ -425,7 +432,10 @@ class StackRecorder:
         if cached is not None:
             return cached
         try:
-            addresses = list(self.probes.bpf["user_stacks"].walk(map_id))
+            # a frame-pointer walk through code built without frame pointers can continue into
+            # garbage: stop at the first value that is no user-space address (nor storable)
+            addresses = list(itertools.takewhile(lambda a: 0 < a < _NOT_USER,
+                                                 self.probes.bpf["user_stacks"].walk(map_id)))
         except Exception:
             self.native_errors["native stack unreadable"] += 1
             return None

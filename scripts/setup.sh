@@ -11,7 +11,7 @@ want_test=0
 
 need=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in python3-bpfcc bpftool python3-venv python3-dev gcc make sqlite3 util-linux e2fsprogs; do
+for p in python3-bpfcc bpftool python3-venv python3-dev libsqlite3-dev gcc make sqlite3 util-linux e2fsprogs; do
   have "$p" || need+=("$p")
 done
 if [ $want_test = 1 ]; then
@@ -49,7 +49,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-stamp=.venv/.installed-$(cat pyproject.toml setup.py recorder/_markers.c | sha1sum | cut -c1-12)-$want_test
+stamp=.venv/.installed-$(cat pyproject.toml setup.py recorder/*.c store/*.c | sha1sum | cut -c1-12)-$want_test
 if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   if [ $want_test = 1 ]; then

@@ -13,8 +13,9 @@ import itertools
 import os
 import queue
 import sqlite3
+import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,61 @@ sqlite3.register_adapter(type(None), _bind_none)
 APPLICATION_ID = 0x53544C52  # 'STLR'
 ROWS_PER_STATEMENT = 50
 SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _sqlite_library() -> str | None:
+    """The libsqlite3 file the sqlite3 module uses, or None when it has SQLite built in."""
+    import _sqlite3
+
+    mapped = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(None, 5)[5:]
+            if path and os.path.basename(path[0]).startswith("libsqlite3.so"):
+                mapped.add(path[0])
+    if len(mapped) != 1:
+        return None
+    lib = mapped.pop()
+    try:
+        from elftools.elf.dynamic import DynamicSection
+        from elftools.elf.elffile import ELFFile
+
+        def tags(path: str, kind: str) -> set[str]:
+            with open(path, "rb") as f:
+                return {getattr(tag, kind.lower()[3:]) for section in ELFFile(f).iter_sections()
+                        if isinstance(section, DynamicSection)
+                        for tag in section.iter_tags() if tag.entry.d_tag == kind}
+
+        needed = tags(_sqlite3.__file__, "DT_NEEDED")
+        soname = tags(lib, "DT_SONAME") or {os.path.basename(lib)}
+    except (OSError, AttributeError, ImportError, ValueError):
+        return None
+    return lib if soname & needed else None
+
+
+def packed_inserter(store: Store) -> Callable | None:
+    """store._insert.insert bound to this process's SQLite when it is safe to use on
+    `store.conn` (the extension is built, the sqlite3 module links SQLite as a shared library,
+    CPython's connection object has its known layout, and SQLite confirms the handle is this
+    store's), else None: Writer.extend_packed is then not offered and callers build tuples."""
+    if store.readonly or not (3, 8) <= sys.version_info[:2] <= (3, 14):
+        return None
+    try:
+        from store import _insert
+    except ImportError:
+        return None
+    lib = _sqlite_library()
+    if lib is None:
+        return None
+    try:
+        _insert.bind(lib)
+        name = _insert.filename(store.conn)
+        if not name or os.path.realpath(name) != os.path.realpath(store.path):
+            return None
+        _insert.register(store.conn)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return _insert.insert
 
 
 def _numbered(folder: str) -> list[tuple[int, Path]]:
@@ -248,6 +304,9 @@ class Writer:
         self._sql: dict[str, str] = {}
         self._multi_sql: dict[str, str] = {}
         self._pending: dict[str, list[Sequence]] = {}
+        self._packed: dict[str, list[bytes]] = {}
+        self._programs: dict[str, tuple[str, int]] = {}
+        self._insert_packed = packed_inserter(store)
         self._statements: list[tuple[str, Sequence]] = []
         self.rows_written = 0
         self._error: BaseException | None = None
@@ -268,6 +327,28 @@ class Writer:
         self._multi_sql[name] = head + ",".join([one] * ROWS_PER_STATEMENT)
         self._pending.setdefault(name, [])
 
+    @property
+    def packs(self) -> bool:
+        """Whether extend_packed() can be used (store._insert is built and safe here)."""
+        return self._insert_packed is not None
+
+    def packed_table(self, name: str, program: str) -> None:
+        """Declare how packed rows of table `name` (declared with table()) become its columns:
+        a letter per column, 'i' one integer slot, 'd' three slots as 'x,y,z' text
+        (store/_insert.c)."""
+        if len(program) != self._sql[name].count("?"):
+            raise ValueError(f"{name}: the program has {len(program)} columns, the table more or fewer")
+        columns = self._sql[name][len("INSERT INTO "):].split(" VALUES ")[0]
+        select = ",".join(f"c{i}" for i in range(len(program)))
+        self._programs[name] = (program, sum(3 if c == "d" else 1 for c in program),
+                                f"INSERT INTO {columns} SELECT {select} FROM stall_packed(?1)")
+        self._packed.setdefault(name, [])
+
+    def extend_packed(self, name: str, packed: bytes) -> None:
+        """Add packed rows (per row: the program's int64 slots, then a NULL mask)."""
+        if packed:
+            self._packed[name].append(packed)
+
     def add(self, name: str, row: Sequence) -> None:
         self._pending[name].append(row)
 
@@ -279,7 +360,9 @@ class Writer:
         self._statements.append((sql, params))
 
     def pending(self) -> int:
-        return sum(len(rows) for rows in self._pending.values())
+        return sum(len(rows) for rows in self._pending.values()) + sum(
+            sum(map(len, chunks)) // ((self._programs[name][1] + 1) * 8)
+            for name, chunks in self._packed.items())
 
     def flush(self) -> int:
         """Write (or hand over) everything added since the last flush; returns the row count."""
@@ -287,6 +370,12 @@ class Writer:
             raise self._error
         batch = [(name, rows) for name, rows in self._pending.items() if rows]
         count = sum(len(rows) for _, rows in batch)
+        for name, chunks in self._packed.items():
+            if chunks:
+                packed = b"".join(chunks)
+                self._packed[name] = []
+                batch.append((name, packed))
+                count += len(packed) // ((self._programs[name][1] + 1) * 8)
         statements = self._statements
         self._statements = []
         for name in self._pending:
@@ -318,7 +407,13 @@ class Writer:
     def _write(self, batch: list, statements: list) -> None:
         conn = self.store.conn
         k = ROWS_PER_STATEMENT
+        written = 0
         for name, rows in batch:
+            if isinstance(rows, bytes):  # packed (extend_packed); the GIL is released inside
+                program, slots, sql = self._programs[name]
+                written += self._insert_packed(conn, sql, program, slots, rows)
+                continue
+            written += len(rows)
             full = len(rows) // k * k
             if full:
                 chain = itertools.chain.from_iterable
@@ -329,7 +424,7 @@ class Writer:
         for sql, params in statements:
             conn.execute(sql, params)
         conn.commit()
-        self.rows_written += sum(len(rows) for _, rows in batch)
+        self.rows_written += written
 
     def _run(self) -> None:
         while True:

@@ -43,7 +43,7 @@ def build_libraries(out: Path = DEFAULT_OUT) -> dict[str, Path]:
         sources = [HERE / source, HERE / "standin.h"]
         if _stale(target, sources):
             tmp = target.with_suffix(".tmp")
-            _gcc(["-O1", "-g", "-fPIC", "-shared", f"-Wl,-soname,{soname}", "-o", str(tmp),
+            _gcc(["-O1", "-g", "-fno-omit-frame-pointer", "-fPIC", "-shared", f"-Wl,-soname,{soname}", "-o", str(tmp),
                   str(HERE / source), "-lrt"])
             tmp.replace(target)  # atomic: a running process keeps its old mapping
         built[name] = target

@@ -1,0 +1,220 @@
+"""The packed cuda_call path (recorder/_ingest.c + store/_insert.c) against the Python one, without
+BPF: the same cuda_event records through Session's row building both ways give the same rows, and
+the packed writer stores exactly what executemany stores. The BPF tests (test_record_bpf.py and
+the rest) exercise the packed path end to end, as it is the default where it is built."""
+
+from __future__ import annotations
+
+import sqlite3
+import struct
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from recorder import cuda, events
+from recorder.identity import Identity
+from recorder.pyframes import STATUS_NO_THREAD_STATE
+from recorder.session import CUDA_COLUMNS, CUDA_PACK_FIELDS, CUDA_PROGRAM, Session
+from recorder.stacks import StackRecorder
+from store.db import Writer, open_store, packed_inserter
+
+try:
+    from recorder import _ingest  # noqa: F401
+    from store import _insert  # noqa: F401
+    BUILT = True
+except ImportError:
+    BUILT = False
+
+needs_build = pytest.mark.skipif(not BUILT, reason="the C extensions are not built (no compiler at install)")
+
+PID = 4242
+API = {api.name: i for i, api in enumerate(cuda.APIS)}
+
+
+def cuda_record(ts: int, tid: int, api: str, *, size: int = 0, stream: int = 0, function: int = 0,
+                pointer: int = 0, handle: int = 0, kind: int = 0, grid=(0, 0, 0), block=(0, 0, 0),
+                shmem: int = 0, flags: int = 0, native: int = 7, ret: int = 0, dur: int = 1500) -> bytes:
+    """One framed cuda_event (8-byte ring header, then the record), as the block reader gives it."""
+    return bytes(8) + events.CUDA.pack(ts, dur, 99, ret, size, stream, function, pointer, handle, PID,
+                                       tid, API[api], kind, *grid, *block, shmem, flags, native, 0)
+
+
+def stack_record(ts: int, tid: int) -> bytes:
+    return struct.pack("=QIIII", ts, PID, tid, 0, STATUS_NO_THREAD_STATE)
+
+
+def session_over(db: Path, packed: bool) -> Session:
+    """The parts of a Session that turn cuda_event records into rows, over a real store."""
+    store = open_store(db, create=True)
+    s = Session.__new__(Session)
+    s.store = store
+    s.session_id = 1
+    s.writer = Writer(store)
+    s.writer.table("cuda_call", CUDA_COLUMNS)
+    s.identity = Identity(store, s.writer, 1)
+    probes = SimpleNamespace(pystack=SimpleNamespace(targets={}), capabilities=[])
+    s.stacks = StackRecorder(store, s.writer, 1, probes)
+    s.stacks._native_raw[(PID, 7)] = 1  # a native stack already resolved (no stack map to read)
+    s._pack_cuda = None
+    if packed:
+        from recorder import _ingest
+
+        assert s.writer.packs
+        s.writer.packed_table("cuda_call", CUDA_PROGRAM)
+        s._pack_cuda = _ingest.pack_cuda
+        s._cuda_offsets = tuple(events.CUDA.offsets()[n] for n in CUDA_PACK_FIELDS)
+    return s
+
+
+def flush(s: Session, cuda_records: list[bytes], stack_records: list[bytes]) -> None:
+    s.stacks.add(stack_records)
+    joined = b"".join(cuda_records)
+    if s._pack_cuda and joined:
+        joined = s._pack_cuda_rows(joined)
+    s.writer.extend("cuda_call", s._cuda_rows(joined))
+    s.writer.flush()
+
+
+def calls(db: Path) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    cols = ",".join(CUDA_COLUMNS)
+    rows = conn.execute(f"SELECT {cols} FROM cuda_call ORDER BY ts").fetchall()
+    conn.close()
+    return rows
+
+
+def workload() -> tuple[list[list[bytes]], list[list[bytes]]]:
+    """Two flushes of calls: three threads (the third first seen in the second flush), every
+    argument layout, a size of 2**64 - 1, a failed allocation, a call without a native stack and a
+    call whose stack record comes one flush late."""
+    first, second, stacks1, stacks2 = [], [], [], []
+    ts = 1_000_000
+    for i in range(300):
+        tid = PID + i % 2
+        ts += 1000
+        first.append(cuda_record(ts, tid, "cudaLaunchKernel", function=0x5555_0000 + i % 3,
+                                 stream=0x7F00_0000_1000, grid=(i + 1, 2, 1), block=(256, 1, 1),
+                                 shmem=i % 5 * 1024))
+        stacks1.append(stack_record(ts, tid))
+    specials = [
+        dict(api="cudaMalloc", size=1 << 20, pointer=0x7F12_3456_0000),
+        dict(api="cudaMalloc", size=(1 << 64) - 1, pointer=0, flags=1, ret=2),  # failed, size_t -1
+        dict(api="cudaFree", pointer=0x7F12_3456_0000),
+        dict(api="cudaMemcpyAsync", size=4096, kind=1, stream=0x10),
+        dict(api="cudaEventSynchronize", handle=0xABCDEF),
+        dict(api="cudaStreamSynchronize", stream=0x20, ret=-1 & 0xFFFF_FFFF),
+        dict(api="cudaDeviceSynchronize", native=-14),  # no native stack (EFAULT)
+    ]
+    for spec in specials:
+        ts += 1000
+        first.append(cuda_record(ts, PID, **spec))
+        stacks1.append(stack_record(ts, PID))
+    ts += 1000
+    late = ts
+    first.append(cuda_record(late, PID + 1, "cudaDeviceSynchronize"))  # its stack record: next flush
+    stacks2.append(stack_record(late, PID + 1))
+    for _ in range(100):
+        ts += 1000
+        second.append(cuda_record(ts, PID + 2, "cuLaunchKernel", function=0x99, grid=(7, 7, 7),
+                                  block=(32, 32, 1)))
+        stacks2.append(stack_record(ts, PID + 2))
+    return [first, second], [stacks1, stacks2]
+
+
+@needs_build
+def test_packed_rows_equal_the_python_rows(tmp_path: Path) -> None:
+    batches, stack_batches = workload()
+    got = {}
+    packed_rows = []
+    for packed in (False, True):
+        db = tmp_path / f"packed_{packed}.db"
+        s = session_over(db, packed)
+        extend = s.writer.extend_packed
+        s.writer.extend_packed = lambda name, data, extend=extend: (
+            packed_rows.append(len(data) // 192), extend(name, data))
+        for records, stacks in zip(batches, stack_batches, strict=True):
+            flush(s, records, stacks)
+        s.stacks._final = True
+        flush(s, [], [])
+        s.store.close()
+        got[packed] = calls(db)
+    assert len(got[False]) == sum(map(len, batches))
+    assert got[True] == got[False]
+    # all but the call without a native stack and the one whose stack record came late were packed
+    assert sum(packed_rows) == len(got[True]) - 2
+    by_api = {(row[4], row[6]): row for row in got[True]}
+    failed = by_api[(API["cudaMalloc"], -1)]
+    assert failed[7] == 64 and failed[10] is None  # size class of 2**64 - 1; no pointer: it failed
+    launch = next(row for row in got[True] if row[4] == API["cudaLaunchKernel"])
+    assert launch[13:16] == ("1,2,1", "256,1,1", 0) and launch[6] is None
+    assert all(row[17] is not None for row in got[True])  # every call has its stack, the late one too
+    assert sum(row[18] is None for row in got[True]) == 1  # the call without a native stack
+
+
+@needs_build
+def test_packed_writer_stores_what_executemany_stores(tmp_path: Path) -> None:
+    rows = []
+    for i in range(1234):  # more than one statement's worth, not a multiple of it
+        nulls = (i % 3 == 0, i % 5 == 0)
+        rows.append((1, i, -i, None if nulls[0] else (1 << 63) - 1 - i,
+                     None if nulls[1] else f"{i},{i + 1},{(1 << 32) - 1}", i * 7))
+    slots = []
+    for r in rows:
+        x = tuple(map(int, r[4].split(","))) if r[4] else (0, 0, 0)
+        mask = (1 << 3 if r[3] is None else 0) | (1 << 4 if r[4] is None else 0)
+        slots.append(struct.pack("=9q", r[0], r[1], r[2], r[3] or 0, *(v - (1 << 32) if v >= 1 << 31
+                                                                         else v for v in x), r[5], mask))
+    stored = {}
+    for packed in (False, True):
+        store = open_store(tmp_path / f"w_{packed}.db", create=True)
+        store.conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a, b, c, d, e, f)")
+        w = Writer(store, background=True)
+        w.table("t", ("a", "b", "c", "d", "e", "f"))
+        if packed:
+            w.packed_table("t", "iiiidi")
+            w.extend_packed("t", b"".join(slots[:1000]))
+            w.extend_packed("t", b"".join(slots[1000:]))
+            assert w.pending() == len(rows)
+        else:
+            w.extend("t", rows)
+        assert w.flush() == len(rows)
+        w.close()
+        stored[packed] = store.conn.execute("SELECT a, b, c, d, e, f FROM t ORDER BY id").fetchall()
+        store.close()
+    assert stored[True] == stored[False] == rows
+
+
+@needs_build
+def test_a_packed_batch_that_does_not_fit_the_program_is_refused(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "bad.db", create=True)
+    store.conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a, b)")
+    w = Writer(store)
+    w.table("t", ("a", "b"))
+    with pytest.raises(ValueError, match="columns"):
+        w.packed_table("t", "iii")
+    w.packed_table("t", "ii")
+    w.extend_packed("t", struct.pack("=3q", 1, 2, 0) + b"\0" * 8)  # a row and a stray word
+    with pytest.raises(ValueError, match="do not match"):
+        w.flush()
+    store.close()
+
+
+def test_without_the_extensions_rows_go_through_python(tmp_path: Path, monkeypatch) -> None:
+    import store as store_package
+
+    monkeypatch.setitem(sys.modules, "store._insert", None)  # import fails, as when not built
+    monkeypatch.delattr(store_package, "_insert", raising=False)
+    store = open_store(tmp_path / "plain.db", create=True)
+    assert packed_inserter(store) is None
+    assert not Writer(store).packs
+    store.close()
+
+
+@needs_build
+def test_a_read_only_store_gets_no_packed_writer(tmp_path: Path) -> None:
+    open_store(tmp_path / "ro.db", create=True).close()
+    store = open_store(tmp_path / "ro.db", readonly=True)
+    assert packed_inserter(store) is None
+    store.close()
