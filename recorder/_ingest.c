@@ -63,19 +63,20 @@ static PyObject *pair(uint64_t a, long long b)
     return Py_BuildValue("(KL)", (unsigned long long)a, b);
 }
 
-/* pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags)
+/* pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags[, at])
  *   -> (packed, rows, misses)
- * joined: framed cuda_event records (an 8-byte ring header, then the record); misses: the byte
- * offsets in joined of the framed records left to the Python path. */
+ * joined: framed cuda_event records (an 8-byte ring header, then the record); at: the byte offsets
+ * of the records to look at (default: all); misses: the byte offsets in joined of the records left
+ * to the Python path. */
 static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
 {
     Py_buffer in, flags_buf;
     Py_ssize_t framed;
-    PyObject *offsets, *threads, *join, *natives;
+    PyObject *offsets, *threads, *join, *natives, *at = NULL;
     long long session;
-    if (!PyArg_ParseTuple(args, "y*nO!LO!O!O!y*", &in, &framed, &PyTuple_Type, &offsets, &session,
-                          &PyDict_Type, &threads, &PyDict_Type, &join, &PyDict_Type, &natives,
-                          &flags_buf))
+    if (!PyArg_ParseTuple(args, "y*nO!LO!O!O!y*|O!", &in, &framed, &PyTuple_Type, &offsets,
+                          &session, &PyDict_Type, &threads, &PyDict_Type, &join, &PyDict_Type,
+                          &natives, &flags_buf, &PyList_Type, &at))
         return NULL;
     PyObject *result = NULL, *packed = NULL, *misses = NULL;
     Py_ssize_t off[F_COUNT];
@@ -91,7 +92,7 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
             goto out;
         }
     }
-    const Py_ssize_t n = in.len / framed, stride = (S_COUNT + 1) * 8;
+    const Py_ssize_t n = at ? PyList_GET_SIZE(at) : in.len / framed, stride = (S_COUNT + 1) * 8;
     const unsigned char *api_flags = flags_buf.buf;
     packed = PyBytes_FromStringAndSize(NULL, n * stride);
     misses = PyList_New(0);
@@ -100,7 +101,16 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
     int64_t *row = (int64_t *)PyBytes_AS_STRING(packed);
     Py_ssize_t rows = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const char *r = (const char *)in.buf + i * framed;
+        Py_ssize_t start = i * framed;
+        if (at) {
+            start = PyLong_AsSsize_t(PyList_GET_ITEM(at, i));
+            if (start < 0 || start % framed || start + framed > in.len) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "an offset is not a record's in joined");
+                goto out;
+            }
+        }
+        const char *r = (const char *)in.buf + start;
         uint64_t ts = u64_at(r + off[F_TS]);
         uint32_t pid = u32_at(r + off[F_PID]), tid = u32_at(r + off[F_TID]);
         uint32_t api = u32_at(r + off[F_API]);
@@ -124,12 +134,12 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         if (thread == -2 || native == -2 || stack == -2)
             goto out;
         if (thread <= 0 || native < 0 || stack < 0) {
-            PyObject *at = PyLong_FromSsize_t(i * framed);
-            if (!at || PyList_Append(misses, at) < 0) {
-                Py_XDECREF(at);
+            PyObject *miss = PyLong_FromSsize_t(start);
+            if (!miss || PyList_Append(misses, miss) < 0) {
+                Py_XDECREF(miss);
                 goto out;
             }
-            Py_DECREF(at);
+            Py_DECREF(miss);
             continue;
         }
         unsigned f = api_flags[api];

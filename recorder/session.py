@@ -388,23 +388,22 @@ class Session:
         self.writer.extend_packed("cuda_call", packed)
         if not misses:
             return b""
-        view = memoryview(joined)
-        rest = b"".join([view[at:at + framed] for at in misses])
         # Threads and native stacks seen for the first time are known after one lookup each (in
         # the order the Python path would make them); then their calls go the packed way too.
         learnt = False
-        for ts, pid, tid, native in _CUDA_KEYS.iter_unpack(rest):
+        key_of = _CUDA_KEYS.unpack_from
+        for at in misses:
+            ts, pid, tid, native = key_of(joined, at)
             if tid not in threads:
                 self.identity.thread(tid, pid, None, ts)
                 learnt = True
             if native >= 0 and (pid, native) not in natives:
                 self.stacks.native_id(pid, native)
                 learnt = True
-        if not learnt:
-            return rest
-        packed, _, misses = self._pack_cuda(rest, framed, self._cuda_offsets, *args)
-        self.writer.extend_packed("cuda_call", packed)
-        view = memoryview(rest)
+        if learnt:
+            packed, _, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args, misses)
+            self.writer.extend_packed("cuda_call", packed)
+        view = memoryview(joined)
         return b"".join([view[at:at + framed] for at in misses])
 
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
