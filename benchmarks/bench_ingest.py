@@ -21,6 +21,7 @@ itself is unchanged).
     .venv/bin/python benchmarks/bench_ingest.py                       # rates 25k..200k + flat out
     .venv/bin/python benchmarks/bench_ingest.py --rates 50000,100000 --threads 2 --seconds 5
     .venv/bin/python benchmarks/bench_ingest.py --rates 100000 --bcc-rings   # BCC's reader
+    .venv/bin/python benchmarks/bench_ingest.py --python-rows   # without the packed-row path
     .venv/bin/python benchmarks/bench_ingest.py --json
 """
 
@@ -153,7 +154,7 @@ class Timers:
     """Wraps the live session's poll, row-building and write steps with wall-clock accumulators."""
 
     def __init__(self, session) -> None:
-        self.poll_s = self.stacks_s = self.rows_s = self.write_s = 0.0
+        self.poll_s = self.stacks_s = self.pack_s = self.rows_s = self.write_s = 0.0
         self.last_commit = 0.0
         probes, writer, stacks = session.probes, session.writer, session.stacks
         poll, cuda_rows, flush, add = probes.poll, session._cuda_rows, writer.flush, stacks.add
@@ -181,7 +182,16 @@ class Timers:
             self.write_s += self.last_commit - t
             return n
 
+        pack = session._pack_cuda_rows
+
+        def timed_pack(joined: bytes) -> bytes:
+            t = time.perf_counter()
+            rest = pack(joined)
+            self.pack_s += time.perf_counter() - t
+            return rest
+
         probes.poll = timed_poll
+        session._pack_cuda_rows = timed_pack
         stacks.add = timed_add
         session._cuda_rows = timed_rows
         writer.flush = timed_flush
@@ -285,7 +295,8 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
         cpu = _cpu_s() - cpu0
         session.finish()
         per.append({"calls": calls, "wall_s": wall, "cpu_s": cpu, "poll_s": timers.poll_s,
-                    "stacks_s": timers.stacks_s, "rows_s": timers.rows_s, "write_s": timers.write_s})
+                    "stacks_s": timers.stacks_s, "pack_s": timers.pack_s, "rows_s": timers.rows_s,
+                    "write_s": timers.write_s})
     rows, lost, _ = _stored(db, api)
     total_calls = sum(p["calls"] for p in per)
 
@@ -297,7 +308,8 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
         "rows_exact": rows == total_calls,
         "events_per_s": 1e9 / med("wall_s"),
         "ns_per_event": {"total_wall": med("wall_s"), "cpu": med("cpu_s"), "poll": med("poll_s"),
-                         "stack_records": med("stacks_s"), "unpack_rows": med("rows_s"),
+                         "stack_records": med("stacks_s"), "pack_rows": med("pack_s"),
+                         "unpack_rows": med("rows_s"),
                          "hand_to_writer": med("write_s")},
     }
 
@@ -325,14 +337,21 @@ def measure(api: str, threads: int, rates: list[int], seconds: float, burst: int
         "drain": capacity, "target_events_per_s": TARGET_EVENTS_PER_S,
         "ring_reader": "BCC callbacks" if os.environ.get("STALL_RECORDER_BCC_RINGS") == "1"
         else "memory-mapped, in blocks",
+        "rows": "packed in C" if _packed_rows() else "Python tuples",
         "load_avg": os.getloadavg(),
     }
+
+
+def _packed_rows() -> bool:
+    import recorder.session
+
+    return recorder.session._ingest_module() is not None
 
 
 def render(r: dict) -> str:
     lines = [
         f"### Sustained ingest of `{r['api']}` from {r['threads']} thread(s), "
-        f"{r['seconds']:g} s per rate",
+        f"{r['seconds']:g} s per rate, rows {r['rows']}",
         "",
         "| asked calls/s | offered calls/s | rows written/s | rows | dropped | bytes/row "
         "| recorder CPU s |",
@@ -362,6 +381,7 @@ def render(r: dict) -> str:
         "|---|---:|",
         f"| ring buffers read (`Probes.poll`, {r['ring_reader']}) | {ns['poll']:,.0f} |",
         f"| Python stack records (`stacks.add`) | {ns['stack_records']:,.0f} |",
+        f"| packed rows in C (`_pack_cuda_rows`) | {ns['pack_rows']:,.0f} |",
         f"| unpack + row tuples (`_cuda_rows`) | {ns['unpack_rows']:,.0f} |",
         f"| hand over to the writer thread (`Writer.flush`) | {ns['hand_to_writer']:,.0f} |",
         f"| total wall | {ns['total_wall']:,.0f} |",
@@ -391,10 +411,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="drain bursts")
     ap.add_argument("--bcc-rings", action="store_true",
                     help="read the rings with BCC's callback per record (as before the mapped reader)")
+    ap.add_argument("--python-rows", action="store_true",
+                    help="build and bind cuda_call rows in Python (as without the C extensions)")
     ap.add_argument("-j", "--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if args.bcc_rings:
         os.environ["STALL_RECORDER_BCC_RINGS"] = "1"
+    if args.python_rows:
+        import recorder.session
+
+        recorder.session._ingest_module = lambda: None
     reason = skip_reason()
     if reason:
         print(json.dumps({"skipped": reason}) if args.json else f"bench_ingest: skipped: {reason}")

@@ -1,4 +1,8 @@
-/* recorder._ingest: cuda_call rows from the cuda_events ring's records, packed for store._insert.
+/* recorder._ingest: the recorder's per-event work in C where Python's per-object cost dominates.
+ *
+ * drain_records() reads a ring of variable-size records (the pystacks ring) in one call,
+ * join_known_stacks() joins the stack records seen before, and pack_cuda() makes cuda_call rows
+ * from the cuda_events ring's records, packed for store._insert.
  *
  * Why: at 100k+ calls/s the recorder's one busy core spends ~1.5 us per call building a 19-value
  * Python tuple (struct unpacking, dictionary lookups, grid/block strings) and ~5 us binding it in
@@ -100,6 +104,9 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         goto out;
     int64_t *row = (int64_t *)PyBytes_AS_STRING(packed);
     Py_ssize_t rows = 0;
+    uint32_t last_tid = 0, last_pid = 0;
+    int32_t last_map = -1;
+    long long last_thread = -1, last_native = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t start = i * framed;
         if (at) {
@@ -117,13 +124,33 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         int32_t native_map = (int32_t)u32_at(r + off[F_NATIVE]);
         long long thread = -1, stack = -1, native = -1;
         if (api < (uint32_t)flags_buf.len && native_map >= 0) {
-            PyObject *k = PyLong_FromUnsignedLong(tid);
-            thread = lookup(threads, k, 0);
-            Py_XDECREF(k);
-            if (thread > 0) {
-                k = pair(pid, native_map);
-                native = lookup(natives, k, 0);
+            PyObject *k;
+            /* a thread's calls come in runs, and few native stacks repeat: the last answers are
+             * reused (the dictionaries do not change during the call) */
+            if (tid == last_tid) {
+                thread = last_thread;
+            } else {
+                k = PyLong_FromUnsignedLong(tid);
+                thread = lookup(threads, k, 0);
                 Py_XDECREF(k);
+                if (thread > 0) {
+                    last_tid = tid;
+                    last_thread = thread;
+                }
+            }
+            if (thread > 0) {
+                if (pid == last_pid && native_map == last_map) {
+                    native = last_native;
+                } else {
+                    k = pair(pid, native_map);
+                    native = lookup(natives, k, 0);
+                    Py_XDECREF(k);
+                    if (native >= 0) {
+                        last_pid = pid;
+                        last_map = native_map;
+                        last_native = native;
+                    }
+                }
             }
             if (thread > 0 && native >= 0) {
                 k = Py_BuildValue("(KkI)", (unsigned long long)ts, (unsigned long)pid, tid);
@@ -195,16 +222,166 @@ out:
     return result;
 }
 
+/* drain_records(data, consumer, page, mask, free_every) -> list[bytes]
+ *
+ * recorder/ringbuf.py Ring.drain for a ring of records of any size, in one call: data is the
+ * producer mapping (the producer position on its first page, the data area twice after it),
+ * consumer the consumer page. Every record committed when called is copied out in order; a busy
+ * (reserved, not committed) record stops the walk; discarded ones are skipped. The consumer
+ * position is stored every free_every records and at the end, so the producer gets space back. */
+#define RB_BUSY (1u << 31)
+#define RB_DISCARD (1u << 30)
+#define RB_HEADER 8
+
+static PyObject *py_drain_records(PyObject *self, PyObject *args)
+{
+    Py_buffer data, consumer;
+    Py_ssize_t page, free_every;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*w*nKn", &data, &consumer, &page, &mask, &free_every))
+        return NULL;
+    PyObject *out = NULL;
+    if (consumer.len < 8 || data.len < page + 2 * (Py_ssize_t)(mask + 1) || page < 8 ||
+        free_every < 1) {
+        PyErr_SetString(PyExc_ValueError, "not a ring buffer's mappings");
+        goto done;
+    }
+    uint64_t *cons_at = consumer.buf;
+    const char *base = (const char *)data.buf + page;
+    uint64_t cons = __atomic_load_n(cons_at, __ATOMIC_RELAXED);
+    uint64_t prod = __atomic_load_n((const uint64_t *)data.buf, __ATOMIC_ACQUIRE);
+    out = PyList_New(0);
+    if (!out)
+        goto done;
+    Py_ssize_t freed = 0;
+    while (cons < prod) {
+        const char *at = base + (cons & mask);
+        uint32_t len = __atomic_load_n((const uint32_t *)at, __ATOMIC_ACQUIRE);
+        if (len & RB_BUSY)
+            break;
+        uint32_t size = len & ~(RB_BUSY | RB_DISCARD);
+        if (size > mask + 1 - RB_HEADER)
+            break; /* not a record: leave it for the Python reader, which counts it */
+        if (!(len & RB_DISCARD)) {
+            PyObject *rec = PyBytes_FromStringAndSize(at + RB_HEADER, size);
+            if (!rec || PyList_Append(out, rec) < 0) {
+                Py_XDECREF(rec);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(rec);
+        }
+        cons += (size + RB_HEADER + 7) & ~7ull;
+        if (++freed == free_every) {
+            __atomic_store_n(cons_at, cons, __ATOMIC_RELEASE);
+            freed = 0;
+        }
+    }
+    __atomic_store_n(cons_at, cons, __ATOMIC_RELEASE);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&consumer);
+    return out;
+}
+
+/* join_known_stacks(records, key_size, seen, join, reported, pending, targets) -> list[bytes]
+ *
+ * StackRecorder.add's loop for the records it has seen before (recorder/stacks.py): a pystacks
+ * record whose bytes after (ts, pid, tid) map, in `seen`, to a stack resolved for good is joined
+ * under (ts, pid, tid) in `join` when that is all the loop would do with it: no retry of a process
+ * waiting to be configured (waits and pid in pending), no capability row to write (pid in targets,
+ * not in reported, not in pending). Every other record is returned for the Python loop. */
+static int member(PyObject *container, uint32_t pid)
+{
+    PyObject *key = PyLong_FromUnsignedLong(pid);
+    if (!key)
+        return -1;
+    int r = PySet_Check(container) ? PySet_Contains(container, key)
+                                   : PyDict_Contains(container, key);
+    Py_DECREF(key);
+    return r;
+}
+
+static PyObject *py_join_known_stacks(PyObject *self, PyObject *args)
+{
+    PyObject *records, *seen, *join, *reported, *pending, *targets;
+    Py_ssize_t key_size;
+    if (!PyArg_ParseTuple(args, "O!nO!O!O!O!O!", &PyList_Type, &records, &key_size, &PyDict_Type,
+                          &seen, &PyDict_Type, &join, &PySet_Type, &reported, &PySet_Type, &pending,
+                          &PyDict_Type, &targets))
+        return NULL;
+    if (key_size != 16) {
+        PyErr_SetString(PyExc_ValueError, "a pystacks record opens with (u64 ts, u32 pid, u32 tid)");
+        return NULL;
+    }
+    PyObject *misses = PyList_New(0);
+    if (!misses)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    uint32_t last_pid = 0; /* no process has pid 0 */
+    int in_pending = 0, in_reported = 0, in_targets = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        int joined = 0;
+        if (PyBytes_Check(rec) && PyBytes_GET_SIZE(rec) >= key_size) {
+            const char *p = PyBytes_AS_STRING(rec);
+            uint64_t ts = u64_at(p);
+            uint32_t pid = u32_at(p + 8), tid = u32_at(p + 12);
+            PyObject *k = Py_BuildValue("(ky#)", (unsigned long)pid, p + key_size,
+                                        PyBytes_GET_SIZE(rec) - key_size);
+            PyObject *hit = k ? PyDict_GetItemWithError(seen, k) : NULL;
+            Py_XDECREF(k);
+            if (!hit && PyErr_Occurred())
+                goto fail;
+            if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2 &&
+                PyLong_CheckExact(PyTuple_GET_ITEM(hit, 0))) {
+                int waits = PyObject_IsTrue(PyTuple_GET_ITEM(hit, 1));
+                if (pid != last_pid) { /* the sets do not change during the call */
+                    in_pending = member(pending, pid);
+                    in_reported = member(reported, pid);
+                    in_targets = member(targets, pid);
+                    if (in_pending < 0 || in_reported < 0 || in_targets < 0)
+                        goto fail;
+                    last_pid = pid;
+                }
+                if (waits < 0)
+                    goto fail;
+                if (!(waits && in_pending) && !(!in_reported && !in_pending && in_targets)) {
+                    PyObject *jk = Py_BuildValue("(KkI)", (unsigned long long)ts, (unsigned long)pid,
+                                                 tid);
+                    if (!jk || PyDict_SetItem(join, jk, PyTuple_GET_ITEM(hit, 0)) < 0) {
+                        Py_XDECREF(jk);
+                        goto fail;
+                    }
+                    Py_DECREF(jk);
+                    joined = 1;
+                }
+            }
+        }
+        if (!joined && PyList_Append(misses, rec) < 0)
+            goto fail;
+    }
+    return misses;
+fail:
+    Py_DECREF(misses);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"pack_cuda", py_pack_cuda, METH_VARARGS,
-     "pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags)"
+     "pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags[, at])"
      " -> (packed, rows, misses)"},
+    {"drain_records", py_drain_records, METH_VARARGS,
+     "drain_records(data, consumer, page, mask, free_every) -> records"},
+    {"join_known_stacks", py_join_known_stacks, METH_VARARGS,
+     "join_known_stacks(records, key_size, seen, join, reported, pending, targets) -> records left"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "recorder._ingest",
-    "cuda_call rows from cuda_event records, packed for store._insert.", -1, methods,
+    "The recorder's hot loop in C: ring records, known stacks, packed cuda_call rows.", -1,
+    methods,
 };
 
 PyMODINIT_FUNC PyInit__ingest(void)

@@ -18,7 +18,13 @@ from __future__ import annotations
 import mmap
 import platform
 import select
+from collections import deque
 from collections.abc import Callable
+
+try:  # the loop below in C (recorder/_ingest.c), where it is built
+    from recorder._ingest import drain_records as _drain_records
+except ImportError:
+    _drain_records = None
 
 BUSY = 1 << 31  # bpf_ringbuf_hdr.len: reserved, not yet committed
 DISCARD = 1 << 30  # discarded by the program: skip it
@@ -60,9 +66,14 @@ class Ring:
             return self._drain_blocks()
         cons_view, words, data, sink = self._cons, self._words, self._producer, self.sink
         mask, base = self.mask, self.page
+        count = freed = 0
+        if _drain_records is not None:
+            records = _drain_records(data, self._consumer, base, mask, FREE_EVERY)
+            deque(map(sink, records), 0)
+            count = len(records)
+        # (after the C reader: what it left, e.g. a record it could not size, or one just committed)
         cons = cons_view[0]
         prod = self._prod[0]
-        count = freed = 0
         while cons < prod:
             at = base + (cons & mask)
             length = words[at >> 2]

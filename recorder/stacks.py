@@ -50,6 +50,10 @@ PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's 
 RECENT_NS = 30 * 1_000_000_000
 RECENT_PER_THREAD = 4096
 Key = tuple[int, int, int]  # a stack record's (ts, pid, tid)
+try:
+    from recorder._ingest import join_known_stacks as _join_known_stacks
+except ImportError:  # not built: every record goes through add()'s loop
+    _join_known_stacks = None
 _RECORD_KEY = struct.Struct("=QII")  # the (ts, pid, tid) that opens a pystacks record
 _PYTHON_NAME = re.compile(r"python\d|libpython")
 # bpf_get_stackid() errors, as the loss table names them
@@ -309,6 +313,9 @@ class StackRecorder:
         same stack: `_seen` maps them to its id without parsing (most calls repeat a few stacks)."""
         retry = bool(self.pending)
         seen, join, pending, reported = self._seen, self._join, self.pending, self._reported
+        if _join_known_stacks is not None:  # the plain hits below, in C
+            records = _join_known_stacks(records, _RECORD_KEY.size, seen, join, reported, pending,
+                                         self.walker.targets)
         key_of = _RECORD_KEY.unpack_from
         for data in records:
             ts, pid, tid = key_of(data)

@@ -86,3 +86,47 @@ def test_stacks_are_deduplicated() -> None:
     ids = {r.take((ts, 10, tid)) for ts, tid in ((500, 11), (501, 11), (502, 12))}
     assert len(ids) == 1
     assert [row[4] for row in r.writer.rows["python_stack"]] == ["no python thread state"]
+
+
+def test_known_records_are_joined_in_c_as_in_python(monkeypatch) -> None:
+    """StackRecorder.add with recorder/_ingest.c's join of records seen before, and without it:
+    the same joins, the same stack ids, the same capability rows."""
+    if stacks._join_known_stacks is None:
+        import pytest
+
+        pytest.skip("recorder._ingest is not built")
+    batches = [[record(ts, tid=11 + ts % 3) for ts in range(1_000, 1_300)],
+               [record(ts, pid=20, tid=21) for ts in range(2_000, 2_100)],
+               [record(ts, tid=11 + ts % 3) for ts in range(3_000, 3_050)]
+               + [record(ts, pid=20, tid=21) for ts in range(3_050, 3_070)]]
+    results = []
+    in_c = []
+    join_known = stacks._join_known_stacks
+
+    def counted(records, *args):
+        left = join_known(records, *args)
+        in_c.append(len(records) - len(left))
+        return left
+
+    monkeypatch.setattr(stacks, "_join_known_stacks", counted)
+    for c in (True, False):
+        if not c:
+            monkeypatch.setattr(stacks, "_join_known_stacks", None)
+        r = recorder()
+        # pid 10 a target whose capability row is not written yet, pid 20 no target
+        r.walker.targets[10] = stacks.Unsupported(10, "not a CPython process")
+        joins = []
+        for batch in batches:
+            r.add(batch)
+            joins.append(dict(r._join))
+            r._join.clear()
+        results.append((joins, sorted(r._reported), r.writer.rows.get("python_stack"),
+                        [(c.probe, c.status, c.detail, c.target) for c in r.probes.capabilities]))
+    assert results[0] == results[1]
+    joins = results[0][0]
+    assert [len(j) for j in joins] == [300, 100, 70]
+    assert len(set(joins[0].values())) == 1 and joins[2][(3_000, 10, 11)] == joins[0][(1_002, 10, 11)]
+    # a batch's records seen in an earlier batch are joined in C, of a target (its capability row
+    # written by then) and of a process that is none alike
+    assert in_c == [0, 0, 70]
+    assert results[0][3] == [("cpython frames", "absent", "not a CPython process", "pid 10")]
