@@ -68,7 +68,7 @@ static PyObject *pair(uint64_t a, long long b)
 }
 
 /* pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags[, at])
- *   -> (packed, rows, misses)
+ *   -> (packed, misses)
  * joined: framed cuda_event records (an 8-byte ring header, then the record); at: the byte offsets
  * of the records to look at (default: all); misses: the byte offsets in joined of the records left
  * to the Python path. */
@@ -213,7 +213,7 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
     }
     if (_PyBytes_Resize(&packed, rows * stride) < 0)
         goto out;
-    result = Py_BuildValue("(OnO)", packed, rows, misses);
+    result = PyTuple_Pack(2, packed, misses);
 out:
     Py_XDECREF(packed);
     Py_XDECREF(misses);
@@ -370,7 +370,7 @@ fail:
 static PyMethodDef methods[] = {
     {"pack_cuda", py_pack_cuda, METH_VARARGS,
      "pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags[, at])"
-     " -> (packed, rows, misses)"},
+     " -> (packed, misses)"},
     {"drain_records", py_drain_records, METH_VARARGS,
      "drain_records(data, consumer, page, mask, free_every) -> records"},
     {"join_known_stacks", py_join_known_stacks, METH_VARARGS,

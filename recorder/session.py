@@ -85,20 +85,6 @@ CUDA_PACK_FIELDS = ("ts", "dur", "cgroup_id", "ret", "size", "stream", "function
 _CUDA_SIGNED = struct.Struct("=8x" + events.CUDA.fmt[1:].replace("Q", "q"))
 
 
-def _keys_struct() -> struct.Struct:
-    """(ts, pid, tid, native_stack_id) of a framed cuda_event: what identifies its thread and stacks."""
-    at = events.CUDA.offsets()
-    wanted = {"ts": "Q", "pid": "I", "tid": "I", "native_stack_id": "i"}
-    fmt, pos = "=", 0
-    for name in sorted(wanted, key=at.get):
-        fmt += f"{at[name] + 8 - pos}x{wanted[name]}" if at[name] + 8 > pos else wanted[name]
-        pos = at[name] + 8 + struct.calcsize(wanted[name])
-    return struct.Struct(fmt + f"{events.CUDA.framed_size - pos}x")
-
-
-_CUDA_KEYS = _keys_struct()  # in field order: ts, pid, tid, native_stack_id
-
-
 def _ingest_module():
     try:
         from recorder import _ingest
@@ -178,11 +164,7 @@ class Session:
         self.writer = Writer(self.store, background=True)
         self.writer.table("offcpu_interval", OFFCPU_COLUMNS)
         self.writer.table("cuda_call", CUDA_COLUMNS)
-        ingest = _ingest_module() if self.writer.packs else None
-        self._pack_cuda = ingest.pack_cuda if ingest else None
-        if self._pack_cuda:
-            self.writer.packed_table("cuda_call", CUDA_PROGRAM)
-            self._cuda_offsets = tuple(events.CUDA.offsets()[name] for name in CUDA_PACK_FIELDS)
+        self._pack_cuda = self._packing()
         self.writer.table("capability", CAPABILITY_COLUMNS)
         self.writer.table("loss", ("session_id", "ts", "probe", "dropped"))
         self.writer.table("library", ("session_id", "path", "kind", "first_ts", "found_by"))
@@ -378,22 +360,32 @@ class Session:
             ident.flush_exits()
         self.writer.flush()
 
+    def _packing(self) -> Callable | None:
+        """recorder/_ingest.c's pack_cuda with cuda_call declared packed to the writer, or None
+        when the extensions are not built or not safe here (rows are then built in Python)."""
+        ingest = _ingest_module() if self.writer.packs else None
+        if ingest is None:
+            return None
+        self.writer.packed_table("cuda_call", CUDA_PROGRAM)
+        self._cuda_offsets = tuple(events.CUDA.offsets()[name] for name in CUDA_PACK_FIELDS)
+        return ingest.pack_cuda
+
     def _pack_cuda_rows(self, joined: bytes) -> bytes:
         """Write the cuda_call rows of the records whose thread and stacks are known, packed
         (recorder/_ingest.c, the same values _cuda_rows() gives); returns the other records."""
         framed = events.CUDA.framed_size
         threads, natives = self.identity.threads, self.stacks.native_cache()
         args = (self.session_id, threads, self.stacks.join_keys(), natives, _API_FLAG_BITS)
-        packed, _, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args)
+        packed, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args)
         self.writer.extend_packed("cuda_call", packed)
         if not misses:
             return b""
         # Threads and native stacks seen for the first time are known after one lookup each (in
         # the order the Python path would make them); then their calls go the packed way too.
         learnt = False
-        key_of = _CUDA_KEYS.unpack_from
         for at in misses:
-            ts, pid, tid, native = key_of(joined, at)
+            rec = _CUDA_SIGNED.unpack_from(joined, at)
+            ts, pid, tid, native = rec[0], rec[_CUDA_PID], rec[_CUDA_TID], rec[_CUDA_NATIVE]
             if tid not in threads:
                 self.identity.thread(tid, pid, None, ts)
                 learnt = True
@@ -401,7 +393,7 @@ class Session:
                 self.stacks.native_id(pid, native)
                 learnt = True
         if learnt:
-            packed, _, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args, misses)
+            packed, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args, misses)
             self.writer.extend_packed("cuda_call", packed)
         view = memoryview(joined)
         return b"".join([view[at:at + framed] for at in misses])
@@ -574,7 +566,8 @@ def session_summary(store: Store, session_id: int) -> dict:
 
 
 _OFF_STACK, _OFF_PID, _OFF_TID = (events.OFFCPU.names.index(n) for n in ("stack_ts", "pid", "tid"))
-_CUDA_PID, _CUDA_TID = (events.CUDA.names.index(n) for n in ("pid", "tid"))
+_CUDA_PID, _CUDA_TID, _CUDA_NATIVE = (events.CUDA.names.index(n)
+                                      for n in ("pid", "tid", "native_stack_id"))
 
 
 def _offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:

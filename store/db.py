@@ -304,8 +304,9 @@ class Writer:
         self._sql: dict[str, str] = {}
         self._multi_sql: dict[str, str] = {}
         self._pending: dict[str, list[Sequence]] = {}
+        self._columns: dict[str, list[str]] = {}
         self._packed: dict[str, list[bytes]] = {}
-        self._programs: dict[str, tuple[str, int]] = {}
+        self._programs: dict[str, tuple[str, int, str]] = {}  # name -> (program, slots, INSERT)
         self._insert_packed = packed_inserter(store)
         self._statements: list[tuple[str, Sequence]] = []
         self.rows_written = 0
@@ -318,7 +319,7 @@ class Writer:
             self._thread.start()
 
     def table(self, name: str, columns: Iterable[str]) -> None:
-        cols = list(columns)
+        cols = self._columns[name] = list(columns)
         head = f"INSERT INTO {name} ({','.join(cols)}) VALUES "
         one = "(" + ",".join("?" * len(cols)) + ")"
         self._sql[name] = head + one
@@ -336,12 +337,12 @@ class Writer:
         """Declare how packed rows of table `name` (declared with table()) become its columns:
         a letter per column, 'i' one integer slot, 'd' three slots as 'x,y,z' text
         (store/_insert.c)."""
-        if len(program) != self._sql[name].count("?"):
-            raise ValueError(f"{name}: the program has {len(program)} columns, the table more or fewer")
-        columns = self._sql[name][len("INSERT INTO "):].split(" VALUES ")[0]
+        cols = self._columns[name]
+        if len(program) != len(cols):
+            raise ValueError(f"{name}: the program has {len(program)} columns, the table {len(cols)}")
         select = ",".join(f"c{i}" for i in range(len(program)))
         self._programs[name] = (program, sum(3 if c == "d" else 1 for c in program),
-                                f"INSERT INTO {columns} SELECT {select} FROM stall_packed(?1)")
+                                f"INSERT INTO {name} ({','.join(cols)}) SELECT {select} FROM stall_packed(?1)")
         self._packed.setdefault(name, [])
 
     def extend_packed(self, name: str, packed: bytes) -> None:
@@ -361,8 +362,10 @@ class Writer:
 
     def pending(self) -> int:
         return sum(len(rows) for rows in self._pending.values()) + sum(
-            sum(map(len, chunks)) // ((self._programs[name][1] + 1) * 8)
-            for name, chunks in self._packed.items())
+            self._packed_rows(name, sum(map(len, chunks))) for name, chunks in self._packed.items())
+
+    def _packed_rows(self, name: str, nbytes: int) -> int:
+        return nbytes // ((self._programs[name][1] + 1) * 8)  # slots and the NULL mask, 8 bytes each
 
     def flush(self) -> int:
         """Write (or hand over) everything added since the last flush; returns the row count."""
@@ -375,7 +378,7 @@ class Writer:
                 packed = b"".join(chunks)
                 self._packed[name] = []
                 batch.append((name, packed))
-                count += len(packed) // ((self._programs[name][1] + 1) * 8)
+                count += self._packed_rows(name, len(packed))
         statements = self._statements
         self._statements = []
         for name in self._pending:

@@ -16,7 +16,7 @@ import pytest
 from recorder import cuda, events
 from recorder.identity import Identity
 from recorder.pyframes import STATUS_NO_THREAD_STATE
-from recorder.session import CUDA_COLUMNS, CUDA_PACK_FIELDS, CUDA_PROGRAM, Session
+from recorder.session import CUDA_COLUMNS, Session
 from recorder.stacks import StackRecorder
 from store.db import Writer, open_store, packed_inserter
 
@@ -57,14 +57,8 @@ def session_over(db: Path, packed: bool) -> Session:
     probes = SimpleNamespace(pystack=SimpleNamespace(targets={}), capabilities=[])
     s.stacks = StackRecorder(store, s.writer, 1, probes)
     s.stacks._native_raw[(PID, 7)] = 1  # a native stack already resolved (no stack map to read)
-    s._pack_cuda = None
-    if packed:
-        from recorder import _ingest
-
-        assert s.writer.packs
-        s.writer.packed_table("cuda_call", CUDA_PROGRAM)
-        s._pack_cuda = _ingest.pack_cuda
-        s._cuda_offsets = tuple(events.CUDA.offsets()[n] for n in CUDA_PACK_FIELDS)
+    s._pack_cuda = s._packing() if packed else None
+    assert s._pack_cuda or not packed
     return s
 
 
@@ -201,7 +195,7 @@ def test_a_packed_batch_that_does_not_fit_the_program_is_refused(tmp_path: Path)
     store.close()
 
 
-def test_without_the_extensions_rows_go_through_python(tmp_path: Path, monkeypatch) -> None:
+def test_without_the_extensions_there_is_no_packed_writer(tmp_path: Path, monkeypatch) -> None:
     import store as store_package
 
     monkeypatch.setitem(sys.modules, "store._insert", None)  # import fails, as when not built
