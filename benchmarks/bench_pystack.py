@@ -8,7 +8,9 @@ that emits its call record and captures the stack, and under that plus the uretp
 recorder layer attaches to a CUDA API). Prints median microseconds per call over --repeat rounds
 of --calls calls, the modes interleaved round by round; the ring buffers are drained between
 batches, outside the timed region. "added vs pair" compares what the probes add to an untraced call;
-"call vs pair" the whole traced call with the same call under the empty pair.
+"call vs pair" the whole traced call with the same call under the empty pair. The last mode is the
+full capture with the code-object cache off (every walk reads every code object's head, as before
+the walker kept checksums across walks), for the comparison in the same run.
 """
 
 from __future__ import annotations
@@ -101,16 +103,19 @@ def main() -> int:
             bpf.ring_buffer_consume()
         return elapsed / (args.calls // BATCH * BATCH) / 1000
 
+    cache_off = "uprobe + stack capture + uretprobe, no code cache"
     modes: list[tuple[str, list[tuple[str, str]]]] = [
         ("untraced", []),
         ("empty uprobe+uretprobe", [("u", "on_call_empty"), ("r", "on_return_empty")]),
         ("uprobe + stack capture", [("u", "on_call")]),
         ("uprobe + stack capture + uretprobe", [("u", "on_call"), ("r", "on_return_empty")]),
+        (cache_off, [("u", "on_call"), ("r", "on_return_empty")]),
     ]
     # the modes interleaved, round by round: the trap cost drifts with the machine's load
     rounds: dict[str, list[float]] = {name: [] for name, _ in modes}
     for rep in range(args.repeat + 1):
         for name, probes in modes:
+            probe.configure(os.getpid(), code_cache=name != cache_off)
             for kind, fn in probes:
                 attach = bpf.attach_uprobe if kind == "u" else bpf.attach_uretprobe
                 attach(name=str(lib), sym="cudaMalloc", fn_name=fn)
@@ -126,6 +131,7 @@ def main() -> int:
     print(f"CPython {sys.version.split()[0]}, target {target}")
     print(f"extra frames: {args.depth} {'distinct functions' if args.distinct else 'recursive calls of one function'};"
           f" load average {os.getloadavg()[0]:.2f}")
+    print(f"code objects cached across walks: {probe.code_cache.get(os.getpid()) or 'yes'}")
     print(f"stack depth recorded: median {statistics.median(frames_seen or [0]):.0f} frames; "
           f"counts {probe.counts()}")
     # "added vs pair": the probes' cost over the empty pair's; "call vs pair": the whole traced call

@@ -72,6 +72,17 @@
 #define PYSTACK_F_LASTI_INT 2 /* frame instr is an int f_lasti (3.10), else a pointer */
 #define PYSTACK_F_NAME_HASH 4 /* mix co_name's cached str hash into the checksum (no co_version) */
 #define PYSTACK_F_DATASTACK 8 /* frames are allocated in a per-thread data stack (3.11+) */
+#define PYSTACK_F_CODE_CACHE 16 /* code objects' deallocation is probed: checksums outlive a walk */
+
+/* Code objects whose checksum is known, across walks (pystack_code_cache): direct-mapped by
+ * (pid, address). An entry is made while a walked frame holds the code object, and the uprobe on
+ * the interpreter's code deallocator (pystack_code_freed) clears it before the address can be
+ * reused, so a hit is the same live code object and its head is not read again: a deep stack of
+ * distinct functions otherwise costs one read per frame at every call (two before 3.12: the
+ * name's hash). `tag` checks that an entry was not torn by two CPUs writing the slot at once. */
+#ifndef PYSTACK_CODE_SLOTS
+#define PYSTACK_CODE_SLOTS 16384 /* power of two */
+#endif
 
 struct pystack_frame {
     u64 code;      /* PyCodeObject address */
@@ -113,6 +124,16 @@ struct pystack_proc {
     u16 code_name;
     u16 str_hash;
     u16 pad;
+    u32 generation;         /* per configuration: a new process image's cached code never matches */
+    u32 pad2;
+};
+
+struct pystack_code_slot {
+    u64 code;
+    u32 pid;
+    u32 generation;
+    u32 checksum;
+    u32 tag;
 };
 
 /* One per CPU: the record being built, and the recipe copied once so walker steps need no hash
@@ -151,6 +172,7 @@ BPF_HASH(pystack_procs, u32, struct pystack_proc, 4096);
 BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
+BPF_ARRAY(pystack_code_cache, struct pystack_code_slot, PYSTACK_CODE_SLOTS);
 BPF_PROG_ARRAY(pystack_progs, 3);    /* the walker as kprobe programs: uprobes tail-call these */
 BPF_PROG_ARRAY(pystack_tp_progs, 3); /* the same walker as tracepoint programs */
 
@@ -253,6 +275,33 @@ static __always_inline u64 pystack_key(u64 epoch, u64 now, int *fresh)
     pystack_last.update(&tid, &now_last);
     *fresh = 1;
     return now;
+}
+
+static __always_inline u32 pystack_code_slot_of(u64 code, u32 pid)
+{
+    return (u32)((code >> 4) ^ (code >> 18) ^ pid) & (PYSTACK_CODE_SLOTS - 1);
+}
+
+static __always_inline u32 pystack_code_tag(u64 code, u32 pid, u32 generation, u32 checksum)
+{
+    u64 h = (code ^ ((u64)pid << 32 | generation)) * 0x9E3779B97F4A7C15ull;
+    h ^= (u64)checksum * 0xC2B2AE3D27D4EB4Full;
+    return (u32)(h >> 32) | 1; /* never 0: a cleared slot has tag 0 */
+}
+
+/* The code deallocator (PyCode_Type.tp_dealloc, attached by PyStackProbe.configure): the code
+ * object in its first argument is being freed, so its address may be reused from now on. */
+int pystack_code_freed(struct pt_regs *ctx)
+{
+    u64 code = PT_REGS_PARM1(ctx);
+    u32 pid = bpf_get_current_pid_tgid() >> 32;
+    u32 slot = pystack_code_slot_of(code, pid);
+    struct pystack_code_slot *e = pystack_code_cache.lookup(&slot);
+    if (e && e->code == code && e->pid == pid) {
+        e->tag = 0;
+        e->code = 0;
+    }
+    return 0;
 }
 
 static __always_inline u64 pystack_read_ptr(u64 addr, int *err)
@@ -434,10 +483,27 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
         else
             instr = *(u64 *)&fb[c->frame_instr & 0x78];
         u32 slot = ((code >> 4) ^ (code >> 10)) & (PYSTACK_SEEN_SLOTS - 1);
-        u32 sum;
+        u32 sum = 0;
+        int cached = 0;
+        struct pystack_code_slot *known = 0;
         if (code && st->seen_code[slot] == code) {
             sum = st->seen_sum[slot];
-        } else {
+            cached = 1;
+        } else if ((c->flags & PYSTACK_F_CODE_CACHE) && code) {
+            u32 k = pystack_code_slot_of(code, st->ev.pid);
+            known = pystack_code_cache.lookup(&k);
+            if (known && known->code == code && known->pid == st->ev.pid &&
+                known->generation == c->generation) {
+                u32 ks = known->checksum;
+                if (known->tag == pystack_code_tag(code, st->ev.pid, c->generation, ks)) {
+                    sum = ks;
+                    cached = 1;
+                    st->seen_code[slot] = code;
+                    st->seen_sum[slot] = sum;
+                }
+            }
+        }
+        if (!cached) {
             /* ... and one for the code object head (type, firstlineno, co_version, co_name) */
             if (!code || bpf_probe_read_user(st->cbuf, 128, (void *)code) != 0) {
                 pystack_submit(st, PYSTACK_READ_ERROR);
@@ -460,6 +526,14 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
             }
             st->seen_code[slot] = code;
             st->seen_sum[slot] = sum;
+            if (known) {
+                known->tag = 0;
+                known->code = code;
+                known->pid = st->ev.pid;
+                known->generation = c->generation;
+                known->checksum = sum;
+                known->tag = pystack_code_tag(code, st->ev.pid, c->generation, sum);
+            }
         }
         struct pystack_frame *f = &st->ev.frames[n & (PYSTACK_MAX_FRAMES - 1)];
         f->code = code;

@@ -56,6 +56,8 @@ F_CFRAME = 1
 F_LASTI_INT = 2
 F_NAME_HASH = 4
 F_DATASTACK = 8  # frames allocated in a per-thread data stack (3.11+): read a window at a time
+F_CODE_CACHE = 16  # the code deallocator is probed: code checksums are kept across walks
+TP_DEALLOC = 48  # offsetof(PyTypeObject, tp_dealloc) on 64-bit builds, every supported version
 
 PROG_FIND = 0
 PROG_WALK = 1
@@ -76,6 +78,7 @@ PROC_FIELDS: tuple[tuple[str, str], ...] = (
     ("cframe_current_frame", "H"), ("frame_code", "H"), ("frame_back", "H"),
     ("frame_instr", "H"), ("frame_owner", "H"), ("code_firstlineno", "H"),
     ("code_version", "H"), ("code_name", "H"), ("str_hash", "H"), ("pad", "H"),
+    ("generation", "I"), ("pad2", "I"),
 )
 _EVENT_HEADER = struct.Struct("=" + "".join(f for _, f in EVENT_HEADER_FIELDS))
 _FRAME = struct.Struct("=" + "".join(f for _, f in FRAME_FIELDS))
@@ -401,10 +404,13 @@ def bpf_source() -> str:
     return HEADER.read_text()
 
 
-def proc_config(target: PythonTarget | Unsupported, fsbase_offset: int) -> dict[str, int]:
-    """The pystack_proc map value for a target (an Unsupported one gets status records only)."""
+def proc_config(target: PythonTarget | Unsupported, fsbase_offset: int, generation: int = 0,
+                code_cache: bool = False) -> dict[str, int]:
+    """The pystack_proc map value for a target (an Unsupported one gets status records only).
+    `code_cache`: the code deallocator is probed (PyStackProbe), so checksums outlive a walk."""
     values = {name: 0 for name, _ in PROC_FIELDS}
     values["fsbase"] = fsbase_offset
+    values["generation"] = generation & 0xFFFFFFFF
     if isinstance(target, Unsupported):
         values["status"] = STATUS_UNSUPPORTED
         return values
@@ -418,6 +424,8 @@ def proc_config(target: PythonTarget | Unsupported, fsbase_offset: int) -> dict[
         flags |= F_DATASTACK
     if o.code_version is None:
         flags |= F_NAME_HASH
+    if code_cache:
+        flags |= F_CODE_CACHE
     values.update(
         runtime=target.runtime, code_type=target.code_type, status=STATUS_OK, flags=flags,
         version=(target.version[0] << 8) | target.version[1],
@@ -456,6 +464,11 @@ class PyStackProbe:
         self.bpf = bpf
         self._fsbase: int | None = None
         self.targets: dict[int, PythonTarget | Unsupported] = {}
+        self._generation = 0
+        # (device, inode, deallocator address) of an interpreter file -> why its code objects'
+        # deallocation is not probed (None: probed, checksums are kept across walks)
+        self._freed_probes: dict[tuple[int, int, int], str | None] = {}
+        self.code_cache: dict[int, str | None] = {}  # pid -> as above, per configured target
 
     def install(self) -> None:
         """Wire the walker for uprobes (PYSTACK_CAPTURE)."""
@@ -482,17 +495,48 @@ class PyStackProbe:
             self._fsbase = member_offset("task_struct.thread.fsbase")
         return self._fsbase
 
-    def configure(self, pid: int) -> PythonTarget | Unsupported:
+    def configure(self, pid: int, code_cache: bool = True) -> PythonTarget | Unsupported:
         """Detect `pid` and tell the walker how to read it; an Unsupported target still gets
-        records (status "unsupported interpreter") so its calls are counted, not lost."""
+        records (status "unsupported interpreter") so its calls are counted, not lost.
+        `code_cache=False` makes the walker read every code object at every walk (benchmarks)."""
         target = detect(pid)
         table = self.bpf.get_table("pystack_procs")
         leaf = table.Leaf()
-        for name, value in proc_config(target, self._fsbase_offset()).items():
+        if not code_cache:
+            cache_off: str | None = "turned off"
+        elif isinstance(target, PythonTarget):
+            cache_off = self._probe_code_freed(target)
+        else:
+            cache_off = "not a supported interpreter"
+        self._generation += 1
+        config = proc_config(target, self._fsbase_offset(), self._generation, cache_off is None)
+        for name, value in config.items():
             setattr(leaf, name, value)
         table[table.Key(pid)] = leaf
         self.targets[pid] = target
+        self.code_cache[pid] = cache_off
         return target
+
+    def _probe_code_freed(self, target: PythonTarget) -> str | None:
+        """Attach pystack_code_freed to the interpreter's code deallocator (PyCode_Type's
+        tp_dealloc, read from the target: stripped builds have it too), once per file; None when
+        it is probed, else why not (then the walker reads every code object at every walk)."""
+        path = f"/proc/{target.pid}/root{target.elf_path}"
+        try:
+            dealloc = struct.unpack("<Q", _read_mem(target.pid, target.code_type + TP_DEALLOC, 8))[0]
+            st = os.stat(path)
+        except (OSError, struct.error) as e:
+            return f"code deallocator unreadable: {e}"
+        key = (st.st_dev, st.st_ino, dealloc - target.load_bias)
+        if key not in self._freed_probes:
+            try:
+                # BCC takes the address as the file's virtual address (symbol values' space)
+                self.bpf.attach_uprobe(name=path, addr=dealloc - target.load_bias,
+                                       fn_name="pystack_code_freed")
+                self._freed_probes[key] = None
+            except Exception as e:  # any attach failure: no cache, and walks stay correct
+                self._freed_probes[key] = f"code deallocator not probed: {e}"
+        return self._freed_probes[key]
 
     def forget(self, pid: int) -> None:
         table = self.bpf.get_table("pystack_procs")
@@ -501,6 +545,7 @@ class PyStackProbe:
         except KeyError:
             pass
         self.targets.pop(pid, None)
+        self.code_cache.pop(pid, None)
 
     def counts(self) -> dict[str, int]:
         """Records per status plus losses (ring buffer full, scratch clobbered), all CPUs."""

@@ -301,8 +301,10 @@ class StackRecorder:
         if isinstance(target, Unsupported):
             cap = Capability("python", CAPABILITY_PROBE, "absent", target.reason, f"pid {pid}", _now_ns())
         else:
-            cap = Capability("python", CAPABILITY_PROBE, "attached",
-                             f"CPython {target.version_text} ({target.elf_path})", f"pid {pid}", _now_ns())
+            cache = self.walker.code_cache.get(pid)
+            detail = f"CPython {target.version_text} ({target.elf_path})"
+            detail += "; code objects cached across walks" if cache is None else f"; {cache}"
+            cap = Capability("python", CAPABILITY_PROBE, "attached", detail, f"pid {pid}", _now_ns())
         self.probes.capabilities.append(cap)
 
     # -- python stacks ----------------------------------------------------------------------------

@@ -485,3 +485,57 @@ def test_thread_without_python_gets_no_thread_state(
         proc.kill()
         proc.wait()
         recording.probe.forget(proc.pid)
+
+
+_FREED_SNIPPET = (
+    "import ctypes,gc,sys\n"
+    "m=ctypes.CDLL(sys.argv[1]).cudaMalloc\n"
+    "ns={'m':m,'ref':ctypes.byref,'v':ctypes.c_void_p}\n"
+    "exec(compile('def gen():\\n    m(ref(v()), 7)\\n','<gen>','exec'),ns)\n"
+    "print(id(ns['gen'].__code__),flush=True);sys.stdin.readline()\n"
+    "ns['gen']();ns['gen']()\n"
+    "print('called',flush=True);sys.stdin.readline()\n"
+    "del ns;gc.collect()\n"
+    "print('freed',flush=True);sys.stdin.readline()\n"
+)
+
+
+def _cached(recording: Recording, pid: int, code: int) -> list[Any]:
+    return [v for v in recording.bpf["pystack_code_cache"].values()
+            if v.pid == pid and v.code == code and v.tag]
+
+
+@bpf_only
+@pytest.mark.bpf
+@pytest.mark.parametrize("interp", list(INSTALLED))
+def test_code_checksums_kept_across_walks_until_the_code_is_freed(
+        recording: Recording, native: Callable[[str], tuple[Path, Path]], interp: str,
+        tmp_path: Path) -> None:
+    """The walker keeps each code object's checksum across walks (no read of its head at every
+    call) only while the code object lives: the probe on PyCode_Type's deallocator clears it."""
+    lib, _ = native(INSTALLED[interp])
+    proc = subprocess.Popen([INSTALLED[interp], "-c", _FREED_SNIPPET, str(lib)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = harness.Workload(proc, tmp_path / "unused")
+    try:
+        assert proc.stdout is not None
+        code = int(proc.stdout.readline())
+        assert not isinstance(recording.probe.configure(proc.pid), Unsupported)
+        assert recording.probe.code_cache[proc.pid] is None  # the deallocator is probed
+        assert not _cached(recording, proc.pid, code)
+        w.go()
+        w.wait_line("called")
+        stacks, _ = recording.for_pid(proc.pid)
+        tops = [s.frames[0] for s in stacks if s.status == pyframes.STATUS_OK]
+        assert len(tops) == 2 and tops[0] == tops[1] and tops[0][0] == code
+        entry = _cached(recording, proc.pid, code)
+        assert len(entry) == 1 and entry[0].checksum == tops[0][2]
+        frames = StackResolver(recording.probe.targets).resolve(proc.pid, stacks[-1].frames)
+        assert (frames[0].filename, frames[0].qualname, frames[0].line) == ("<gen>", "gen", 2)
+        w.go()
+        w.wait_line("freed")
+        assert not _cached(recording, proc.pid, code)  # cleared before the address is reused
+    finally:
+        proc.kill()
+        proc.wait()
+        recording.probe.forget(proc.pid)
