@@ -44,14 +44,16 @@ sys.path.insert(0, str(ROOT / "tests" / "native"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_cuda_call import build_c, skip_reason  # noqa: E402
+from recorder.pyframes import STATUS_NAMES  # noqa: E402
 
 TARGET_EVENTS_PER_S = 300_000  # issue 2
-RING_RECORDS = 61_680  # cuda_events: 2048 pages of 4 KiB / (128-byte record + 8-byte header)
+RING_RECORDS = 58_254  # cuda_events: 2048 pages of 4 KiB / (136-byte record + 8-byte header)
 
 HAMMER_C = r"""
 /* Calls a stand-in CUDA API from THREADS threads, paced at RATE calls/s in all (0: as fast as
  * possible) for SECONDS, or COUNT calls in all when COUNT > 0. Starts on a line from stdin and
- * prints "calls elapsed_ns" at the end. */
+ * prints "calls elapsed_ns" at the end. With a seventh argument "warm", the first line gets one
+ * call from the main thread and "warm" back, and the calls start on the next line. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -109,8 +111,8 @@ static void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc != 7) {
-        fprintf(stderr, "usage: %s LIBRARY API THREADS RATE SECONDS COUNT\n", argv[0]);
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: %s LIBRARY API THREADS RATE SECONDS COUNT [warm]\n", argv[0]);
         return 2;
     }
     void *lib = dlopen(argv[1], RTLD_NOW);
@@ -133,6 +135,16 @@ int main(int argc, char **argv)
     char line[16];
     if (!fgets(line, sizeof line, stdin))
         return 1;
+    if (argc == 8) {
+        uint64_t one = 0;
+        count_per_thread = 16;
+        worker(&one);
+        count_per_thread = (uint64_t)atoll(argv[6]) / threads;
+        printf("warm\n");
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin))
+            return 1;
+    }
     pthread_t tids[64];
     uint64_t done[64][8] = {{0}};
     start_ns = now_ns();
@@ -199,14 +211,21 @@ class Timers:
 
 class Hammer:
     def __init__(self, exe: Path, library: Path, api: str, threads: int, rate: int,
-                 seconds: float, count: int = 0) -> None:
+                 seconds: float, count: int = 0, warm: bool = False) -> None:
         self.proc = subprocess.Popen(
-            [str(exe), str(library), api, str(threads), str(rate), str(seconds), str(count)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [str(exe), str(library), api, str(threads), str(rate), str(seconds), str(count)]
+            + (["warm"] if warm else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"hammer failed to start (exit {self.proc.wait()})")
         self.pid = self.proc.pid
         self.exit: int | None = None
+
+    def warm(self) -> None:
+        """16 calls from the main thread first (a hammer started with warm=True)."""
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "warm":
+            raise RuntimeError("hammer did not warm up")
 
     def go(self) -> float:
         self.proc.stdin.write("go\n")
@@ -258,6 +277,7 @@ def sustained(exe: Path, library: Path, api: str, threads: int, rate: int, secon
     cpu0 = _cpu_s()
     t0 = hammer.go()
     session.run(hammer.exited)
+    counts = session.stacks.walker.counts()
     session.finish()
     cpu = _cpu_s() - cpu0
     calls, elapsed = hammer.result()
@@ -270,18 +290,29 @@ def sustained(exe: Path, library: Path, api: str, threads: int, rate: int, secon
         "recorder_cpu_s": cpu, "span_s": span,
         "poll_s": timers.poll_s, "stacks_s": timers.stacks_s, "rows_s": timers.rows_s,
         "write_s": timers.write_s,
+        # captures sent as a stack record vs as the digest of a stack sent before (bpf/pystack.h)
+        "stack_records": sum(counts.get(n, 0) for n in STATUS_NAMES.values()) - counts.get("sent as digest", 0),
+        "stack_digests": counts.get("sent as digest", 0),
     }
 
 
 def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: int,
           folder: Path) -> dict:
     """Consumer capacity: a burst that fits the ring is made with the consumer paused, then
-    drained by the real loop; events/s and the split of the time, medians over `reps`."""
-    db = folder / "drain.db"
+    drained by the real loop; events/s and the split of the time, medians over `reps`. Each
+    burst comes after 16 calls the session has already stored, as in a session under way (its
+    thread and stacks known), not as the first calls of a session."""
     per: list[dict] = []
-    for _ in range(reps):
-        hammer = Hammer(exe, library, api, threads, 0, 3600, burst)
+    rows = lost = 0
+    for rep in range(reps):
+        # a database of its own: a session recorded into a database with earlier sessions also
+        # updates the indexes their stop built, which is another measurement
+        db = folder / f"drain_{rep}.db"
+        hammer = Hammer(exe, library, api, threads, 0, 3600, burst, warm=True)
         session = _session(db, hammer.pid)
+        hammer.warm()
+        session.run(lambda s=session: s.counters.events["cuda"] >= 16)
+        session.flush()  # the warm-up's stack record read and its digest confirmed
         timers = Timers(session)
         hammer.go()
         hammer.proc.wait()  # the consumer is not polling: every record waits in the ring
@@ -297,7 +328,8 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
         per.append({"calls": calls, "wall_s": wall, "cpu_s": cpu, "poll_s": timers.poll_s,
                     "stacks_s": timers.stacks_s, "pack_s": timers.pack_s, "rows_s": timers.rows_s,
                     "write_s": timers.write_s})
-    rows, lost, _ = _stored(db, api)
+        stored, dropped, _ = _stored(db, api)
+        rows, lost = rows + stored, lost + dropped
     total_calls = sum(p["calls"] for p in per)
 
     def med(key: str) -> float:
@@ -305,7 +337,7 @@ def drain(exe: Path, library: Path, api: str, threads: int, burst: int, reps: in
 
     return {
         "burst": burst, "reps": reps, "calls": total_calls, "rows": rows, "dropped": lost,
-        "rows_exact": rows == total_calls,
+        "rows_exact": rows == total_calls + 16 * reps,  # and each burst's warm-up calls
         "events_per_s": 1e9 / med("wall_s"),
         "ns_per_event": {"total_wall": med("wall_s"), "cpu": med("cpu_s"), "poll": med("poll_s"),
                          "stack_records": med("stacks_s"), "pack_rows": med("pack_s"),
@@ -354,14 +386,15 @@ def render(r: dict) -> str:
         f"{r['seconds']:g} s per rate, rows {r['rows']}",
         "",
         "| asked calls/s | offered calls/s | rows written/s | rows | dropped | bytes/row "
-        "| recorder CPU s |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| recorder CPU s | stack records / as digest |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for x in r["runs"]:
         asked = f"{x['rate_asked']:,}" if x["rate_asked"] else "flat out"
         lines.append(
             f"| {asked} | {x['offered_per_s']:,.0f} | {x['rows_per_s']:,.0f} | {x['rows']:,} | "
-            f"{x['dropped']:,} | {x['bytes_per_row']:.1f} | {x['recorder_cpu_s']:.2f} |")
+            f"{x['dropped']:,} | {x['bytes_per_row']:.1f} | {x['recorder_cpu_s']:.2f} | "
+            f"{x['stack_records']:,} / {x['stack_digests']:,} |")
     d = r["drain"]
     ns = d["ns_per_event"]
     lines += [
@@ -388,7 +421,7 @@ def render(r: dict) -> str:
         f"| recorder process CPU | {ns['cpu']:,.0f} |",
         "",
         f"- drain rate: {d['events_per_s']:,.0f} events/s; rows {d['rows']:,} for "
-        f"{d['calls']:,} calls ({'exact' if d['rows_exact'] else 'MISMATCH'}), "
+        f"{d['calls']:,} calls + {16 * d['reps']} warm-up ({'exact' if d['rows_exact'] else 'MISMATCH'}), "
         f"dropped {d['dropped']}",
         f"- load average during the run: {', '.join(f'{x:.2f}' for x in r['load_avg'])}",
     ]
@@ -406,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="25000,50000,100000,200000,0",
                     help="comma-separated calls/s to offer in all; 0 means as fast as possible")
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each rate")
-    ap.add_argument("--burst", type=int, default=60_000,
+    ap.add_argument("--burst", type=int, default=50_000,
                     help=f"calls per drain burst (under the {RING_RECORDS:,} the ring holds)")
     ap.add_argument("--reps", type=int, default=5, help="drain bursts")
     ap.add_argument("--bcc-rings", action="store_true",
@@ -426,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"skipped": reason}) if args.json else f"bench_ingest: skipped: {reason}")
         return 0
     rates = [int(x) for x in args.rates.split(",") if x.strip()]
+    if not 0 < args.burst < RING_RECORDS:  # a burst the ring cannot hold would never drain
+        ap.error(f"--burst must be under the {RING_RECORDS:,} records the ring holds")
     result = measure(args.api, args.threads, rates, args.seconds, args.burst, args.reps)
     print(json.dumps(result) if args.json else render(result))
     return 0

@@ -3,8 +3,9 @@
  * The entry program (generated per API by recorder/cuda.py) reads the arguments into an in-flight
  * record keyed by thread and API; the return program adds the return code and, for allocations,
  * the pointer the call wrote, and sends one cuda_event stamped with the entry time. The entry also
- * takes the native user stack id and ends by capturing the Python stack (bpf/pystack.h), one
- * pystacks record keyed by the same (entry ts, pid, tid).
+ * takes the native user stack id and ends by capturing the Python stack (bpf/pystack.h): one
+ * pystacks record keyed by the same (entry ts, pid, tid), or for a stack user space already holds
+ * no record but its digest, which the return program puts in the event (py_digest).
  */
 struct cuda_inflight {
     u64 ts;
@@ -81,6 +82,7 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
     e->flags = 0;
     e->native_stack_id = in->native_stack_id;
     e->pad = 0;
+    e->py_digest = pystack_take_digest(in->ts);
     if (in->out_ptr) {
         u64 p = 0;
         if (bpf_probe_read_user(&p, sizeof(p), (void *)in->out_ptr) == 0)

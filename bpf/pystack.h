@@ -65,7 +65,8 @@
 /* pystack_counts slots after the statuses */
 #define PYSTACK_COUNT_RINGBUF_FULL PYSTACK_STATUS_COUNT
 #define PYSTACK_COUNT_CLOBBERED (PYSTACK_STATUS_COUNT + 1)
-#define PYSTACK_COUNT_SLOTS (PYSTACK_STATUS_COUNT + 2)
+#define PYSTACK_COUNT_BY_DIGEST (PYSTACK_STATUS_COUNT + 2) /* captures sent as a digest only */
+#define PYSTACK_COUNT_SLOTS (PYSTACK_STATUS_COUNT + 3)
 
 /* pystack_proc.flags */
 #define PYSTACK_F_CFRAME 1    /* top frame is tstate->cframe->current_frame (3.11, 3.12) */
@@ -97,8 +98,23 @@ struct pystack_event {
     u32 tid;
     u32 nframes;   /* frames[0] is the innermost (the call site) */
     u32 status;    /* PYSTACK_* */
+    u64 digest;    /* the stack's identity in its process image, 0 when it has none (see below) */
     struct pystack_frame frames[PYSTACK_MAX_FRAMES];
 };
+
+/* Stack digests. A walk that used a process's recipe hashes its frames, status, pid and the
+ * recipe's generation into a digest (63 bits, never 0). A capture made with
+ * PYSTACK_CAPTURE_BY_DIGEST whose digest user space has confirmed (pystack_known: it holds the
+ * stack under that digest, recorder/stacks.py) sends no record: the digest is left in
+ * pystack_results under the capture's (ts, tid) for the probe's return program to put in its event.
+ * A call repeating a known stack then costs no ring record and no join in user space; any other
+ * capture sends its record as before, joined by (ts, pid, tid). */
+struct pystack_result_key {
+    u64 ts;
+    u32 tid;
+    u32 pad;
+};
+
 
 /* Per-process walking recipe, filled by PyStackProbe.configure(). Offsets are bytes. */
 struct pystack_proc {
@@ -147,6 +163,9 @@ struct pystack_scratch {
     u32 interps;            /* interpreters scanned so far */
     u32 pad;
     u64 owner;              /* pid_tgid that filled this scratch */
+    u64 digest;             /* hash of the frames walked so far */
+    u32 by_digest;          /* PYSTACK_CAPTURE_BY_DIGEST: a known stack sends its digest only */
+    u32 hashing;            /* the walk uses a recipe: its result gets a digest */
     /* Frame heads are read through a window of user memory: 3.11+ allocates a thread's frames one
      * above the other in its data stack, so the callers of the top frame are the bytes below it
      * and one read of PYSTACK_WINDOW bytes holds several frames (each frame head alone is one
@@ -173,6 +192,8 @@ BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
 BPF_ARRAY(pystack_code_cache, struct pystack_code_slot, PYSTACK_CODE_SLOTS);
+BPF_TABLE("lru_hash", u64, u32, pystack_known, 65536);  /* digests user space has confirmed */
+BPF_TABLE("lru_hash", struct pystack_result_key, u64, pystack_results, 65536);
 BPF_PROG_ARRAY(pystack_progs, 3);    /* the walker as kprobe programs: uprobes tail-call these */
 BPF_PROG_ARRAY(pystack_tp_progs, 3); /* the same walker as tracepoint programs */
 
@@ -206,6 +227,25 @@ static __always_inline void pystack_submit(struct pystack_scratch *st, u32 statu
     st->ev.status = status;
     if (status < PYSTACK_STATUS_COUNT)
         pystack_count(status);
+    u64 d = 0;
+    if (st->hashing) {
+        d = st->digest ^ ((u64)status << 56) ^ ((u64)n << 48);
+        d ^= ((u64)st->ev.pid << 32 | st->cfg.generation) * 0x9E3779B97F4A7C15ull;
+        d ^= d >> 33; /* murmur3's finaliser */
+        d *= 0xFF51AFD7ED558CCDull;
+        d ^= d >> 33;
+        d *= 0xC4CEB9FE1A85EC53ull;
+        d ^= d >> 33;
+        d = (d & 0x7FFFFFFFFFFFFFFFull) | 1; /* never 0, and a signed 64-bit integer */
+    }
+    st->ev.digest = d;
+    if (d && st->by_digest && pystack_known.lookup(&d)) {
+        struct pystack_result_key rk = {.ts = st->ev.ts, .tid = st->ev.tid};
+        if (pystack_results.update(&rk, &d) == 0) {
+            pystack_count(PYSTACK_COUNT_BY_DIGEST);
+            return;
+        }
+    }
     /* only the frames filled in: a 5-frame stack costs 144 bytes, not the whole array */
     u64 size = sizeof(struct pystack_event) - sizeof(st->ev.frames) + n * sizeof(struct pystack_frame);
     if (pystacks.ringbuf_output(&st->ev, size, 0) != 0)
@@ -236,7 +276,7 @@ static __always_inline void pystack_next(void *ctx, int tp, u32 slot)
         pystack_progs.call(ctx, slot);
 }
 
-static __always_inline int pystack_capture(void *ctx, u64 ts, int tp)
+static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_digest)
 {
     u32 zero = 0;
     struct pystack_scratch *st = pystack_scratch.lookup(&zero);
@@ -249,6 +289,9 @@ static __always_inline int pystack_capture(void *ctx, u64 ts, int tp)
     st->ev.tid = (u32)id;
     st->ev.nframes = 0;
     st->ev.status = PYSTACK_OK;
+    st->digest = 0;
+    st->hashing = 0;
+    st->by_digest = by_digest;
     pystack_next(ctx, tp, PYSTACK_PROG_FIND);
     /* reached only when the tail call failed */
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
@@ -256,8 +299,23 @@ static __always_inline int pystack_capture(void *ctx, u64 ts, int tp)
 }
 
 /* End the calling probe: nothing after them runs when the walker is installed. */
-#define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((ctx), (ts), 0)
-#define PYSTACK_CAPTURE_TP(ctx, ts) return pystack_capture((ctx), (ts), 1)
+#define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((ctx), (ts), 0, 0)
+#define PYSTACK_CAPTURE_TP(ctx, ts) return pystack_capture((ctx), (ts), 1, 0)
+/* For a probe whose return program picks up the digest: pystack_take_digest(ts). */
+#define PYSTACK_CAPTURE_BY_DIGEST(ctx, ts) return pystack_capture((ctx), (ts), 0, 1)
+
+/* In the return program of a PYSTACK_CAPTURE_BY_DIGEST probe, for its entry's ts: the digest of a
+ * known stack sent without a record, or 0 when its record was sent (join by (ts, pid, tid)). */
+static __always_inline u64 pystack_take_digest(u64 ts)
+{
+    struct pystack_result_key rk = {.ts = ts, .tid = (u32)bpf_get_current_pid_tgid()};
+    u64 *d = pystack_results.lookup(&rk);
+    if (!d)
+        return 0;
+    u64 v = *d;
+    pystack_results.delete(&rk);
+    return v;
+}
 
 /* For a tracepoint event of the current thread at `now`: the key of the Python stack it gets. That
  * is the capture already made in the same syscall (`epoch`: the syscall's entry time, 0 outside a
@@ -348,11 +406,14 @@ static __always_inline int pystack_find_body(void *ctx, int tp)
         return 0;
     }
     if (cfg->status != PYSTACK_OK) {
+        st->cfg.generation = cfg->generation; /* the answer is the same at every call: a digest */
+        st->hashing = 1;
         pystack_submit(st, PYSTACK_UNSUPPORTED);
         return 0;
     }
     __builtin_memcpy(&st->cfg, cfg, sizeof(st->cfg));
     struct pystack_proc *c = &st->cfg;
+    st->hashing = 1;
 
     u64 fsbase = 0;
     /* a plain integer, not a struct pointer: no layout from the compile-time headers is used */
@@ -540,6 +601,9 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
         f->instr = instr;
         f->checksum = sum;
         f->pad = 0;
+        u64 d = (st->digest ^ code) * 0x100000001B3ull;
+        d = (d ^ instr) * 0x100000001B3ull;
+        st->digest = (d ^ sum) * 0x9E3779B97F4A7C15ull;
         st->ev.nframes = n + 1;
         frame = back;
     }

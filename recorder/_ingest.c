@@ -22,7 +22,7 @@
 #include <string.h>
 
 /* order of the offsets tuple (recorder.session.CUDA_PACK_FIELDS) */
-enum { F_TS, F_DUR, F_CGROUP, F_RET, F_SIZE, F_STREAM, F_FUNCTION, F_POINTER, F_HANDLE, F_PID,
+enum { F_TS, F_DUR, F_CGROUP, F_RET, F_SIZE, F_STREAM, F_FUNCTION, F_POINTER, F_HANDLE, F_DIGEST, F_PID,
        F_TID, F_API, F_KIND, F_GX, F_GY, F_GZ, F_BX, F_BY, F_BZ, F_SHMEM, F_FLAGS, F_NATIVE,
        F_COUNT };
 
@@ -67,20 +67,23 @@ static PyObject *pair(uint64_t a, long long b)
     return Py_BuildValue("(KL)", (unsigned long long)a, b);
 }
 
-/* pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags[, at])
- *   -> (packed, misses)
- * joined: framed cuda_event records (an 8-byte ring header, then the record); at: the byte offsets
- * of the records to look at (default: all); misses: the byte offsets in joined of the records left
- * to the Python path. */
+/* pack_cuda(joined, framed_size, offsets, session_id, threads, join, digests, natives, api_flags,
+ *           learn) -> (packed, misses)
+ * joined: framed cuda_event records (an 8-byte ring header, then the record); misses: the byte
+ * offsets in joined of the records left to the Python path. A record's Python stack is
+ * digests[py_digest] when it carries a digest (its stack was sent before), else
+ * join.pop((ts, pid, tid)). learn(ts, pid, tid, native_map) is called, in record order, for a
+ * record whose thread or native stack is not in threads / natives yet; it adds them (as the
+ * Python path would at that record) and the record is looked up again. */
 static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
 {
     Py_buffer in, flags_buf;
     Py_ssize_t framed;
-    PyObject *offsets, *threads, *join, *natives, *at = NULL;
+    PyObject *offsets, *threads, *join, *digests, *natives, *learn;
     long long session;
-    if (!PyArg_ParseTuple(args, "y*nO!LO!O!O!y*|O!", &in, &framed, &PyTuple_Type, &offsets,
+    if (!PyArg_ParseTuple(args, "y*nO!LO!O!O!O!y*O", &in, &framed, &PyTuple_Type, &offsets,
                           &session, &PyDict_Type, &threads, &PyDict_Type, &join, &PyDict_Type,
-                          &natives, &flags_buf, &PyList_Type, &at))
+                          &digests, &PyDict_Type, &natives, &flags_buf, &learn))
         return NULL;
     PyObject *result = NULL, *packed = NULL, *misses = NULL;
     Py_ssize_t off[F_COUNT];
@@ -96,7 +99,7 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
             goto out;
         }
     }
-    const Py_ssize_t n = at ? PyList_GET_SIZE(at) : in.len / framed, stride = (S_COUNT + 1) * 8;
+    const Py_ssize_t n = in.len / framed, stride = (S_COUNT + 1) * 8;
     const unsigned char *api_flags = flags_buf.buf;
     packed = PyBytes_FromStringAndSize(NULL, n * stride);
     misses = PyList_New(0);
@@ -106,17 +109,10 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
     Py_ssize_t rows = 0;
     uint32_t last_tid = 0, last_pid = 0;
     int32_t last_map = -1;
-    long long last_thread = -1, last_native = -1;
+    long long last_thread = -1, last_native = -1, last_stack = -1;
+    uint64_t last_digest = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t start = i * framed;
-        if (at) {
-            start = PyLong_AsSsize_t(PyList_GET_ITEM(at, i));
-            if (start < 0 || start % framed || start + framed > in.len) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_ValueError, "an offset is not a record's in joined");
-                goto out;
-            }
-        }
         const char *r = (const char *)in.buf + start;
         uint64_t ts = u64_at(r + off[F_TS]);
         uint32_t pid = u32_at(r + off[F_PID]), tid = u32_at(r + off[F_TID]);
@@ -125,34 +121,58 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         long long thread = -1, stack = -1, native = -1;
         if (api < (uint32_t)flags_buf.len && native_map >= 0) {
             PyObject *k;
-            /* a thread's calls come in runs, and few native stacks repeat: the last answers are
-             * reused (the dictionaries do not change during the call) */
-            if (tid == last_tid) {
-                thread = last_thread;
-            } else {
-                k = PyLong_FromUnsignedLong(tid);
-                thread = lookup(threads, k, 0);
-                Py_XDECREF(k);
-                if (thread > 0) {
-                    last_tid = tid;
-                    last_thread = thread;
-                }
-            }
-            if (thread > 0) {
-                if (pid == last_pid && native_map == last_map) {
-                    native = last_native;
+            for (int attempt = 0;; attempt++) {
+                /* a thread's calls come in runs, and few native stacks repeat: the last answers
+                 * are reused (learn only adds entries, never changes one) */
+                if (tid == last_tid) {
+                    thread = last_thread;
                 } else {
-                    k = pair(pid, native_map);
-                    native = lookup(natives, k, 0);
+                    k = PyLong_FromUnsignedLong(tid);
+                    thread = lookup(threads, k, 0);
                     Py_XDECREF(k);
-                    if (native >= 0) {
-                        last_pid = pid;
-                        last_map = native_map;
-                        last_native = native;
+                    if (thread > 0) {
+                        last_tid = tid;
+                        last_thread = thread;
                     }
                 }
+                if (thread > 0) {
+                    if (pid == last_pid && native_map == last_map) {
+                        native = last_native;
+                    } else {
+                        k = pair(pid, native_map);
+                        native = lookup(natives, k, 0);
+                        Py_XDECREF(k);
+                        if (native >= 0) {
+                            last_pid = pid;
+                            last_map = native_map;
+                            last_native = native;
+                        }
+                    }
+                }
+                if (thread == -2 || native == -2)
+                    goto out;
+                if ((thread > 0 && native >= 0) || attempt || learn == Py_None)
+                    break;
+                PyObject *r2 = PyObject_CallFunction(learn, "KkIi", (unsigned long long)ts,
+                                                     (unsigned long)pid, tid, native_map);
+                if (!r2)
+                    goto out;
+                Py_DECREF(r2);
             }
-            if (thread > 0 && native >= 0) {
+            uint64_t digest = u64_at(r + off[F_DIGEST]);
+            if (thread > 0 && native >= 0 && digest) {
+                if (digest == last_digest) {
+                    stack = last_stack;
+                } else {
+                    k = PyLong_FromUnsignedLongLong(digest);
+                    stack = lookup(digests, k, 0);
+                    Py_XDECREF(k);
+                    if (stack >= 0) {
+                        last_digest = digest;
+                        last_stack = stack;
+                    }
+                }
+            } else if (thread > 0 && native >= 0) {
                 k = Py_BuildValue("(KkI)", (unsigned long long)ts, (unsigned long)pid, tid);
                 stack = lookup(join, k, 1);
                 Py_XDECREF(k);
@@ -369,7 +389,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"pack_cuda", py_pack_cuda, METH_VARARGS,
-     "pack_cuda(joined, framed_size, offsets, session_id, threads, join, natives, api_flags[, at])"
+     "pack_cuda(joined, framed_size, offsets, session_id, threads, join, digests, natives, api_flags[, at])"
      " -> (packed, misses)"},
     {"drain_records", py_drain_records, METH_VARARGS,
      "drain_records(data, consumer, page, mask, free_every) -> records"},

@@ -139,6 +139,9 @@ CUDA = Layout(
         ("function", "u64"),  # kernel function pointer / CUfunction
         ("pointer", "u64"),  # device/host pointer allocated or freed
         ("handle", "u64"),  # event handle for event synchronisation
+        # digest of its Python stack when the stack was sent before (no pystacks record this
+        # time, bpf/pystack.h), 0 when its record was sent: joined by (ts, pid, tid)
+        ("py_digest", "u64"),
         ("pid", "u32"),
         ("tid", "u32"),
         ("api", "u32"),  # index into recorder.cuda.APIS

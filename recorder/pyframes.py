@@ -49,6 +49,7 @@ COUNT_NAMES: dict[int, str] = {
     **STATUS_NAMES,
     len(STATUS_NAMES): "ringbuf full",
     len(STATUS_NAMES) + 1: "scratch clobbered",
+    len(STATUS_NAMES) + 2: "sent as digest",  # a known stack's capture: no record, its digest
 }
 
 # pystack_proc.flags
@@ -65,7 +66,7 @@ PROG_SCAN = 2
 
 # The Python mirrors of the C structs: (field, struct format) in declaration order.
 EVENT_HEADER_FIELDS: tuple[tuple[str, str], ...] = (
-    ("ts", "Q"), ("pid", "I"), ("tid", "I"), ("nframes", "I"), ("status", "I"),
+    ("ts", "Q"), ("pid", "I"), ("tid", "I"), ("nframes", "I"), ("status", "I"), ("digest", "Q"),
 )
 FRAME_FIELDS: tuple[tuple[str, str], ...] = (
     ("code", "Q"), ("instr", "Q"), ("checksum", "I"), ("pad", "I"),
@@ -97,6 +98,7 @@ class PyStackEvent:
     tid: int
     status: int
     frames: tuple[tuple[int, int, int], ...]  # (code address, instr, checksum), innermost first
+    digest: int = 0  # the stack's identity in its process image (bpf/pystack.h), 0 when none
 
     @property
     def status_name(self) -> str:
@@ -105,7 +107,7 @@ class PyStackEvent:
 
 def parse_pystack_event(data: bytes) -> PyStackEvent:
     """One record from the `pystacks` ring buffer (only the filled frames are sent)."""
-    ts, pid, tid, nframes, status = _EVENT_HEADER.unpack_from(data, 0)
+    ts, pid, tid, nframes, status, digest = _EVENT_HEADER.unpack_from(data, 0)
     nframes = min(nframes, MAX_FRAMES, (len(data) - _EVENT_HEADER.size) // _FRAME.size)
     frames = tuple(
         (code, instr, checksum)
@@ -113,7 +115,7 @@ def parse_pystack_event(data: bytes) -> PyStackEvent:
             _FRAME.unpack_from(data, _EVENT_HEADER.size + i * _FRAME.size) for i in range(nframes)
         )
     )
-    return PyStackEvent(ts, pid, tid, status, frames)
+    return PyStackEvent(ts, pid, tid, status, frames, digest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,6 +548,13 @@ class PyStackProbe:
             pass
         self.targets.pop(pid, None)
         self.code_cache.pop(pid, None)
+
+    def confirm(self, digests: Iterable[int]) -> None:
+        """Tell the walker these stack digests are held by user space: a capture made with
+        PYSTACK_CAPTURE_BY_DIGEST that has one of them sends the digest instead of its record."""
+        table = self.bpf.get_table("pystack_known")
+        for d in digests:
+            table[table.Key(d)] = table.Leaf(1)
 
     def counts(self) -> dict[str, int]:
         """Records per status plus losses (ring buffer full, scratch clobbered), all CPUs."""

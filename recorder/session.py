@@ -78,6 +78,7 @@ _API_FLAG_BITS = bytes(sum(1 << i for i, flag in enumerate(flags) if flag) for f
 CUDA_PROGRAM = "iiiiiiiiiiiiiddiiii"
 # cuda_event fields recorder/_ingest.c reads, in its order
 CUDA_PACK_FIELDS = ("ts", "dur", "cgroup_id", "ret", "size", "stream", "function", "pointer", "handle",
+                    "py_digest",
                     "pid", "tid", "api", "memcpy_kind", "grid_x", "grid_y", "grid_z", "block_x",
                     "block_y", "block_z", "shared_mem", "flags", "native_stack_id")
 # cuda_event unpacked with its 64-bit fields signed: SQLite's INTEGER is a signed 64-bit value, so a
@@ -374,29 +375,23 @@ class Session:
         """Write the cuda_call rows of the records whose thread and stacks are known, packed
         (recorder/_ingest.c, the same values _cuda_rows() gives); returns the other records."""
         framed = events.CUDA.framed_size
-        threads, natives = self.identity.threads, self.stacks.native_cache()
-        args = (self.session_id, threads, self.stacks.join_keys(), natives, _API_FLAG_BITS)
-        packed, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args)
+        packed, misses = self._pack_cuda(
+            joined, framed, self._cuda_offsets, self.session_id, self.identity.threads,
+            self.stacks.join_keys(), self.stacks.digests(), self.stacks.native_cache(),
+            _API_FLAG_BITS, self._learn_cuda)
         self.writer.extend_packed("cuda_call", packed)
         if not misses:
             return b""
-        # Threads and native stacks seen for the first time are known after one lookup each (in
-        # the order the Python path would make them); then their calls go the packed way too.
-        learnt = False
-        for at in misses:
-            rec = _CUDA_SIGNED.unpack_from(joined, at)
-            ts, pid, tid, native = rec[0], rec[_CUDA_PID], rec[_CUDA_TID], rec[_CUDA_NATIVE]
-            if tid not in threads:
-                self.identity.thread(tid, pid, None, ts)
-                learnt = True
-            if native >= 0 and (pid, native) not in natives:
-                self.stacks.native_id(pid, native)
-                learnt = True
-        if learnt:
-            packed, misses = self._pack_cuda(joined, framed, self._cuda_offsets, *args, misses)
-            self.writer.extend_packed("cuda_call", packed)
         view = memoryview(joined)
         return b"".join([view[at:at + framed] for at in misses])
+
+    def _learn_cuda(self, ts: int, pid: int, tid: int, native: int) -> None:
+        """A thread or native stack seen for the first time by pack_cuda, at that record (the
+        order the Python path would make them in)."""
+        if tid not in self.identity.threads:
+            self.identity.thread(tid, pid, None, ts)
+        if (pid, native) not in self.stacks.native_cache():
+            self.stacks.native_id(pid, native)
 
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
         """cuda_call rows from framed cuda_event records (ring header, then the record)."""
@@ -409,7 +404,7 @@ class Session:
         rows = []
         append = rows.append
         for rec, py_stack in stacks.join("cuda", _CUDA_SIGNED.iter_unpack(joined), _cuda_stack_key):
-            (ts, dur, cg, ret, size, stream, function, pointer, handle, pid, tid, api, kind,
+            (ts, dur, cg, ret, size, stream, function, pointer, handle, _digest, pid, tid, api, kind,
              gx, gy, gz, bx, by, bz, shmem, flags, native_stack, _pad) = rec
             has_size, has_stream, launch, has_pointer, has_handle, has_kind = _API_FLAGS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
@@ -566,8 +561,7 @@ def session_summary(store: Store, session_id: int) -> dict:
 
 
 _OFF_STACK, _OFF_PID, _OFF_TID = (events.OFFCPU.names.index(n) for n in ("stack_ts", "pid", "tid"))
-_CUDA_PID, _CUDA_TID, _CUDA_NATIVE = (events.CUDA.names.index(n)
-                                      for n in ("pid", "tid", "native_stack_id"))
+_CUDA_PID, _CUDA_TID, _CUDA_DIGEST = (events.CUDA.names.index(n) for n in ("pid", "tid", "py_digest"))
 
 
 def _offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
@@ -575,9 +569,10 @@ def _offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
     return (rec[_OFF_STACK], rec[_OFF_PID], rec[_OFF_TID]) if rec[_OFF_STACK] else None
 
 
-def _cuda_stack_key(rec: tuple) -> tuple[int, int, int]:
-    """A CUDA call's stack record is keyed by its entry (ts, pid, tid)."""
-    return rec[0], rec[_CUDA_PID], rec[_CUDA_TID]
+def _cuda_stack_key(rec: tuple) -> tuple[int, int, int] | int:
+    """A CUDA call's stack record is keyed by its entry (ts, pid, tid); a stack sent before comes
+    as its digest instead (bpf/pystack.h PYSTACK_CAPTURE_BY_DIGEST)."""
+    return rec[_CUDA_DIGEST] or (rec[0], rec[_CUDA_PID], rec[_CUDA_TID])
 
 
 def _tgid_or(tid: int, default: int) -> int:

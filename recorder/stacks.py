@@ -3,7 +3,9 @@ resolved while the process lives and stored once per distinct stack.
 
 The CUDA, NCCL and marker entry probes end with PYSTACK_CAPTURE(ctx, ts), which sends exactly one
 `pystacks` record per call, keyed by (entry ts, pid, tid), the call's own event carrying the same
-ts. sched_switch (a traced thread blocking) and the block layer (a target's bio or I/O intent) end
+ts. The CUDA entries use PYSTACK_CAPTURE_BY_DIGEST: once a stack is resolved for good here, its
+digest is confirmed to the walker (`pystack_known`), and a call repeating it sends no record; its
+event carries the digest instead (`py_digest`), which `digests()` maps to the stack id. sched_switch (a traced thread blocking) and the block layer (a target's bio or I/O intent) end
 with PYSTACK_CAPTURE_TP: their events carry the key of their stack record (`stack_ts`), which the
 events of one syscall share. `StackRecorder.add()` resolves the records as they arrive and keeps
 each stack id under its key until the event's row takes it (`join()`). Native stacks are ids in the `user_stacks`
@@ -216,6 +218,11 @@ class StackRecorder:
         self._native_stacks: dict[str, int] = {}
         self._native_raw: dict[tuple[int, int], int] = {}  # (pid, stack map id) -> stack id
         self._join: dict[Key, int] = {}  # (ts, pid, tid) -> python stack id, until an event takes it
+        # digest -> python stack id, for the events whose stack was sent as its digest only (the
+        # walker's pystack_known holds the digests confirmed here), and the digests per pid
+        self._digests: dict[int, int] = {}
+        self._digests_of: dict[int, list[int]] = {}
+        self.digest_errors = 0  # digests the walker could not be told (it then keeps sending records)
         # keys several events may name (one capture per syscall): (pid, tid) -> {ts: stack id}
         self._recent: dict[tuple[int, int], dict[int, int]] = {}
         # events whose stack record was not read yet, per kind: the rings are read one after the
@@ -282,6 +289,8 @@ class StackRecorder:
         self._seen = {k: v for k, v in self._seen.items() if k[0] != pid}
         self._recent = {k: v for k, v in self._recent.items() if k[0] != pid}
         self._native_raw = {k: v for k, v in self._native_raw.items() if k[0] != pid}
+        for d in self._digests_of.pop(pid, ()):
+            self._digests.pop(d, None)
         self._reported.discard(pid)
 
     def exited(self, pid: int) -> None:
@@ -319,6 +328,7 @@ class StackRecorder:
             records = _join_known_stacks(records, _RECORD_KEY.size, seen, join, reported, pending,
                                          self.walker.targets)
         key_of = _RECORD_KEY.unpack_from
+        confirm = []
         for data in records:
             ts, pid, tid = key_of(data)
             hit = seen.get((pid, data[_RECORD_KEY.size:]))
@@ -342,7 +352,16 @@ class StackRecorder:
                 stack_id = self._python_stack(ev)
             if key in self._raw:  # resolved for good: the same bytes mean the same stack
                 seen[(pid, data[_RECORD_KEY.size:])] = (stack_id, waits)
+                if ev.digest and ev.digest not in self._digests:
+                    self._digests[ev.digest] = stack_id
+                    self._digests_of.setdefault(pid, []).append(ev.digest)
+                    confirm.append(ev.digest)
             join[(ts, pid, tid)] = stack_id
+        if confirm:
+            try:
+                self.walker.confirm(confirm)
+            except Exception:  # the map refused: captures keep sending records, nothing is lost
+                self.digest_errors += len(confirm)
         if retry:
             self.retry_pending()
 
@@ -390,7 +409,8 @@ class StackRecorder:
         none (e.g. a preemption). An event whose record has not been read yet is held back for the
         next call, once; after that (or at the end of the session) its stack is None, which the
         walker has counted as lost (ring buffer full, scratch clobbered). `shared`: several events
-        may name one key (the tracepoint captures, one per syscall)."""
+        may name one key (the tracepoint captures, one per syscall). `key(rec)` may also be a
+        stack digest (an int): the stack was sent before and the event carries its digest."""
         held = self._held.pop(kind, [])
         retrying = {key(r) for r in held}
         again = []
@@ -400,13 +420,20 @@ class StackRecorder:
             if k is None:
                 yield rec, None
                 continue
-            stack_id = self.take(k, shared) if shared else pop(k, None)
+            if type(k) is int:  # a stack sent as its digest
+                stack_id = self._digests.get(k)
+            else:
+                stack_id = self.take(k, shared) if shared else pop(k, None)
             if stack_id is None and not self._final and k not in retrying:
                 again.append(rec)
                 continue
             yield rec, stack_id
         if again:
             self._held[kind] = again
+
+    def digests(self) -> dict[int, int]:
+        """Stack digest -> Python stack id, for events whose stack came as a digest."""
+        return self._digests
 
     def join_keys(self) -> dict[Key, int]:
         """(ts, pid, tid) -> Python stack id of the stack records read and not yet joined: a

@@ -35,14 +35,16 @@ API = {api.name: i for i, api in enumerate(cuda.APIS)}
 
 def cuda_record(ts: int, tid: int, api: str, *, size: int = 0, stream: int = 0, function: int = 0,
                 pointer: int = 0, handle: int = 0, kind: int = 0, grid=(0, 0, 0), block=(0, 0, 0),
-                shmem: int = 0, flags: int = 0, native: int = 7, ret: int = 0, dur: int = 1500) -> bytes:
+                shmem: int = 0, flags: int = 0, native: int = 7, ret: int = 0, dur: int = 1500,
+                digest: int = 0) -> bytes:
     """One framed cuda_event (8-byte ring header, then the record), as the block reader gives it."""
-    return bytes(8) + events.CUDA.pack(ts, dur, 99, ret, size, stream, function, pointer, handle, PID,
-                                       tid, API[api], kind, *grid, *block, shmem, flags, native, 0)
+    return bytes(8) + events.CUDA.pack(ts, dur, 99, ret, size, stream, function, pointer, handle,
+                                       digest, PID, tid, API[api], kind, *grid, *block, shmem, flags,
+                                       native, 0)
 
 
-def stack_record(ts: int, tid: int) -> bytes:
-    return struct.pack("=QIIII", ts, PID, tid, 0, STATUS_NO_THREAD_STATE)
+def stack_record(ts: int, tid: int, digest: int = 0) -> bytes:
+    return struct.pack("=QIIIIQ", ts, PID, tid, 0, STATUS_NO_THREAD_STATE, digest)
 
 
 def session_over(db: Path, packed: bool) -> Session:
@@ -54,7 +56,9 @@ def session_over(db: Path, packed: bool) -> Session:
     s.writer = Writer(store)
     s.writer.table("cuda_call", CUDA_COLUMNS)
     s.identity = Identity(store, s.writer, 1)
-    probes = SimpleNamespace(pystack=SimpleNamespace(targets={}), capabilities=[])
+    s.confirmed = []  # digests the walker is told it may send instead of records
+    probes = SimpleNamespace(pystack=SimpleNamespace(targets={}, confirm=s.confirmed.extend),
+                             capabilities=[])
     s.stacks = StackRecorder(store, s.writer, 1, probes)
     s.stacks._native_raw[(PID, 7)] = 1  # a native stack already resolved (no stack map to read)
     s._pack_cuda = s._packing() if packed else None
@@ -81,8 +85,9 @@ def calls(db: Path) -> list[tuple]:
 
 def workload() -> tuple[list[list[bytes]], list[list[bytes]]]:
     """Two flushes of calls: three threads (the third first seen in the second flush), every
-    argument layout, a size of 2**64 - 1, a failed allocation, a call without a native stack and a
-    call whose stack record comes one flush late."""
+    argument layout, a size of 2**64 - 1, a failed allocation, a call without a native stack, a
+    call whose stack record comes one flush late, and a fourth thread whose calls after its first
+    carry their stack's digest instead of a record (one of them a digest never sent)."""
     first, second, stacks1, stacks2 = [], [], [], []
     ts = 1_000_000
     for i in range(300):
@@ -114,7 +119,19 @@ def workload() -> tuple[list[list[bytes]], list[list[bytes]]]:
         second.append(cuda_record(ts, PID + 2, "cuLaunchKernel", function=0x99, grid=(7, 7, 7),
                                   block=(32, 32, 1)))
         stacks2.append(stack_record(ts, PID + 2))
+    ts += 1000
+    first.append(cuda_record(ts, PID + 3, "cudaMalloc", size=64))  # sends its stack (digest D)
+    stacks1.append(stack_record(ts, PID + 3, DIGEST))
+    for batch in (first, second):
+        for _ in range(50):
+            ts += 1000
+            batch.append(cuda_record(ts, PID + 3, "cudaMalloc", size=64, digest=DIGEST))
+    ts += 1000
+    second.append(cuda_record(ts, PID + 3, "cudaFree", digest=UNSENT))
     return [first, second], [stacks1, stacks2]
+
+
+DIGEST, UNSENT = 0x1234_5678_9ABC_DEF1, 0x0BAD_0000_0000_0001
 
 
 @needs_build
@@ -134,16 +151,22 @@ def test_packed_rows_equal_the_python_rows(tmp_path: Path) -> None:
         flush(s, [], [])
         s.store.close()
         got[packed] = calls(db)
+        assert s.confirmed == [DIGEST]  # the stack resolved for good is confirmed to the walker
     assert len(got[False]) == sum(map(len, batches))
     assert got[True] == got[False]
-    # all but the call without a native stack and the one whose stack record came late were packed
-    assert sum(packed_rows) == len(got[True]) - 2
+    # all but the call without a native stack, the one whose stack record came late and the one
+    # with a digest never sent were packed
+    assert sum(packed_rows) == len(got[True]) - 3
+    by_digest = [row for row in got[True] if row[3] == got[True][-1][3]]  # the fourth thread
+    assert len(by_digest) == 102 and len({row[17] for row in by_digest[:-1]}) == 1
+    assert by_digest[-1][4] == API["cudaFree"] and by_digest[-1][17] is None  # UNSENT: no stack
     by_api = {(row[4], row[6]): row for row in got[True]}
     failed = by_api[(API["cudaMalloc"], -1)]
     assert failed[7] == 64 and failed[10] is None  # size class of 2**64 - 1; no pointer: it failed
     launch = next(row for row in got[True] if row[4] == API["cudaLaunchKernel"])
     assert launch[13:16] == ("1,2,1", "256,1,1", 0) and launch[6] is None
-    assert all(row[17] is not None for row in got[True])  # every call has its stack, the late one too
+    # every call has its stack, the late one too, but the one whose digest was never sent
+    assert sum(row[17] is None for row in got[True]) == 1
     assert sum(row[18] is None for row in got[True]) == 1  # the call without a native stack
 
 

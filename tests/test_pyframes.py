@@ -404,10 +404,10 @@ def test_layout_matches_c_header(tmp_path: Path) -> None:
 def test_parse_event_reads_only_sent_frames() -> None:
     import struct as st
 
-    head = st.pack("=QIIII", 123, 4, 5, 2, pyframes.STATUS_READ_ERROR)
+    head = st.pack("=QIIIIQ", 123, 4, 5, 2, pyframes.STATUS_READ_ERROR, 0x1234)
     frames = st.pack("=QQII", 0x1000, 0x2000, 7, 0) + st.pack("=QQII", 0x3000, 9, 8, 0)
     ev = parse_pystack_event(head + frames)
-    assert (ev.ts, ev.pid, ev.tid, ev.status_name) == (123, 4, 5, "read error")
+    assert (ev.ts, ev.pid, ev.tid, ev.status_name, ev.digest) == (123, 4, 5, "read error", 0x1234)
     assert ev.frames == ((0x1000, 0x2000, 7), (0x3000, 9, 8))
     # a record cut short never yields frames that were not sent
     assert parse_pystack_event(head + frames[:30]).frames == ((0x1000, 0x2000, 7),)
@@ -539,3 +539,122 @@ def test_code_checksums_kept_across_walks_until_the_code_is_freed(
         proc.kill()
         proc.wait()
         recording.probe.forget(proc.pid)
+
+
+_DIGEST_PROBE = r"""
+struct digest_inflight { u64 ts; u64 seq; };
+struct digest_event { u64 ts; u64 seq; u64 digest; };
+BPF_HASH(digest_inflight, u32, struct digest_inflight);
+BPF_RINGBUF_OUTPUT(digest_events, 64);
+
+int on_call_by_digest(struct pt_regs *ctx)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct digest_inflight in = {.ts = bpf_ktime_get_ns(), .seq = PT_REGS_PARM2(ctx)};
+    digest_inflight.update(&tid, &in);
+    PYSTACK_CAPTURE_BY_DIGEST(ctx, in.ts);
+}
+
+int on_return_by_digest(struct pt_regs *ctx)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct digest_inflight *in = digest_inflight.lookup(&tid);
+    if (!in)
+        return 0;
+    struct digest_event *e = digest_events.ringbuf_reserve(sizeof(*e));
+    if (e) {
+        e->ts = in->ts;
+        e->seq = in->seq;
+        e->digest = pystack_take_digest(in->ts);
+        digest_events.ringbuf_submit(e, 0);
+    }
+    digest_inflight.delete(&tid);
+    return 0;
+}
+"""
+
+_TWO_SITES = (
+    "import ctypes,sys\n"
+    "m=ctypes.CDLL(sys.argv[1]).cudaMalloc;p=ctypes.c_void_p()\n"
+    "def site_a(i):\n    m(ctypes.byref(p),i)\n"
+    "def site_b(i):\n    m(ctypes.byref(p),i)\n"
+    "print('ready',flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    site,lo,hi=line.split()\n"
+    "    for i in range(int(lo),int(hi)):\n"
+    "        (site_a if site=='a' else site_b)(i)\n"
+    "    print('done',flush=True)\n"
+)
+
+
+@bpf_only
+@pytest.mark.bpf
+def test_a_confirmed_stack_is_sent_as_its_digest(
+        native: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:
+    """PYSTACK_CAPTURE_BY_DIGEST: a stack user space has confirmed sends no record, only its
+    digest (to the probe's return program); a new stack, or the same frames after the process
+    is configured again (a new image's code may sit at the same addresses), sends its record."""
+    from bcc import BPF
+
+    lib, _ = native(sys.executable)
+    harness.ensure_kernel_headers()
+    bpf = BPF(text=pyframes.bpf_source() + harness.PROBE_TEXT + _DIGEST_PROBE,
+              cflags=["-Wno-unused-function"])
+    proc = None
+    try:
+        bpf.attach_uprobe(name=str(lib), sym="cudaMalloc", fn_name="on_call_by_digest")
+        bpf.attach_uretprobe(name=str(lib), sym="cudaMalloc", fn_name="on_return_by_digest")
+        probe = PyStackProbe(bpf)
+        probe.install()
+        stacks: list[PyStackEvent] = []
+        calls: dict[int, tuple[int, int]] = {}  # seq -> (ts, digest)
+        bpf["pystacks"].open_ring_buffer(
+            lambda _c, d, s: stacks.append(parse_pystack_event(ctypes.string_at(d, s))))
+        bpf["digest_events"].open_ring_buffer(
+            lambda _c, d, s: calls.__setitem__(*_digest_event(ctypes.string_at(d, s))))
+        proc = subprocess.Popen([sys.executable, "-c", _TWO_SITES, str(lib)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        w = harness.Workload(proc, tmp_path / "unused")
+        w.wait_line("ready")
+        assert not isinstance(probe.configure(proc.pid), Unsupported)
+
+        def run(site: str, lo: int, hi: int) -> list[PyStackEvent]:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{site} {lo} {hi}\n")
+            proc.stdin.flush()
+            w.wait_line("done")
+            before = len(stacks)
+            bpf.ring_buffer_consume()
+            return [s for s in stacks[before:] if s.pid == proc.pid]
+
+        first = run("a", 1, 4)  # not confirmed yet: every call sends its record
+        assert len(first) == 3 and len({(s.frames, s.digest) for s in first}) == 1
+        digest = first[0].digest
+        assert digest and first[0].status == pyframes.STATUS_OK
+        assert [calls[i] for i in (1, 2, 3)] == [(s.ts, 0) for s in first]  # joined by key
+
+        probe.confirm([digest])
+        assert run("a", 4, 7) == []  # no record: the digest instead
+        assert [calls[i][1] for i in (4, 5, 6)] == [digest] * 3
+        assert probe.counts()["sent as digest"] == 3
+
+        other = run("b", 7, 8)  # another call site: another stack, its record sent
+        assert len(other) == 1 and other[0].digest not in (0, digest) and calls[7][1] == 0
+        assert other[0].frames[1:] == first[0].frames[1:] and other[0].frames != first[0].frames
+
+        assert not isinstance(probe.configure(proc.pid), Unsupported)  # a new generation
+        again = run("a", 8, 9)
+        assert len(again) == 1 and again[0].frames == first[0].frames
+        assert again[0].digest not in (0, digest) and calls[8][1] == 0
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        bpf.cleanup()
+
+
+def _digest_event(raw: bytes) -> tuple[int, tuple[int, int]]:
+    import struct as st
+
+    ts, seq, digest = st.unpack_from("=QQQ", raw)
+    return seq, (ts, digest)

@@ -32,8 +32,8 @@ def recorder() -> StackRecorder:
 
 
 def record(ts: int, pid: int = 10, tid: int = 11, status: int = STATUS_NO_THREAD_STATE) -> bytes:
-    """A pystacks record without frames: (ts, pid, tid, nframes, status)."""
-    return struct.pack("=QIIII", ts, pid, tid, 0, status)
+    """A pystacks record without frames: (ts, pid, tid, nframes, status, digest)."""
+    return struct.pack("=QIIIIQ", ts, pid, tid, 0, status, 0)
 
 
 def key(event: tuple):
