@@ -5,11 +5,12 @@ The CUDA, NCCL and marker entry probes end with PYSTACK_CAPTURE(ctx, ts), which 
 `pystacks` record per call, keyed by (entry ts, pid, tid), the call's own event carrying the same
 ts. The CUDA entries use PYSTACK_CAPTURE_BY_DIGEST: once a stack is resolved for good here, its
 digest is confirmed to the walker (`pystack_known`), and a call repeating it sends no record; its
-event carries the digest instead (`py_digest`), which `digests()` maps to the stack id. sched_switch (a traced thread blocking) and the block layer (a target's bio or I/O intent) end
+event carries the digest instead (`py_digest`), which `digests()` maps to the stack id.
+sched_switch (a traced thread blocking) and the block layer (a target's bio or I/O intent) end
 with PYSTACK_CAPTURE_TP: their events carry the key of their stack record (`stack_ts`), which the
 events of one syscall share. `StackRecorder.add()` resolves the records as they arrive and keeps
-each stack id under its key until the event's row takes it (`join()`). Native stacks are ids in the `user_stacks`
-stack map; `native_id()` reads and symbolises them (the mapped ELF objects' symbols, read in bulk
+each stack id under its key until the event's row takes it (`join()`). Native stacks are ids in
+the `user_stacks` stack map; `native_id()` reads and symbolises them (the mapped ELF objects' symbols, read in bulk
 by recorder/elfsyms.py), cached per object and address. Both are interned: a million calls from one
 line cost one stack row.
 
