@@ -7,23 +7,7 @@
  * pystacks record keyed by the same (entry ts, pid, tid), or for a stack user space already holds
  * no record but its digest, which the return program puts in the event (py_digest).
  */
-struct cuda_inflight {
-    u64 ts;
-    u64 cgroup_id;
-    u64 size;
-    u64 stream;
-    u64 function;
-    u64 pointer;
-    u64 handle;
-    u64 out_ptr; /* where an allocation writes its result */
-    s32 memcpy_kind;
-    u32 grid_x, grid_y, grid_z;
-    u32 block_x, block_y, block_z;
-    u32 shared_mem;
-    s32 native_stack_id; /* user_stacks id, negative errno when the walk failed */
-};
-
-BPF_TABLE("lru_hash", u64, struct cuda_inflight, cuda_inflight, 65536);
+/* struct cuda_inflight and its map: bpf/cuda_inflight.h (pasted before bpf/pystack.h) */
 BPF_RINGBUF_OUTPUT(cuda_events, 2048);
 /* native user stacks at entry (frame-pointer walk by the kernel), resolved by recorder/stacks.py */
 BPF_STACK_TRACE(user_stacks, 16384);
@@ -82,7 +66,7 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
     e->flags = 0;
     e->native_stack_id = in->native_stack_id;
     e->pad = 0;
-    e->py_digest = pystack_take_digest(in->ts);
+    e->py_digest = in->py_digest;
     if (in->out_ptr) {
         u64 p = 0;
         if (bpf_probe_read_user(&p, sizeof(p), (void *)in->out_ptr) == 0)

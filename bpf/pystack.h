@@ -104,16 +104,12 @@ struct pystack_event {
 
 /* Stack digests. A walk that used a process's recipe hashes its frames, status, pid and the
  * recipe's generation into a digest (63 bits, never 0). A capture made with
- * PYSTACK_CAPTURE_BY_DIGEST whose digest user space has confirmed (pystack_known: it holds the
- * stack under that digest, recorder/stacks.py) sends no record: the digest is left in
- * pystack_results under the capture's (ts, tid) for the probe's return program to put in its event.
- * A call repeating a known stack then costs no ring record and no join in user space; any other
- * capture sends its record as before, joined by (ts, pid, tid). */
-struct pystack_result_key {
-    u64 ts;
-    u32 tid;
-    u32 pad;
-};
+ * PYSTACK_CAPTURE_BY_DIGEST(ctx, ts, key) whose digest user space has confirmed (pystack_known: it
+ * holds the stack under that digest, recorder/stacks.py) sends no record: the digest goes to
+ * PYSTACK_DIGEST_SINK(key, ts, digest), which the caller defines before this text to store it in
+ * its own in-flight record `key` (nonzero when stored; bpf/cuda_inflight.h), for its return
+ * program to put in its event. A call repeating a known stack then costs no ring record and no
+ * join in user space; any other capture sends its record as before, joined by (ts, pid, tid). */
 
 
 /* Per-process walking recipe, filled by PyStackProbe.configure(). Offsets are bytes. */
@@ -165,6 +161,7 @@ struct pystack_scratch {
     u64 owner;              /* pid_tgid that filled this scratch */
     u64 digest;             /* hash of the frames walked so far */
     u32 by_digest;          /* PYSTACK_CAPTURE_BY_DIGEST: a known stack sends its digest only */
+    u64 sink_key;           /* ... to the caller's in-flight record with this key */
     u32 hashing;            /* the walk uses a recipe: its result gets a digest */
     /* Frame heads are read through a window of user memory: 3.11+ allocates a thread's frames one
      * above the other in its data stack, so the callers of the top frame are the bytes below it
@@ -193,7 +190,6 @@ BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
 BPF_ARRAY(pystack_code_cache, struct pystack_code_slot, PYSTACK_CODE_SLOTS);
 BPF_TABLE("lru_hash", u64, u32, pystack_known, 65536);  /* digests user space has confirmed */
-BPF_TABLE("lru_hash", struct pystack_result_key, u64, pystack_results, 65536);
 BPF_PROG_ARRAY(pystack_progs, 3);    /* the walker as kprobe programs: uprobes tail-call these */
 BPF_PROG_ARRAY(pystack_tp_progs, 3); /* the same walker as tracepoint programs */
 
@@ -239,13 +235,13 @@ static __always_inline void pystack_submit(struct pystack_scratch *st, u32 statu
         d = (d & 0x7FFFFFFFFFFFFFFFull) | 1; /* never 0, and a signed 64-bit integer */
     }
     st->ev.digest = d;
-    if (d && st->by_digest && pystack_known.lookup(&d)) {
-        struct pystack_result_key rk = {.ts = st->ev.ts, .tid = st->ev.tid};
-        if (pystack_results.update(&rk, &d) == 0) {
-            pystack_count(PYSTACK_COUNT_BY_DIGEST);
-            return;
-        }
+#ifdef PYSTACK_DIGEST_SINK
+    if (d && st->by_digest && pystack_known.lookup(&d) &&
+        PYSTACK_DIGEST_SINK(st->sink_key, st->ev.ts, d)) {
+        pystack_count(PYSTACK_COUNT_BY_DIGEST);
+        return;
     }
+#endif
     /* only the frames filled in: a 5-frame stack costs 144 bytes, not the whole array */
     u64 size = sizeof(struct pystack_event) - sizeof(st->ev.frames) + n * sizeof(struct pystack_frame);
     if (pystacks.ringbuf_output(&st->ev, size, 0) != 0)
@@ -276,7 +272,7 @@ static __always_inline void pystack_next(void *ctx, int tp, u32 slot)
         pystack_progs.call(ctx, slot);
 }
 
-static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_digest)
+static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_digest, u64 sink_key)
 {
     u32 zero = 0;
     struct pystack_scratch *st = pystack_scratch.lookup(&zero);
@@ -292,6 +288,7 @@ static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_dig
     st->digest = 0;
     st->hashing = 0;
     st->by_digest = by_digest;
+    st->sink_key = sink_key;
     pystack_next(ctx, tp, PYSTACK_PROG_FIND);
     /* reached only when the tail call failed */
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
@@ -299,23 +296,12 @@ static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_dig
 }
 
 /* End the calling probe: nothing after them runs when the walker is installed. */
-#define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((ctx), (ts), 0, 0)
-#define PYSTACK_CAPTURE_TP(ctx, ts) return pystack_capture((ctx), (ts), 1, 0)
-/* For a probe whose return program picks up the digest: pystack_take_digest(ts). */
-#define PYSTACK_CAPTURE_BY_DIGEST(ctx, ts) return pystack_capture((ctx), (ts), 0, 1)
-
-/* In the return program of a PYSTACK_CAPTURE_BY_DIGEST probe, for its entry's ts: the digest of a
- * known stack sent without a record, or 0 when its record was sent (join by (ts, pid, tid)). */
-static __always_inline u64 pystack_take_digest(u64 ts)
-{
-    struct pystack_result_key rk = {.ts = ts, .tid = (u32)bpf_get_current_pid_tgid()};
-    u64 *d = pystack_results.lookup(&rk);
-    if (!d)
-        return 0;
-    u64 v = *d;
-    pystack_results.delete(&rk);
-    return v;
-}
+#define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((ctx), (ts), 0, 0, 0)
+#define PYSTACK_CAPTURE_TP(ctx, ts) return pystack_capture((ctx), (ts), 1, 0, 0)
+#ifdef PYSTACK_DIGEST_SINK
+/* A known stack's digest goes to the caller's in-flight record `key` (see pystack_event). */
+#define PYSTACK_CAPTURE_BY_DIGEST(ctx, ts, key) return pystack_capture((ctx), (ts), 0, 1, (key))
+#endif
 
 /* For a tracepoint event of the current thread at `now`: the key of the Python stack it gets. That
  * is the capture already made in the same syscall (`epoch`: the syscall's entry time, 0 outside a

@@ -143,7 +143,7 @@ def bpf_programs(names: list[str] | None = None) -> str:
             f"    {ARG_LAYOUTS[api.layout]}\n"
             f"    e.native_stack_id = user_stacks.get_stackid(ctx, BPF_F_USER_STACK);\n"
             f"    cuda_save(&e, {i});\n"
-            f"    PYSTACK_CAPTURE_BY_DIGEST(ctx, e.ts);\n"
+            f"    PYSTACK_CAPTURE_BY_DIGEST(ctx, e.ts, (bpf_get_current_pid_tgid() << 32) | {i});\n"
             f"}}\n"
             f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}); }}\n"
         )

@@ -196,6 +196,8 @@ class Probes:
             bpf.source("common.h"),
             # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
             # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec
+            # the CUDA calls' in-flight records, where the walker leaves a known stack's digest
+            bpf.source("cuda_inflight.h"),
             "#define PYSTACK_RINGBUF_PAGES 2048\n" + bpf_source(),
         ]
         for layer, (filename, tracepoints) in LAYER_SOURCES.items():

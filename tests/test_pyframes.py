@@ -541,34 +541,46 @@ def test_code_checksums_kept_across_walks_until_the_code_is_freed(
         recording.probe.forget(proc.pid)
 
 
+# pasted before bpf/pystack.h: the probe's in-flight record and the walker's digest sink
+_DIGEST_SINK = r"""
+struct digest_inflight { u64 ts; u64 seq; u64 digest; };
+BPF_HASH(digest_inflight, u64, struct digest_inflight);
+static __always_inline int digest_sink(u64 key, u64 ts, u64 digest)
+{
+    struct digest_inflight *in = digest_inflight.lookup(&key);
+    if (!in || in->ts != ts)
+        return 0;
+    in->digest = digest;
+    return 1;
+}
+#define PYSTACK_DIGEST_SINK digest_sink
+"""
 _DIGEST_PROBE = r"""
-struct digest_inflight { u64 ts; u64 seq; };
 struct digest_event { u64 ts; u64 seq; u64 digest; };
-BPF_HASH(digest_inflight, u32, struct digest_inflight);
 BPF_RINGBUF_OUTPUT(digest_events, 64);
 
 int on_call_by_digest(struct pt_regs *ctx)
 {
-    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 key = (u32)bpf_get_current_pid_tgid();
     struct digest_inflight in = {.ts = bpf_ktime_get_ns(), .seq = PT_REGS_PARM2(ctx)};
-    digest_inflight.update(&tid, &in);
-    PYSTACK_CAPTURE_BY_DIGEST(ctx, in.ts);
+    digest_inflight.update(&key, &in);
+    PYSTACK_CAPTURE_BY_DIGEST(ctx, in.ts, key);
 }
 
 int on_return_by_digest(struct pt_regs *ctx)
 {
-    u32 tid = (u32)bpf_get_current_pid_tgid();
-    struct digest_inflight *in = digest_inflight.lookup(&tid);
+    u64 key = (u32)bpf_get_current_pid_tgid();
+    struct digest_inflight *in = digest_inflight.lookup(&key);
     if (!in)
         return 0;
     struct digest_event *e = digest_events.ringbuf_reserve(sizeof(*e));
     if (e) {
         e->ts = in->ts;
         e->seq = in->seq;
-        e->digest = pystack_take_digest(in->ts);
+        e->digest = in->digest;
         digest_events.ringbuf_submit(e, 0);
     }
-    digest_inflight.delete(&tid);
+    digest_inflight.delete(&key);
     return 0;
 }
 """
@@ -592,13 +604,14 @@ _TWO_SITES = (
 def test_a_confirmed_stack_is_sent_as_its_digest(
         native: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:
     """PYSTACK_CAPTURE_BY_DIGEST: a stack user space has confirmed sends no record, only its
-    digest (to the probe's return program); a new stack, or the same frames after the process
-    is configured again (a new image's code may sit at the same addresses), sends its record."""
+    digest (into the probe's in-flight record, for its return program); a new stack, or the same
+    frames after the process is configured again (a new image's code may sit at the same
+    addresses), sends its record."""
     from bcc import BPF
 
     lib, _ = native(sys.executable)
     harness.ensure_kernel_headers()
-    bpf = BPF(text=pyframes.bpf_source() + harness.PROBE_TEXT + _DIGEST_PROBE,
+    bpf = BPF(text=_DIGEST_SINK + pyframes.bpf_source() + harness.PROBE_TEXT + _DIGEST_PROBE,
               cflags=["-Wno-unused-function"])
     proc = None
     try:

@@ -1,0 +1,34 @@
+/* cuda_inflight.h: the CUDA calls' in-flight records (bpf/cuda.bpf.c), pasted before bpf/pystack.h
+ * so that the stack walker can leave a known stack's digest in the call's record: the entry
+ * program ends with PYSTACK_CAPTURE_BY_DIGEST(ctx, ts, key), and when the walk finds a stack user
+ * space already holds, cuda_digest_sink() stores its digest in record `key` (made at `ts`) instead
+ * of a pystacks record being sent; the return program copies it into the event's py_digest.
+ */
+struct cuda_inflight {
+    u64 ts;
+    u64 cgroup_id;
+    u64 size;
+    u64 stream;
+    u64 function;
+    u64 pointer;
+    u64 handle;
+    u64 out_ptr; /* where an allocation writes its result */
+    s32 memcpy_kind;
+    u32 grid_x, grid_y, grid_z;
+    u32 block_x, block_y, block_z;
+    u32 shared_mem;
+    s32 native_stack_id; /* user_stacks id, negative errno when the walk failed */
+    u64 py_digest;       /* set by the stack walker: the Python stack was sent before (see below) */
+};
+
+BPF_TABLE("lru_hash", u64, struct cuda_inflight, cuda_inflight, 65536);
+
+static __always_inline int cuda_digest_sink(u64 key, u64 ts, u64 digest)
+{
+    struct cuda_inflight *in = cuda_inflight.lookup(&key);
+    if (!in || in->ts != ts)
+        return 0;
+    in->py_digest = digest;
+    return 1;
+}
+#define PYSTACK_DIGEST_SINK cuda_digest_sink
