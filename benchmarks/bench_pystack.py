@@ -78,6 +78,7 @@ def main() -> int:
     probe = PyStackProbe(bpf)
     probe.install()
     target = probe.configure(os.getpid())
+    cache_state = probe.code_cache.get(os.getpid())  # None: on (the modes below switch it)
     frames_seen: list[int] = []
     bpf["pystacks"].open_ring_buffer(
         lambda _c, d, s: frames_seen.append(len(parse_pystack_event(ctypes.string_at(d, s)).frames))
@@ -131,7 +132,7 @@ def main() -> int:
     print(f"CPython {sys.version.split()[0]}, target {target}")
     print(f"extra frames: {args.depth} {'distinct functions' if args.distinct else 'recursive calls of one function'};"
           f" load average {os.getloadavg()[0]:.2f}")
-    print(f"code objects cached across walks: {probe.code_cache.get(os.getpid()) or 'yes'}")
+    print(f"code objects cached across walks: {cache_state or 'yes'}")
     print(f"stack depth recorded: median {statistics.median(frames_seen or [0]):.0f} frames; "
           f"counts {probe.counts()}")
     # "added vs pair": the probes' cost over the empty pair's; "call vs pair": the whole traced call
