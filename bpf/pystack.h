@@ -111,7 +111,6 @@ struct pystack_event {
  * program to put in its event. A call repeating a known stack then costs no ring record and no
  * join in user space; any other capture sends its record as before, joined by (ts, pid, tid). */
 
-
 /* Per-process walking recipe, filled by PyStackProbe.configure(). Offsets are bytes. */
 struct pystack_proc {
     u64 runtime;            /* address of _PyRuntime in the target */
@@ -160,8 +159,8 @@ struct pystack_scratch {
     u32 pad;
     u64 owner;              /* pid_tgid that filled this scratch */
     u64 digest;             /* hash of the frames walked so far */
-    u32 by_digest;          /* PYSTACK_CAPTURE_BY_DIGEST: a known stack sends its digest only */
-    u64 sink_key;           /* ... to the caller's in-flight record with this key */
+    u64 sink_key;           /* PYSTACK_CAPTURE_BY_DIGEST: the caller's in-flight record */
+    u32 by_digest;          /* ... to which a known stack sends its digest instead of a record */
     u32 hashing;            /* the walk uses a recipe: its result gets a digest */
     /* Frame heads are read through a window of user memory: 3.11+ allocates a thread's frames one
      * above the other in its data stack, so the callers of the top frame are the bytes below it

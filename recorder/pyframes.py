@@ -652,6 +652,11 @@ def line_311(table: bytes, firstlineno: int, addr: int) -> int | None:
     return None
 
 
+# Above any live object's reference count (3.12's immortal objects have 2**32 - 1) and below any
+# address the allocator's free-list link can hold in the same word.
+_LIVE_REFCNT = 1 << 40
+
+
 class StackResolver:
     """(pid, frames) -> PyFrames, reading /proc/PID/mem. Cached by (pid, code address, checksum):
     the checksum is recomputed from memory before anything is cached, so a code address freed and
@@ -741,11 +746,15 @@ class StackResolver:
         info = _Code(self._str(t, filename), self._str(t, qual), firstlineno, self._bytes(t, table))
         # The code object may have been freed while its strings were read, and they reused by
         # another object's: the fields used (and on 3.10/3.11 the name's hash) read again must be
-        # unchanged (not the whole head: the reference count changes all the time).
+        # unchanged (not the whole head: the reference count changes all the time). A freed block
+        # keeps those fields (the allocator writes only its first word, the free list's link), so
+        # the reference count must also still be one: a live object's is small and positive.
         again = self._read(t.pid, code, 144)
         used = [(8, 8), (o.code_firstlineno, 4), (o.code_name, 8), (o.code_filename, 8), (o.code_linetable, 8)]
         used += [(off, size) for off, size in ((o.code_qualname, 8), (o.code_version, 4)) if off]
         if any(again[off:off + size] != head[off:off + size] for off, size in used):
+            return None
+        if not 0 < struct.unpack_from("<q", again, 0)[0] < _LIVE_REFCNT:
             return None
         if version is None and struct.unpack_from("<q", self._read(t.pid, name + o.str_hash, 8))[0] != name_hash:
             return None

@@ -671,3 +671,36 @@ def _digest_event(raw: bytes) -> tuple[int, tuple[int, int]]:
 
     ts, seq, digest = st.unpack_from("=QQQ", raw)
     return seq, (ts, digest)
+
+
+_FREED_CODE = (
+    "import gc,sys\n"
+    "ns={};exec(compile('def victim():\\n    return 1\\n','<victim>','exec'),ns)\n"
+    "c=ns['victim'].__code__;keep=[c.co_name]\n"
+    "print(id(c),c.co_firstlineno,hash(c.co_name),flush=True)\n"
+    "del ns,c;gc.collect()\n"
+    "print('freed',flush=True);sys.stdin.readline()\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads another process's memory: needs root")
+def test_a_freed_code_object_is_not_resolved_from_its_leftover_fields() -> None:
+    """The allocator overwrites only a freed block's first word (its free-list link): the fields
+    the resolver checks are still there, so a code object freed before it was read must be
+    recognised by its reference count, or a frame would get the freed code's name with whatever
+    now lies at its line table's address."""
+    proc = subprocess.Popen([sys.executable, "-c", _FREED_CODE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        addr, first, name_hash = map(int, proc.stdout.readline().split())
+        assert proc.stdout.readline().strip() == "freed"
+        target = detect(proc.pid)
+        assert not isinstance(target, Unsupported), target
+        version = None  # Debian's 3.11 (sys.executable): no co_version, the name's hash instead
+        frames = StackResolver({proc.pid: target}).resolve(
+            proc.pid, [(addr, 0, pyframes.checksum(first, version, name_hash))])
+        assert not frames[0].available, frames[0]
+    finally:
+        proc.kill()
+        proc.wait()
