@@ -59,7 +59,11 @@ def test_throttled_checkpoint_fsync_is_the_cause(tmp_path, write_throttled):
     # too: it pays for the recorder reading the new process)
     steps = json.loads(run_recorder("steps", "--db", str(db), "--slow", "--json", check=True).stdout)
     slow = {s["step"]: s["dur_ns"] for s in steps["steps"]}
-    assert max(slow, key=slow.get) == truth["ckpt_step"] and set(slow) <= {0, truth["ckpt_step"]}, slow
+    assert max(slow, key=slow.get) == truth["ckpt_step"], slow
+    # it stands out: on a loaded machine the listing may also hold a few steps the load itself
+    # slowed (50-90 ms seen in CI, against ~0.5 s for 1 MiB throttled to 2 MiB/s)
+    others = [dur for step, dur in slow.items() if step not in (0, truth["ckpt_step"])]
+    assert all(2 * dur < slow[truth["ckpt_step"]] for dur in others), slow
 
 
 def test_nvme_timeout_in_the_kernel_log_during_a_tagged_write(tmp_path, write_throttled):
