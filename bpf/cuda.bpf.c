@@ -3,14 +3,84 @@
  * The entry program (generated per API by recorder/cuda.py) reads the arguments into an in-flight
  * record keyed by thread and API; the return program adds the return code and, for allocations,
  * the pointer the call wrote, and sends one cuda_event stamped with the entry time. The entry also
- * takes the native user stack id and ends by capturing the Python stack (bpf/pystack.h): one
+ * walks the native user stack (native_walk below) and ends by capturing the Python stack
+ * (bpf/pystack.h): one
  * pystacks record keyed by the same (entry ts, pid, tid), or for a stack user space already holds
  * no record but its digest, which the return program puts in the event (py_digest).
  */
 /* struct cuda_inflight and its map: bpf/cuda_inflight.h (pasted before bpf/pystack.h) */
 BPF_RINGBUF_OUTPUT(cuda_events, 2048);
-/* native user stacks at entry (frame-pointer walk by the kernel), resolved by recorder/stacks.py */
-BPF_STACK_TRACE(user_stacks, 16384);
+
+/* Native user stacks at a call's entry, walked here by frame pointers rather than by
+ * bpf_get_stackid(): the kernel's walk and stack-map insert cost ~0.65 us even for a two-frame
+ * stack (most of it in faulting on the garbage a frame-pointer-less caller leaves in %rbp), this
+ * walk ~0.1 us plus ~0.07 us per frame (docs/benchmarks.md, (a)).
+ *
+ * The walk gives the same frames as the kernel's: the probed address, the return address at the
+ * stack pointer (a probe at a function's entry runs before its prologue, so the caller has no
+ * frame record yet), then the return address of each (saved frame pointer, return address) pair
+ * along the chain from %rbp. It stops at a frame pointer that is not above the previous one, not
+ * within NATIVE_STACK_SPAN above the stack pointer or not 8-aligned: code built without frame
+ * pointers leaves other values in %rbp, and reading one would fault (slow) or walk into garbage.
+ * The frames are hashed with the pid into a digest (never 0) under which native_stacks holds
+ * them; a stack already there costs one lookup. recorder/stacks.py reads a digest's frames once
+ * per process and symbolises them. */
+#define NATIVE_MAX_FRAMES 127             /* the kernel's perf_event_max_stack default */
+#define NATIVE_STACK_SPAN (8ull << 20)    /* a thread stack's default size */
+struct native_stack {
+    u32 frames;
+    u32 owner; /* scratch only: the thread walking into it */
+    u64 ip[NATIVE_MAX_FRAMES];
+};
+BPF_PERCPU_ARRAY(native_scratch, struct native_stack, 1);
+BPF_TABLE("lru_hash", u64, struct native_stack, native_stacks, 16384);
+
+static __always_inline u64 native_mix(u64 d, u64 v)
+{
+    d = (d ^ v) * 0x9E3779B97F4A7C15ull;
+    return d ^ (d >> 29);
+}
+
+/* digest of the calling thread's native stack (0 when not even the return address is readable) */
+static __always_inline u64 native_walk(struct pt_regs *ctx)
+{
+    int zero = 0;
+    struct native_stack *s = native_scratch.lookup(&zero);
+    if (!s)
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx), floor = sp, ret = 0;
+    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
+        return 0;
+    s->owner = (u32)id;
+    s->ip[0] = PT_REGS_IP(ctx);
+    s->ip[1] = ret;
+    u64 d = native_mix(native_mix(id >> 32, s->ip[0]), ret);
+    u32 n = 2;
+    for (int i = 2; i < NATIVE_MAX_FRAMES; i++) {
+        u64 frame[2]; /* saved frame pointer, return address */
+        if (fp <= floor || fp - sp >= NATIVE_STACK_SPAN || (fp & 7))
+            break;
+        if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) || frame[1] < 4096)
+            break;
+        s->ip[i] = frame[1];
+        d = native_mix(d, frame[1]);
+        n = i + 1;
+        floor = fp;
+        fp = frame[0];
+    }
+    s->frames = n;
+    d = native_mix(d, n) & 0x7FFFFFFFFFFFFFFFull; /* 63 bits (a SQLite integer), never 0 */
+    d = d ? d : 1;
+    if (native_stacks.lookup(&d))
+        return d;
+    /* a thread preempted inside this program and another that used this CPU's scratch meanwhile:
+     * the frames are not this walk's, so they are not stored under its digest */
+    if (s->owner != (u32)id)
+        return 0;
+    native_stacks.update(&d, s); /* if it fails, user space counts a call without its stack */
+    return d;
+}
 
 static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
 {
@@ -64,8 +134,7 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
     e->block_z = in->block_z;
     e->shared_mem = in->shared_mem;
     e->flags = 0;
-    e->native_stack_id = in->native_stack_id;
-    e->pad = 0;
+    e->native_digest = in->native_digest;
     e->py_digest = in->py_digest;
     if (in->out_ptr) {
         u64 p = 0;

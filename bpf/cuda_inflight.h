@@ -17,7 +17,7 @@ struct cuda_inflight {
     u32 grid_x, grid_y, grid_z;
     u32 block_x, block_y, block_z;
     u32 shared_mem;
-    s32 native_stack_id; /* user_stacks id, negative errno when the walk failed */
+    u64 native_digest;   /* native_walk()'s digest (bpf/cuda.bpf.c), 0 when none */
     u64 py_digest;       /* set by the stack walker: the Python stack was sent before (see below) */
 };
 

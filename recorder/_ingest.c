@@ -62,9 +62,9 @@ static long long lookup(PyObject *d, PyObject *key, int pop)
     return r;
 }
 
-static PyObject *pair(uint64_t a, long long b)
+static PyObject *pair(uint64_t a, uint64_t b)
 {
-    return Py_BuildValue("(KL)", (unsigned long long)a, b);
+    return Py_BuildValue("(KK)", (unsigned long long)a, (unsigned long long)b);
 }
 
 /* pack_cuda(joined, framed_size, offsets, session_id, threads, join, digests, natives, api_flags,
@@ -72,7 +72,7 @@ static PyObject *pair(uint64_t a, long long b)
  * joined: framed cuda_event records (an 8-byte ring header, then the record); misses: the byte
  * offsets in joined of the records left to the Python path. A record's Python stack is
  * digests[py_digest] when it carries a digest (its stack was sent before), else
- * join.pop((ts, pid, tid)). learn(ts, pid, tid, native_map) is called, in record order, for a
+ * join.pop((ts, pid, tid)). learn(ts, pid, tid, native_digest) is called, in record order, for a
  * record whose thread or native stack is not in threads / natives yet; it adds them (as the
  * Python path would at that record) and the record is looked up again. */
 static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
@@ -108,7 +108,7 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
     int64_t *row = (int64_t *)PyBytes_AS_STRING(packed);
     Py_ssize_t rows = 0;
     uint32_t last_tid = 0, last_pid = 0;
-    int32_t last_map = -1;
+    uint64_t last_map = 0;
     long long last_thread = -1, last_native = -1, last_stack = -1;
     uint64_t last_digest = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -117,9 +117,9 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         uint64_t ts = u64_at(r + off[F_TS]);
         uint32_t pid = u32_at(r + off[F_PID]), tid = u32_at(r + off[F_TID]);
         uint32_t api = u32_at(r + off[F_API]);
-        int32_t native_map = (int32_t)u32_at(r + off[F_NATIVE]);
+        uint64_t native_map = u64_at(r + off[F_NATIVE]);
         long long thread = -1, stack = -1, native = -1;
-        if (api < (uint32_t)flags_buf.len && native_map >= 0) {
+        if (api < (uint32_t)flags_buf.len && native_map) {
             PyObject *k;
             for (int attempt = 0;; attempt++) {
                 /* a thread's calls come in runs, and few native stacks repeat: the last answers
@@ -153,8 +153,9 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
                     goto out;
                 if ((thread > 0 && native >= 0) || attempt || learn == Py_None)
                     break;
-                PyObject *r2 = PyObject_CallFunction(learn, "KkIi", (unsigned long long)ts,
-                                                     (unsigned long)pid, tid, native_map);
+                PyObject *r2 = PyObject_CallFunction(learn, "KkIK", (unsigned long long)ts,
+                                                     (unsigned long)pid, tid,
+                                                     (unsigned long long)native_map);
                 if (!r2)
                     goto out;
                 Py_DECREF(r2);

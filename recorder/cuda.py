@@ -141,7 +141,7 @@ def bpf_programs(names: list[str] | None = None) -> str:
             f"    struct cuda_inflight e = {{}};\n"
             f"    if (!cuda_begin(&e, {i})) return 0;\n"
             f"    {ARG_LAYOUTS[api.layout]}\n"
-            f"    e.native_stack_id = user_stacks.get_stackid(ctx, BPF_F_USER_STACK);\n"
+            f"    e.native_digest = native_walk(ctx);\n"
             f"    cuda_save(&e, {i});\n"
             f"    PYSTACK_CAPTURE_BY_DIGEST(ctx, e.ts, (bpf_get_current_pid_tgid() << 32) | {i});\n"
             f"}}\n"

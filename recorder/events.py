@@ -154,8 +154,8 @@ CUDA = Layout(
         ("block_z", "u32"),
         ("shared_mem", "u32"),
         ("flags", "u32"),  # CUDA_FLAG_*
-        ("native_stack_id", "s32"),  # id in the user_stacks stack map, negative errno if none
-        ("pad", "u32"),
+        # native stack at entry: its digest in the native_stacks map (bpf/cuda.bpf.c), 0 if none
+        ("native_digest", "u64"),
     ),
     "one CUDA runtime or driver call, sent at return",
 )

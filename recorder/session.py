@@ -80,7 +80,7 @@ CUDA_PROGRAM = "iiiiiiiiiiiiiddiiii"
 CUDA_PACK_FIELDS = ("ts", "dur", "cgroup_id", "ret", "size", "stream", "function", "pointer", "handle",
                     "py_digest",
                     "pid", "tid", "api", "memcpy_kind", "grid_x", "grid_y", "grid_z", "block_x",
-                    "block_y", "block_z", "shared_mem", "flags", "native_stack_id")
+                    "block_y", "block_z", "shared_mem", "flags", "native_digest")
 # cuda_event unpacked with its 64-bit fields signed: SQLite's INTEGER is a signed 64-bit value, so a
 # value above 2**63 - 1 (a size_t of -1 passed to cudaMalloc) is stored as its two's complement
 _CUDA_SIGNED = struct.Struct("=8x" + events.CUDA.fmt[1:].replace("Q", "q"))
@@ -405,7 +405,7 @@ class Session:
         append = rows.append
         for rec, py_stack in stacks.join("cuda", _CUDA_SIGNED.iter_unpack(joined), _cuda_stack_key):
             (ts, dur, cg, ret, size, stream, function, pointer, handle, _digest, pid, tid, api, kind,
-             gx, gy, gz, bx, by, bz, shmem, flags, native_stack, _pad) = rec
+             gx, gy, gz, bx, by, bz, shmem, flags, native_stack) = rec
             has_size, has_stream, launch, has_pointer, has_handle, has_kind = _API_FLAGS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
             native = natives.get((pid, native_stack))
@@ -523,6 +523,8 @@ class Session:
                 rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
                 None, rec.cgroup_id, 1,
                 self.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None))
+        self.stacks.report_misses()
+        self._store_capabilities()
         self.kernel_log.close()
         self.io.flush()
         self.checkpoints.finish()  # waits for the last hashes (bounded)

@@ -9,9 +9,10 @@ event carries the digest instead (`py_digest`), which `digests()` maps to the st
 sched_switch (a traced thread blocking) and the block layer (a target's bio or I/O intent) end
 with PYSTACK_CAPTURE_TP: their events carry the key of their stack record (`stack_ts`), which the
 events of one syscall share. `StackRecorder.add()` resolves the records as they arrive and keeps
-each stack id under its key until the event's row takes it (`join()`). Native stacks are ids in
-the `user_stacks` stack map; `native_id()` reads and symbolises them (the mapped ELF objects' symbols, read in bulk
-by recorder/elfsyms.py), cached per object and address. Both are interned: a million calls from one
+each stack id under its key until the event's row takes it (`join()`). A call's native stack is a
+digest under which the `native_stacks` map holds its frames (bpf/cuda.bpf.c walks them);
+`native_id()` reads a digest's frames once per process and symbolises them (the mapped ELF objects'
+symbols, read in bulk by recorder/elfsyms.py), cached per object and address. Both are interned: a million calls from one
 line cost one stack row.
 
 Per process (start, fork, exec) `seen()` configures the walker and one `capability` row says whether
@@ -59,9 +60,6 @@ except ImportError:  # not built: every record goes through add()'s loop
     _join_known_stacks = None
 _RECORD_KEY = struct.Struct("=QII")  # the (ts, pid, tid) that opens a pystacks record
 _PYTHON_NAME = re.compile(r"python\d|libpython")
-# bpf_get_stackid() errors, as the loss table names them
-_STACKID_ERRORS = {-14: "native stack unreadable", -17: "native stack map collision",
-                   -12: "native stack map full"}
 
 
 def _now_ns() -> int:
@@ -192,7 +190,7 @@ def _hash(value: object) -> str:
 class StackRecorder:
     """Resolves and interns the stacks of a session's calls; rows go through the session's Writer.
 
-    `probes` is the session's Probes (its `bpf` holds the walker and the `user_stacks` map, its
+    `probes` is the session's Probes (its `bpf` holds the walker and the `native_stacks` map, its
     `capabilities` list is what the session stores)."""
 
     def __init__(self, store: Any, writer: Any, session_id: int, probes: Any) -> None:
@@ -217,7 +215,7 @@ class StackRecorder:
         # (pid, record bytes after ts/pid/tid) -> (stack id, status waits for configuration)
         self._seen: dict[tuple[int, bytes], tuple[int, bool]] = {}
         self._native_stacks: dict[str, int] = {}
-        self._native_raw: dict[tuple[int, int], int] = {}  # (pid, stack map id) -> stack id
+        self._native_raw: dict[tuple[int, int], int] = {}  # (pid, native digest) -> stack id
         self._join: dict[Key, int] = {}  # (ts, pid, tid) -> python stack id, until an event takes it
         # digest -> python stack id, for the events whose stack was sent as its digest only (the
         # walker's pystack_known holds the digests confirmed here), and the digests per pid
@@ -457,25 +455,29 @@ class StackRecorder:
 
     # -- native stacks ----------------------------------------------------------------------------
     def native_cache(self) -> dict[tuple[int, int], int]:
-        """(pid, stack map id) -> native stack id already stored: the hot path's lookup before
+        """(pid, native digest) -> native stack id already stored: the hot path's lookup before
         calling native_id()."""
         return self._native_raw
 
-    def native_id(self, pid: int, map_id: int) -> int | None:
-        if map_id < 0:  # no walk (e.g. unreadable user stack): the call keeps no native stack
-            self.native_errors[_STACKID_ERRORS.get(map_id, f"native stack error {map_id}")] += 1
-            return None
-        cached = self._native_raw.get((pid, map_id))
-        if cached is not None:
-            return cached
-        try:
-            # a frame-pointer walk through code built without frame pointers can continue into
-            # garbage: stop at the first value that is no user-space address (nor storable)
-            addresses = list(itertools.takewhile(lambda a: 0 < a < _NOT_USER,
-                                                 self.probes.bpf["user_stacks"].walk(map_id)))
-        except Exception:
+    def native_id(self, pid: int, digest: int) -> int | None:
+        """The stored native stack of a call whose entry walked `digest` (bpf/cuda.bpf.c), None
+        when it has none (counted in native_errors by reason)."""
+        if not digest:  # not even the return address was readable
             self.native_errors["native stack unreadable"] += 1
             return None
+        cached = self._native_raw.get((pid, digest))
+        if cached is not None:
+            return cached
+        table = self.probes.bpf["native_stacks"]
+        try:
+            value = table[table.Key(digest)]
+        except KeyError:  # the insert failed, or 16,384 newer stacks evicted it before this read
+            self.native_errors["native stack not in the map"] += 1
+            return None
+        # the walk stops at a frame pointer that cannot be one; a return address read from a
+        # stale frame record can still be no user-space address (nor storable): cut there
+        addresses = list(itertools.takewhile(lambda a: 0 < a < _NOT_USER,
+                                             value.ip[:min(value.frames, len(value.ip))]))
         frames = self.natives.frames(pid, addresses)
         h = _hash([(f.address, f.object, f.symbol, f.offset) for f in frames])
         stack_id = self._native_stacks.get(h)
@@ -484,7 +486,7 @@ class StackRecorder:
             self.writer.add("native_stack", (stack_id, self.session_id, h, len(frames)))
             self.writer.extend("native_stack_frame", [
                 (stack_id, d, f.address, f.object, f.symbol, f.offset) for d, f in enumerate(frames)])
-        self._native_raw[(pid, map_id)] = stack_id
+        self._native_raw[(pid, digest)] = stack_id
         return stack_id
 
     # -- accounting -------------------------------------------------------------------------------
@@ -506,6 +508,25 @@ class StackRecorder:
             self._join = {k: v for k, v in self._join.items() if k[0] >= horizon}
         self.retry_pending()
         return out
+
+    def report_misses(self) -> None:
+        """At the stop: a `capability` row per kind of stack some calls were stored without (the
+        calls themselves were recorded, so this is no loss): layer 'cuda', probe 'native stacks',
+        with the count per reason; layer 'python', probe 'stack digests', when the walker could not
+        be told a digest (those stacks sent their record at every call instead: slower, not lost)."""
+        from recorder.probes import Capability
+
+        if self.native_errors:
+            total = sum(self.native_errors.values())
+            reasons = ", ".join(f"{reason}: {n:,}" for reason, n in self.native_errors.most_common())
+            self.probes.capabilities.append(Capability(
+                "cuda", "native stacks", "attached", f"{total:,} calls stored without one ({reasons})",
+                "", _now_ns()))
+        if self.digest_errors:
+            self.probes.capabilities.append(Capability(
+                "python", "stack digests", "attached",
+                f"{self.digest_errors:,} stacks the walker could not be told (they kept sending "
+                "their record at every call)", "", _now_ns()))
 
     def finish(self) -> None:
         self._final = True

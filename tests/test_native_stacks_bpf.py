@@ -1,0 +1,151 @@
+"""Native stacks at recorded CUDA calls, end to end with real BPF: a C program built with frame
+pointers calls the stand-in cudaMalloc through a known chain of functions, through a 60-deep
+recursion, and from a caller that leaves in %rbp a value that is no frame pointer (as code built
+without frame pointers does); each call's stored native stack must be exactly that chain of
+symbols, each distinct stack stored once. Skipped with the reason without root.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import needs_bpf, run_recorder, workload_output
+
+pytestmark = [needs_bpf, pytest.mark.bpf]
+DEPTH = 60
+
+CALLER = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+
+typedef int (*malloc_t)(void **, unsigned long);
+static malloc_t cuda_malloc;
+
+__attribute__((noinline)) static int inner(unsigned long size)
+{
+    void *p;
+    int r = cuda_malloc(&p, size);
+    __asm__ volatile("" ::: "memory"); /* no tail call: inner stays on the stack */
+    return r;
+}
+__attribute__((noinline)) static int middle(unsigned long size)
+{
+    int r = inner(size);
+    __asm__ volatile("" ::: "memory");
+    return r;
+}
+__attribute__((noinline)) static int outer(unsigned long size)
+{
+    int r = middle(size);
+    __asm__ volatile("" ::: "memory");
+    return r;
+}
+__attribute__((noinline)) static int deep(int n, unsigned long size)
+{
+    int r;
+    if (n > 1)
+        r = deep(n - 1, size);
+    else {
+        void *p;
+        r = cuda_malloc(&p, size);
+    }
+    __asm__ volatile("" ::: "memory");
+    return r;
+}
+/* Calls cudaMalloc with %rbp pointing below the stack pointer: no frame pointer, as a caller built
+ * without them may leave it (the walk must stop at the caller, not read on). Built -mno-red-zone:
+ * the call below the compiler's view must not overwrite a red zone. */
+__attribute__((noinline)) static int junk_rbp(unsigned long size)
+{
+    void *p, **pp = &p;
+    int r;
+    __asm__ volatile(
+        "mov %%rsp, %%rbx\n\t"
+        "and $-16, %%rsp\n\t"
+        "mov %%rbp, %%r12\n\t"
+        "lea -4096(%%rsp), %%rbp\n\t"
+        "call *%[fn]\n\t"
+        "mov %%r12, %%rbp\n\t"
+        "mov %%rbx, %%rsp\n\t"
+        : "=a"(r), "+D"(pp), "+S"(size)
+        : [fn] "r"(cuda_malloc)
+        : "rbx", "r12", "rcx", "rdx", "r8", "r9", "r10", "r11", "memory", "cc", "xmm0", "xmm1",
+          "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+          "xmm13", "xmm14", "xmm15");
+    return r;
+}
+
+int main(int argc, char **argv)
+{
+    void *h = dlopen(argv[1], RTLD_NOW);
+    cuda_malloc = h ? (malloc_t)dlsym(h, "cudaMalloc") : 0;
+    if (!cuda_malloc)
+        return 2;
+    int bad = 0;
+    for (int i = 0; i < 5; i++)
+        bad |= outer(1000);
+    for (int i = 0; i < 4; i++)
+        bad |= deep(DEPTH, 2000);
+    for (int i = 0; i < 3; i++)
+        bad |= junk_rbp(3000);
+    printf("{\"pid\": %d, \"bad\": %d}\n", getpid(), bad);
+    fflush(stdout);
+    sleep(2); /* live long enough for the recorder to read the process, as a real job does */
+    return 0;
+}
+"""
+
+
+def q(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def test_native_stacks_are_the_frame_pointer_chain(tmp_path: Path, native) -> None:
+    src, exe = tmp_path / "caller.c", tmp_path / "caller"
+    src.write_text(CALLER.replace("DEPTH", str(DEPTH)))
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-mno-red-zone", "-o", str(exe), str(src),
+                    "-ldl"], check=True)
+    db = tmp_path / "r.db"
+    lib = str(native["libcudart.so.12"])
+    res = run_recorder("record", "--db", str(db), "--cuda-lib", lib, "--", str(exe), lib, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = workload_output(res.stdout)
+    assert out["bad"] == 0
+
+    calls = q(db, "SELECT size_bytes, native_stack_id FROM cuda_call ORDER BY ts")
+    assert [c[0] for c in calls] == [1000] * 5 + [2000] * 4 + [3000] * 3
+    by_size: dict[int, set] = {}
+    for size, stack in calls:
+        by_size.setdefault(size, set()).add(stack)
+    # every call has its stack, and the calls of one site share one stored stack
+    assert all(len(ids) == 1 and None not in ids for ids in by_size.values()), by_size
+    assert len({next(iter(ids)) for ids in by_size.values()}) == 3
+    assert q(db, "SELECT count(*) FROM native_stack")[0][0] == 3
+
+    def frames(size: int) -> list[tuple]:
+        return q(db, "SELECT f.symbol, f.object FROM native_stack_frame f"
+                     " WHERE f.stack_id = ? ORDER BY f.depth", (next(iter(by_size[size])),))
+
+    chain = frames(1000)
+    assert [f[0] for f in chain[:5]] == ["cudaMalloc", "inner", "middle", "outer", "main"], chain
+    assert chain[0][1] == str(Path(lib).resolve()) and chain[1][1] == str(exe)
+    # past main the walk may go on into the C library's start code, never into garbage
+    assert all(obj is not None for _, obj in chain), chain
+
+    recursion = frames(2000)
+    assert [f[0] for f in recursion[:DEPTH + 2]] == ["cudaMalloc"] + ["deep"] * DEPTH + ["main"], recursion
+
+    # %rbp held no frame pointer: the probed function and its caller (the return address at the
+    # stack pointer), and nothing read from where %rbp pointed
+    assert [f[0] for f in frames(3000)] == ["cudaMalloc", "junk_rbp"]
+
+    # every call had its stack: no row says some were stored without one
+    assert q(db, "SELECT detail FROM capability WHERE probe = 'native stacks'") == []
