@@ -12,8 +12,8 @@ events of one syscall share. `StackRecorder.add()` resolves the records as they 
 each stack id under its key until the event's row takes it (`join()`). A call's native stack is a
 digest under which the `native_stacks` map holds its frames (bpf/cuda.bpf.c walks them);
 `native_id()` reads a digest's frames once per process and symbolises them (the mapped ELF objects'
-symbols, read in bulk by recorder/elfsyms.py), cached per object and address. Both are interned: a million calls from one
-line cost one stack row.
+symbols, read in bulk by recorder/elfsyms.py), cached per object and address. Both are interned:
+a million calls from one line cost one stack row.
 
 Per process (start, fork, exec) `seen()` configures the walker and one `capability` row says whether
 its Python frames are read and, if not, why. A Python whose libpython is not mapped yet at exec
