@@ -59,4 +59,4 @@ CREATE TABLE native_stack_frame (
 ) WITHOUT ROWID;
 
 ALTER TABLE cuda_call ADD COLUMN python_stack_id INTEGER REFERENCES python_stack(id); -- Python stack at the call's entry; NULL when its record was lost
-ALTER TABLE cuda_call ADD COLUMN native_stack_id INTEGER REFERENCES native_stack(id); -- native user stack at entry; NULL when the kernel could not walk it (bpf_get_stackid error)
+ALTER TABLE cuda_call ADD COLUMN native_stack_id INTEGER REFERENCES native_stack(id); -- native user stack at entry; NULL when none was read (counted in the capability row cuda/native stacks)
