@@ -390,8 +390,8 @@ class Session:
         order the Python path would make them in)."""
         if tid not in self.identity.threads:
             self.identity.thread(tid, pid, None, ts)
-        if (pid, native) not in self.stacks.native_cache():
-            self.stacks.native_id(pid, native)
+        if (pid, native) not in self.stacks.native_cache():  # a miss is counted at the call's row
+            self.stacks.native_id(pid, native, count=False)
 
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
         """cuda_call rows from framed cuda_event records (ring header, then the record)."""

@@ -459,11 +459,12 @@ class StackRecorder:
         calling native_id()."""
         return self._native_raw
 
-    def native_id(self, pid: int, digest: int) -> int | None:
+    def native_id(self, pid: int, digest: int, count: bool = True) -> int | None:
         """The stored native stack of a call whose entry walked `digest` (bpf/cuda.bpf.c), None
-        when it has none (counted in native_errors by reason)."""
+        when it has none (counted in native_errors by reason, unless `count` is false: a lookup
+        ahead of the call's own)."""
         if not digest:  # not even the return address was readable
-            self.native_errors["native stack unreadable"] += 1
+            self.native_errors["native stack unreadable"] += count
             return None
         cached = self._native_raw.get((pid, digest))
         if cached is not None:
@@ -472,7 +473,7 @@ class StackRecorder:
         try:
             value = table[table.Key(digest)]
         except KeyError:  # the insert failed, or 16,384 newer stacks evicted it before this read
-            self.native_errors["native stack not in the map"] += 1
+            self.native_errors["native stack not in the map"] += count
             return None
         # the walk stops at a frame pointer that cannot be one; a return address read from a
         # stale frame record can still be no user-space address (nor storable): cut there

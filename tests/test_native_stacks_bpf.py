@@ -149,3 +149,60 @@ def test_native_stacks_are_the_frame_pointer_chain(tmp_path: Path, native) -> No
 
     # every call had its stack: no row says some were stored without one
     assert q(db, "SELECT detail FROM capability WHERE probe = 'native stacks'") == []
+
+
+def _native_stacks_map():
+    """A BPF object with a native_stacks map laid out exactly as bpf/cuda.bpf.c defines it."""
+    from bcc import BPF
+
+    import bpf as bpf_sources
+    from recorder import kheaders
+
+    text = bpf_sources.source("cuda.bpf.c")
+    start = text.index("#define NATIVE_MAX_FRAMES")
+    end = text.index("\n", text.index("native_stacks, 16384);"))
+    kheaders.locate()
+    return BPF(text=text[start:end].replace("BPF_PERCPU_ARRAY(native_scratch", "// "))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["python rows", "packed rows"])
+def test_calls_without_their_native_stack_are_counted_once(tmp_path: Path, packed: bool) -> None:
+    """A call whose stack left the map before the recorder read it (evicted by 16,384 newer ones)
+    and a call with no stack at all are stored without one and counted once each, in the packed
+    path too (which looks the stack up ahead of the call's row); the capability row says so."""
+    import test_ingest_packed as tp
+
+    if packed and not tp.BUILT:
+        pytest.skip("the C extensions are not built (no compiler at install)")
+    b = _native_stacks_map()
+    try:
+        table = b["native_stacks"]
+        known, evicted = 0x1234_5678_9ABC_DEF, 0x0FED_CBA9_8765_4321
+        value = table.Leaf()
+        value.frames = 2
+        value.ip[0], value.ip[1] = 0x40_1000, 0x40_1234
+        table[table.Key(known)] = value
+        s = tp.session_over(tmp_path / "r.db", packed)
+        s.stacks.probes.bpf = b
+        ts, records, stacks = 1_000_000, [], []
+        for native in (known, known, evicted, known, evicted, 0):
+            ts += 1000
+            records.append(tp.cuda_record(ts, tp.PID, "cudaStreamSynchronize", native=native))
+            stacks.append(tp.stack_record(ts, tp.PID))
+        tp.flush(s, records, stacks)
+        s.stacks._final = True
+        tp.flush(s, [], [])
+        assert dict(s.stacks.native_errors) == {"native stack not in the map": 2, "native stack unreadable": 1}
+        s.stacks.report_misses()
+        caps = [c for c in s.stacks.probes.capabilities if c.probe == "native stacks"]
+        assert [(c.layer, c.detail) for c in caps] == [
+            ("cuda", "3 calls stored without one (native stack not in the map: 2, native stack unreadable: 1)")]
+        s.store.close()
+        natives = [row[-1] for row in tp.calls(tmp_path / "r.db")]
+        assert natives[2] is natives[4] is natives[5] is None
+        assert natives[0] == natives[1] == natives[3] is not None
+        frames = q(tmp_path / "r.db", "SELECT depth, address FROM native_stack_frame WHERE stack_id = ?",
+                   (natives[0],))
+        assert frames == [(0, 0x40_1000), (1, 0x40_1234)]
+    finally:
+        b.cleanup()
