@@ -2,7 +2,9 @@
 pointers calls the stand-in cudaMalloc through a known chain of functions, through a 60-deep
 recursion, and from a caller that leaves in %rbp a value that is no frame pointer (as code built
 without frame pointers does); each call's stored native stack must be exactly that chain of
-symbols, each distinct stack stored once. Skipped with the reason without root.
+symbols, each distinct stack stored once. And against a real native_stacks map: a call whose stack
+is no longer in the map, or that has none, is stored without one and counted once, in a capability
+row. Skipped with the reason without root.
 """
 
 from __future__ import annotations
