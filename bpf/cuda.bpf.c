@@ -2,11 +2,12 @@
  *
  * The entry program (generated per API by recorder/cuda.py) reads the arguments into an in-flight
  * record keyed by thread and API; the return program adds the return code and, for allocations,
- * the pointer the call wrote, and sends one cuda_event stamped with the entry time. The entry also
- * walks the native user stack (native_walk below) and ends by capturing the Python stack
- * (bpf/pystack.h): one
- * pystacks record keyed by the same (entry ts, pid, tid), or for a stack user space already holds
- * no record but its digest, which the return program puts in the event (py_digest).
+ * the pointer the call wrote, and sends one cuda_event stamped with the entry time. The entry ends
+ * with cuda_capture(): a tail call to cuda_native, which walks the native user stack (native_walk
+ * below) into the in-flight record's native_digest and goes on to capture the Python stack
+ * (bpf/pystack.h): one pystacks record keyed by the same (entry ts, pid, tid), or for a stack user
+ * space already holds no record but its digest, which the return program puts in the event
+ * (py_digest).
  */
 /* struct cuda_inflight and its map: bpf/cuda_inflight.h (pasted before bpf/pystack.h) */
 BPF_RINGBUF_OUTPUT(cuda_events, 2048);
@@ -14,7 +15,7 @@ BPF_RINGBUF_OUTPUT(cuda_events, 2048);
 /* Native user stacks at a call's entry, walked here by frame pointers rather than by
  * bpf_get_stackid(): the kernel's walk and stack-map insert cost ~0.65 us even for a two-frame
  * stack (most of it in faulting on the garbage a frame-pointer-less caller leaves in %rbp), this
- * walk ~0.1 us plus ~0.07 us per frame (docs/benchmarks.md, (a)).
+ * walk ~0.15 us, and ~0.3 us for 24 small frames (the kernel: 1.4 us; docs/benchmarks.md, (a)).
  *
  * The walk gives the same frames as the kernel's: the probed address, the return address at the
  * stack pointer (a probe at a function's entry runs before its prologue, so the caller has no
@@ -27,12 +28,17 @@ BPF_RINGBUF_OUTPUT(cuda_events, 2048);
  * per process and symbolises them. */
 #define NATIVE_MAX_FRAMES 127             /* the kernel's perf_event_max_stack default */
 #define NATIVE_STACK_SPAN (8ull << 20)    /* a thread stack's default size */
+#define NATIVE_WINDOW 2048                /* stack copied at once: a power of two, <= a page */
 struct native_stack {
     u32 frames;
     u32 owner; /* scratch only: the thread walking into it */
     u64 ip[NATIVE_MAX_FRAMES];
 };
-BPF_PERCPU_ARRAY(native_scratch, struct native_stack, 1);
+struct native_scratch_t {
+    struct native_stack stack;
+    u8 window[NATIVE_WINDOW]; /* a copy of one NATIVE_WINDOW-aligned block of the stack */
+};
+BPF_PERCPU_ARRAY(native_scratch, struct native_scratch_t, 1);
 BPF_TABLE("lru_hash", u64, struct native_stack, native_stacks, 16384);
 
 static __always_inline u64 native_mix(u64 d, u64 v)
@@ -41,13 +47,20 @@ static __always_inline u64 native_mix(u64 d, u64 v)
     return d ^ (d >> 29);
 }
 
-/* digest of the calling thread's native stack (0 when not even the return address is readable) */
+/* Digest of the calling thread's native stack, 0 when not even the return address is readable.
+ * A frame record is read from the scratch window, a copy of the NATIVE_WINDOW-aligned block of
+ * stack that holds it (refilled when the walk leaves the block; an aligned block lies within one
+ * page, so its read cannot fault where a 16-byte read at the frame pointer would not): frames lie
+ * one above the other, so one read holds several (24 small frames: ~0.3 us instead of 1.1 us one
+ * by one). A record across a block's end is read alone. A stack that ends at the caller (%rbp no
+ * frame pointer) costs one 8-byte read. */
 static __always_inline u64 native_walk(struct pt_regs *ctx)
 {
     int zero = 0;
-    struct native_stack *s = native_scratch.lookup(&zero);
-    if (!s)
+    struct native_scratch_t *sc = native_scratch.lookup(&zero);
+    if (!sc)
         return 0;
+    struct native_stack *s = &sc->stack;
     u64 id = bpf_get_current_pid_tgid();
     u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx), floor = sp, ret = 0;
     if (bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
@@ -56,12 +69,26 @@ static __always_inline u64 native_walk(struct pt_regs *ctx)
     s->ip[0] = PT_REGS_IP(ctx);
     s->ip[1] = ret;
     u64 d = native_mix(native_mix(id >> 32, s->ip[0]), ret);
+    u64 block = 0; /* the window holds the block at this address (0: none yet) */
     u32 n = 2;
     for (int i = 2; i < NATIVE_MAX_FRAMES; i++) {
-        u64 frame[2]; /* saved frame pointer, return address */
         if (fp <= floor || fp - sp >= NATIVE_STACK_SPAN || (fp & 7))
             break;
-        if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) || frame[1] < 4096)
+        u64 frame[2]; /* saved frame pointer, return address */
+        u64 off = fp & (NATIVE_WINDOW - 1);
+        if (off > NATIVE_WINDOW - sizeof(frame)) {
+            if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp))
+                break;
+        } else {
+            if (fp - off != block) {
+                if (bpf_probe_read_user(sc->window, NATIVE_WINDOW, (void *)(fp - off)))
+                    break;
+                block = fp - off;
+            }
+            frame[0] = *(u64 *)(sc->window + off);
+            frame[1] = *(u64 *)(sc->window + off + 8);
+        }
+        if (frame[1] < 4096)
             break;
         s->ip[i] = frame[1];
         d = native_mix(d, frame[1]);
@@ -82,6 +109,36 @@ static __always_inline u64 native_walk(struct pt_regs *ctx)
     return d;
 }
 
+/* The walk is a program of its own, tail-called by every entry (cuda_capture): the verifier then
+ * checks its loop once per session, not once per API (~12 ms each, and a runtime and a driver
+ * library export ~100 traced APIs between them). Installed by recorder/probes.py. */
+BPF_PROG_ARRAY(cuda_progs, 1);
+#define CUDA_PROG_NATIVE 0
+
+int cuda_native(struct pt_regs *ctx)
+{
+    struct pystack_scratch *st = pystack_own_scratch();
+    if (!st)
+        return 0;
+    u64 digest = native_walk(ctx);
+    struct cuda_inflight *in = cuda_inflight.lookup(&st->sink_key);
+    if (in && in->ts == st->ev.ts)
+        in->native_digest = digest;
+    return pystack_continue(ctx, st, 0);
+}
+
+/* Ends an entry, after cuda_save(): the native stack walk, then the Python stack capture (whose
+ * digest, for a stack user space holds, goes to the same in-flight record `key`, made at `ts`). */
+static __always_inline int cuda_capture(struct pt_regs *ctx, u64 ts, u64 key)
+{
+    struct pystack_scratch *st = pystack_begin(ts, 1, key);
+    if (!st)
+        return 0;
+    cuda_progs.call(ctx, CUDA_PROG_NATIVE);
+    /* reached only when the walk is not installed: the call keeps no native stack */
+    return pystack_continue(ctx, st, 0);
+}
+
 static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -92,7 +149,7 @@ static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
     return 1;
 }
 
-/* Not the last statement of an entry: the generated entry ends with PYSTACK_CAPTURE(ctx, e.ts). */
+/* Not the last statement of an entry: the generated entry ends with cuda_capture(). */
 static __always_inline void cuda_save(struct cuda_inflight *e, u32 api)
 {
     u64 key = (bpf_get_current_pid_tgid() << 32) | api;

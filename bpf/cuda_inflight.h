@@ -1,6 +1,7 @@
 /* cuda_inflight.h: the CUDA calls' in-flight records (bpf/cuda.bpf.c), pasted before bpf/pystack.h
  * so that the stack walker can leave a known stack's digest in the call's record: the entry
- * program ends with PYSTACK_CAPTURE_BY_DIGEST(ctx, ts, key), and when the walk finds a stack user
+ * program ends with cuda_capture(ctx, ts, key) (bpf/cuda.bpf.c: the native stack walk, which
+ * leaves its digest here too, then the Python capture), and when the walk finds a stack user
  * space already holds, cuda_digest_sink() stores its digest in record `key` (made at `ts`) instead
  * of a pystacks record being sent; the return program copies it into the event's py_digest.
  */

@@ -271,7 +271,11 @@ static __always_inline void pystack_next(void *ctx, int tp, u32 slot)
         pystack_progs.call(ctx, slot);
 }
 
-static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_digest, u64 sink_key)
+/* The capture's start: this CPU's scratch, owned by the current thread, set for a capture at `ts`
+ * (0 when there is no scratch). A caller that runs programs of its own before the walker's (the
+ * CUDA entries' native stack walk, bpf/cuda.bpf.c) starts with this and ends with
+ * pystack_continue(). */
+static __always_inline struct pystack_scratch *pystack_begin(u64 ts, int by_digest, u64 sink_key)
 {
     u32 zero = 0;
     struct pystack_scratch *st = pystack_scratch.lookup(&zero);
@@ -288,10 +292,22 @@ static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_dig
     st->hashing = 0;
     st->by_digest = by_digest;
     st->sink_key = sink_key;
+    return st;
+}
+
+/* Walk the Python stack of the capture `st` begun (ends the calling program when installed). */
+static __always_inline int pystack_continue(void *ctx, struct pystack_scratch *st, int tp)
+{
     pystack_next(ctx, tp, PYSTACK_PROG_FIND);
     /* reached only when the tail call failed */
     pystack_submit(st, PYSTACK_NOT_INSTALLED);
     return 0;
+}
+
+static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_digest, u64 sink_key)
+{
+    struct pystack_scratch *st = pystack_begin(ts, by_digest, sink_key);
+    return st ? pystack_continue(ctx, st, tp) : 0;
 }
 
 /* End the calling probe: nothing after them runs when the walker is installed. */

@@ -169,6 +169,11 @@ class Probes:
                 install()
             except Exception as e:  # every record then says "walker not installed"
                 self._cap("python", probe, "failed", str(e).splitlines()[0][:200])
+        try:  # the CUDA entries' native stack walk (bpf/cuda.bpf.c), one program for every API
+            walk = self.bpf.load_func("cuda_native", BPF.KPROBE)
+            self.bpf.get_table("cuda_progs")[ctypes.c_int(0)] = ctypes.c_int(walk.fd)
+        except Exception as e:  # the calls are recorded without their native stack
+            self._cap("cuda", "native stacks", "failed", str(e).splitlines()[0][:200])
         if offcpu_stacks is None:
             offcpu_stacks = offcpu_stacks_enabled()
         self.set_offcpu_stacks(offcpu_stacks)
