@@ -9,12 +9,11 @@ row. Skipped with the reason without root.
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import needs_bpf, run_recorder, workload_output
+from conftest import needs_bpf, q, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 DEPTH = 60
@@ -100,14 +99,6 @@ int main(int argc, char **argv)
     return 0;
 }
 """
-
-
-def q(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def test_native_stacks_are_the_frame_pointer_chain(tmp_path: Path, native) -> None:
