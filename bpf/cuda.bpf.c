@@ -15,14 +15,16 @@ BPF_RINGBUF_OUTPUT(cuda_events, 2048);
 /* Native user stacks at a call's entry, walked here by frame pointers rather than by
  * bpf_get_stackid(): the kernel's walk and stack-map insert cost ~0.65 us even for a two-frame
  * stack (most of it in faulting on the garbage a frame-pointer-less caller leaves in %rbp), this
- * walk ~0.15 us, and ~0.3 us for 24 small frames (the kernel: 1.4 us; docs/benchmarks.md, (a)).
+ * walk ~0.12 us, and ~0.5 us for 24 small frames (the kernel's: 1.4-1.8 us; docs/benchmarks.md,
+ * (a)).
  *
- * The walk gives the same frames as the kernel's: the probed address, the return address at the
- * stack pointer (a probe at a function's entry runs before its prologue, so the caller has no
- * frame record yet), then the return address of each (saved frame pointer, return address) pair
- * along the chain from %rbp. It stops at a frame pointer that is not above the previous one, not
- * within NATIVE_STACK_SPAN above the stack pointer or not 8-aligned: code built without frame
- * pointers leaves other values in %rbp, and reading one would fault (slow) or walk into garbage.
+ * The frames are the kernel's walk's: the probed address, the return address at the stack pointer
+ * (a probe at a function's entry runs before its prologue, so the caller has no frame record yet;
+ * the kernel adds it only at a `push %rbp` or `endbr64` entry), then the return address of each
+ * (saved frame pointer, return address) pair along the chain from %rbp. Unlike the kernel's, the
+ * walk stops at a frame pointer that is not above the previous one, not within NATIVE_STACK_SPAN
+ * above the stack pointer or not 8-aligned: code built without frame pointers leaves other values
+ * in %rbp, and reading one would fault (slow) or walk into garbage.
  * The frames are hashed with the pid into a digest (never 0) under which native_stacks holds
  * them; a stack already there costs one lookup. recorder/stacks.py reads a digest's frames once
  * per process and symbolises them. */
@@ -31,11 +33,13 @@ BPF_RINGBUF_OUTPUT(cuda_events, 2048);
 #define NATIVE_WINDOW 2048                /* stack copied at once: a power of two, <= a page */
 struct native_stack {
     u32 frames;
-    u32 owner; /* scratch only: the thread walking into it */
+    u32 pad;
     u64 ip[NATIVE_MAX_FRAMES];
 };
 struct native_scratch_t {
     struct native_stack stack;
+    u32 owner; /* the thread walking into it */
+    u32 pad;
     u8 window[NATIVE_WINDOW]; /* a copy of one NATIVE_WINDOW-aligned block of the stack */
 };
 BPF_PERCPU_ARRAY(native_scratch, struct native_scratch_t, 1);
@@ -51,8 +55,8 @@ static __always_inline u64 native_mix(u64 d, u64 v)
  * A frame record is read from the scratch window, a copy of the NATIVE_WINDOW-aligned block of
  * stack that holds it (refilled when the walk leaves the block; an aligned block lies within one
  * page, so its read cannot fault where a 16-byte read at the frame pointer would not): frames lie
- * one above the other, so one read holds several (24 small frames: ~0.3 us instead of 1.1 us one
- * by one). A record across a block's end is read alone. A stack that ends at the caller (%rbp no
+ * one above the other, so one read holds several (24 small frames: ~0.5 us instead of 1.1-1.4 us
+ * one by one). A record across a block's end is read alone. A stack that ends at the caller (%rbp no
  * frame pointer) costs one 8-byte read. */
 static __always_inline u64 native_walk(struct pt_regs *ctx)
 {
@@ -65,7 +69,7 @@ static __always_inline u64 native_walk(struct pt_regs *ctx)
     u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx), floor = sp, ret = 0;
     if (bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
         return 0;
-    s->owner = (u32)id;
+    sc->owner = (u32)id;
     s->ip[0] = PT_REGS_IP(ctx);
     s->ip[1] = ret;
     u64 d = native_mix(native_mix(id >> 32, s->ip[0]), ret);
@@ -103,15 +107,17 @@ static __always_inline u64 native_walk(struct pt_regs *ctx)
         return d;
     /* a thread preempted inside this program and another that used this CPU's scratch meanwhile:
      * the frames are not this walk's, so they are not stored under its digest */
-    if (s->owner != (u32)id)
+    if (sc->owner != (u32)id)
         return 0;
+    s->pad = 0;
     native_stacks.update(&d, s); /* if it fails, user space counts a call without its stack */
     return d;
 }
 
 /* The walk is a program of its own, tail-called by every entry (cuda_capture): the verifier then
- * checks its loop once per session, not once per API (~12 ms each, and a runtime and a driver
- * library export ~100 traced APIs between them). Installed by recorder/probes.py. */
+ * checks its loop once per session, not once per API (inlined, it added ~12 ms to each, and a
+ * runtime and a driver library export ~100 traced APIs between them). Installed by
+ * recorder/probes.py. */
 BPF_PROG_ARRAY(cuda_progs, 1);
 #define CUDA_PROG_NATIVE 0
 
@@ -121,17 +127,17 @@ int cuda_native(struct pt_regs *ctx)
     if (!st)
         return 0;
     u64 digest = native_walk(ctx);
-    struct cuda_inflight *in = cuda_inflight.lookup(&st->sink_key);
-    if (in && in->ts == st->ev.ts)
+    struct cuda_inflight *in = cuda_inflight_at(st->sink_key, st->ev.ts);
+    if (in)
         in->native_digest = digest;
     return pystack_continue(ctx, st, 0);
 }
 
 /* Ends an entry, after cuda_save(): the native stack walk, then the Python stack capture (whose
- * digest, for a stack user space holds, goes to the same in-flight record `key`, made at `ts`). */
-static __always_inline int cuda_capture(struct pt_regs *ctx, u64 ts, u64 key)
+ * digest, for a stack user space holds, goes to the same in-flight record, made at `ts`). */
+static __always_inline int cuda_capture(struct pt_regs *ctx, u64 ts, u32 api)
 {
-    struct pystack_scratch *st = pystack_begin(ts, 1, key);
+    struct pystack_scratch *st = pystack_begin(ts, 1, cuda_key(api));
     if (!st)
         return 0;
     cuda_progs.call(ctx, CUDA_PROG_NATIVE);
@@ -152,7 +158,7 @@ static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
 /* Not the last statement of an entry: the generated entry ends with cuda_capture(). */
 static __always_inline void cuda_save(struct cuda_inflight *e, u32 api)
 {
-    u64 key = (bpf_get_current_pid_tgid() << 32) | api;
+    u64 key = cuda_key(api);
     if (cuda_inflight.update(&key, e))
         count_drop(PROBE_CUDA_MAP);
 }
@@ -160,7 +166,7 @@ static __always_inline void cuda_save(struct cuda_inflight *e, u32 api)
 static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u64 key = (id << 32) | api;
+    u64 key = cuda_key(api);
     struct cuda_inflight *in = cuda_inflight.lookup(&key);
     if (!in)
         return 0;

@@ -1,6 +1,6 @@
 /* cuda_inflight.h: the CUDA calls' in-flight records (bpf/cuda.bpf.c), pasted before bpf/pystack.h
  * so that the stack walker can leave a known stack's digest in the call's record: the entry
- * program ends with cuda_capture(ctx, ts, key) (bpf/cuda.bpf.c: the native stack walk, which
+ * program ends with cuda_capture(ctx, ts, api) (bpf/cuda.bpf.c: the native stack walk, which
  * leaves its digest here too, then the Python capture), and when the walk finds a stack user
  * space already holds, cuda_digest_sink() stores its digest in record `key` (made at `ts`) instead
  * of a pystacks record being sent; the return program copies it into the event's py_digest.
@@ -24,10 +24,23 @@ struct cuda_inflight {
 
 BPF_TABLE("lru_hash", u64, struct cuda_inflight, cuda_inflight, 65536);
 
-static __always_inline int cuda_digest_sink(u64 key, u64 ts, u64 digest)
+/* A call's record: keyed by its thread and API index */
+static __always_inline u64 cuda_key(u32 api)
+{
+    return (bpf_get_current_pid_tgid() << 32) | api;
+}
+
+/* Record `key` if it is still the call made at `ts`, else 0 */
+static __always_inline struct cuda_inflight *cuda_inflight_at(u64 key, u64 ts)
 {
     struct cuda_inflight *in = cuda_inflight.lookup(&key);
-    if (!in || in->ts != ts)
+    return in && in->ts == ts ? in : 0;
+}
+
+static __always_inline int cuda_digest_sink(u64 key, u64 ts, u64 digest)
+{
+    struct cuda_inflight *in = cuda_inflight_at(key, ts);
+    if (!in)
         return 0;
     in->py_digest = digest;
     return 1;

@@ -108,7 +108,7 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
     int64_t *row = (int64_t *)PyBytes_AS_STRING(packed);
     Py_ssize_t rows = 0;
     uint32_t last_tid = 0, last_pid = 0;
-    uint64_t last_map = 0;
+    uint64_t last_native_digest = 0;
     long long last_thread = -1, last_native = -1, last_stack = -1;
     uint64_t last_digest = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -117,9 +117,9 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         uint64_t ts = u64_at(r + off[F_TS]);
         uint32_t pid = u32_at(r + off[F_PID]), tid = u32_at(r + off[F_TID]);
         uint32_t api = u32_at(r + off[F_API]);
-        uint64_t native_map = u64_at(r + off[F_NATIVE]);
+        uint64_t native_digest = u64_at(r + off[F_NATIVE]);
         long long thread = -1, stack = -1, native = -1;
-        if (api < (uint32_t)flags_buf.len && native_map) {
+        if (api < (uint32_t)flags_buf.len && native_digest) {
             PyObject *k;
             for (int attempt = 0;; attempt++) {
                 /* a thread's calls come in runs, and few native stacks repeat: the last answers
@@ -136,15 +136,15 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
                     }
                 }
                 if (thread > 0) {
-                    if (pid == last_pid && native_map == last_map) {
+                    if (pid == last_pid && native_digest == last_native_digest) {
                         native = last_native;
                     } else {
-                        k = pair(pid, native_map);
+                        k = pair(pid, native_digest);
                         native = lookup(natives, k, 0);
                         Py_XDECREF(k);
                         if (native >= 0) {
                             last_pid = pid;
-                            last_map = native_map;
+                            last_native_digest = native_digest;
                             last_native = native;
                         }
                     }
@@ -155,7 +155,7 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
                     break;
                 PyObject *r2 = PyObject_CallFunction(learn, "KkIK", (unsigned long long)ts,
                                                      (unsigned long)pid, tid,
-                                                     (unsigned long long)native_map);
+                                                     (unsigned long long)native_digest);
                 if (!r2)
                     goto out;
                 Py_DECREF(r2);

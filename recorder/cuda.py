@@ -142,7 +142,7 @@ def bpf_programs(names: list[str] | None = None) -> str:
             f"    if (!cuda_begin(&e, {i})) return 0;\n"
             f"    {ARG_LAYOUTS[api.layout]}\n"
             f"    cuda_save(&e, {i});\n"
-            f"    return cuda_capture(ctx, e.ts, (bpf_get_current_pid_tgid() << 32) | {i});\n"
+            f"    return cuda_capture(ctx, e.ts, {i});\n"
             f"}}\n"
             f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}); }}\n"
         )

@@ -463,8 +463,8 @@ class StackRecorder:
         """The stored native stack of a call whose entry walked `digest` (bpf/cuda.bpf.c), None
         when it has none (counted in native_errors by reason, unless `count` is false: a lookup
         ahead of the call's own)."""
-        if not digest:  # not even the return address was readable
-            self.native_errors["native stack unreadable"] += count
+        if not digest:  # the return address was unreadable, or the walk is not installed
+            self.native_errors["native stack not walked"] += count
             return None
         cached = self._native_raw.get((pid, digest))
         if cached is not None:

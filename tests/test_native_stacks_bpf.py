@@ -185,11 +185,11 @@ def test_calls_without_their_native_stack_are_counted_once(tmp_path: Path, packe
         tp.flush(s, records, stacks)
         s.stacks._final = True
         tp.flush(s, [], [])
-        assert dict(s.stacks.native_errors) == {"native stack not in the map": 2, "native stack unreadable": 1}
+        assert dict(s.stacks.native_errors) == {"native stack not in the map": 2, "native stack not walked": 1}
         s.stacks.report_misses()
         caps = [c for c in s.stacks.probes.capabilities if c.probe == "native stacks"]
         assert [(c.layer, c.detail) for c in caps] == [
-            ("cuda", "3 calls stored without one (native stack not in the map: 2, native stack unreadable: 1)")]
+            ("cuda", "3 calls stored without one (native stack not in the map: 2, native stack not walked: 1)")]
         s.store.close()
         natives = [row[-1] for row in tp.calls(tmp_path / "r.db")]
         assert natives[2] is natives[4] is natives[5] is None
