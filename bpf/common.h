@@ -34,6 +34,39 @@ static __always_inline void count_drop(u32 probe)
         (*v)++;
 }
 
+/* Ring wake-ups. A record submitted while the consumer waits wakes it by default (an irq_work,
+ * then the recorder's thread made runnable on some CPU). At a training job's thousands of context
+ * switches a second that made the recorder a contender of the very threads it traced, and every
+ * preemption it caused was one more record. The high-rate rings (off-CPU intervals, CUDA and NCCL
+ * calls, Python stacks) therefore wake the consumer only once this CPU has sent RING_QUIET records
+ * without a wakeup; the rest is read at the session's next poll, which reads every ring to the end
+ * at least every 50 ms (Probes.poll). RING_QUIET keeps the records sent quietly on all CPUs together
+ * under a quarter of the ring, so the ring cannot fill between two reads for want of a wakeup. */
+#ifndef RING_CPUS
+#define RING_CPUS 64 /* the loader defines the machine's possible CPUs */
+#endif
+#define RING_QUIET(pages, record_bytes) \
+    ((pages) * 4096ull / (4ull * RING_CPUS * ((record_bytes) + 8)) ?: 1ull)
+#define RING_SCHED 0
+#define RING_CUDA 1
+#define RING_NCCL 2
+#define RING_PYSTACK 3
+#define RING_COUNT 4
+BPF_PERCPU_ARRAY(ring_quiet, u64, RING_COUNT);
+
+static __always_inline u64 ring_wakeup_flags(u32 ring, u64 quiet_max)
+{
+    u64 *quiet = ring_quiet.lookup(&ring);
+    if (!quiet)
+        return 0;
+    if (++*quiet < quiet_max)
+        return BPF_RB_NO_WAKEUP;
+    *quiet = 0;
+    return BPF_RB_FORCE_WAKEUP;
+}
+/* the stack walker (bpf/pystack.h) submits with these flags */
+#define PYSTACK_RB_FLAGS ring_wakeup_flags(RING_PYSTACK, RING_QUIET(PYSTACK_RINGBUF_PAGES, sizeof(struct pystack_event)))
+
 static __always_inline int is_target(u32 tgid)
 {
     if (tgid == SELF_TGID || tgid == 0)

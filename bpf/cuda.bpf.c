@@ -10,7 +10,8 @@
  * (py_digest).
  */
 /* struct cuda_inflight and its map: bpf/cuda_inflight.h (pasted before bpf/pystack.h) */
-BPF_RINGBUF_OUTPUT(cuda_events, 2048);
+#define CUDA_RING_PAGES 2048
+BPF_RINGBUF_OUTPUT(cuda_events, CUDA_RING_PAGES);
 
 /* Native user stacks at a call's entry, walked here by frame pointers rather than by
  * bpf_get_stackid(): the kernel's walk and stack-map insert cost ~0.65 us even for a two-frame
@@ -206,7 +207,7 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
         else
             e->flags |= CUDA_FLAG_POINTER_UNREAD;
     }
-    cuda_events.ringbuf_submit(e, 0);
+    cuda_events.ringbuf_submit(e, ring_wakeup_flags(RING_CUDA, RING_QUIET(CUDA_RING_PAGES, sizeof(*e))));
     cuda_inflight.delete(&key);
     return 0;
 }

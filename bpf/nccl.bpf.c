@@ -24,7 +24,8 @@ struct nccl_inflight {
 };
 
 BPF_TABLE("lru_hash", u64, struct nccl_inflight, nccl_inflight, 16384);
-BPF_RINGBUF_OUTPUT(nccl_events, 256);
+#define NCCL_RING_PAGES 256
+BPF_RINGBUF_OUTPUT(nccl_events, NCCL_RING_PAGES);
 
 static __always_inline int nccl_begin(struct nccl_inflight *e)
 {
@@ -91,7 +92,7 @@ static __always_inline int nccl_end(struct pt_regs *ctx, u32 api)
         bpf_probe_read_user(&c, sizeof(c), (void *)in->out_comm);
         e->comm = c;
     }
-    nccl_events.ringbuf_submit(e, 0);
+    nccl_events.ringbuf_submit(e, ring_wakeup_flags(RING_NCCL, RING_QUIET(NCCL_RING_PAGES, sizeof(*e))));
     nccl_inflight.delete(&key);
     return 0;
 }

@@ -43,6 +43,9 @@
 #define PYSTACK_FRAME_HEAD 104 /* every frame field used is in the first 104 bytes */
 #define PYSTACK_MAX_INTERPRETERS 8
 #define PYSTACK_MAX_THREADS 256
+#ifndef PYSTACK_RB_FLAGS /* the recorder wakes its consumer in batches (bpf/common.h) */
+#define PYSTACK_RB_FLAGS 0
+#endif
 #ifndef PYSTACK_RINGBUF_PAGES
 #define PYSTACK_RINGBUF_PAGES 256
 #endif
@@ -243,7 +246,7 @@ static __always_inline void pystack_submit(struct pystack_scratch *st, u32 statu
 #endif
     /* only the frames filled in: a 5-frame stack costs 144 bytes, not the whole array */
     u64 size = sizeof(struct pystack_event) - sizeof(st->ev.frames) + n * sizeof(struct pystack_frame);
-    if (pystacks.ringbuf_output(&st->ev, size, 0) != 0)
+    if (pystacks.ringbuf_output(&st->ev, size, PYSTACK_RB_FLAGS) != 0)
         pystack_count(PYSTACK_COUNT_RINGBUF_FULL);
 }
 

@@ -56,7 +56,8 @@ struct cpu_runs_t {
 BPF_PERCPU_ARRAY(cpu_runs, struct cpu_runs_t, 1);
 BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
-BPF_RINGBUF_OUTPUT(offcpu_events, 2048);
+#define OFFCPU_RING_PAGES 2048
+BPF_RINGBUF_OUTPUT(offcpu_events, OFFCPU_RING_PAGES);
 /* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/probes.py) */
 BPF_ARRAY(sched_settings, u32, 1);
 
@@ -134,7 +135,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
                     __builtin_memcpy(e->contender_comm, runs->slices[best].comm, 16);
                 }
             }
-            offcpu_events.ringbuf_submit(e, 0);
+            offcpu_events.ringbuf_submit(e, ring_wakeup_flags(RING_SCHED, RING_QUIET(OFFCPU_RING_PAGES, sizeof(*e))));
         } else {
             count_drop(PROBE_SCHED);
         }

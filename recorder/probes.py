@@ -123,6 +123,18 @@ def offcpu_stacks_enabled(environ: dict[str, str] | None = None) -> bool:
     return value.strip().lower() not in ("0", "off", "no", "false")
 
 
+def possible_cpus() -> int:
+    """CPUs the kernel may bring online (per-CPU BPF state is sized for these): '0-3,8-11' -> 8."""
+    try:
+        count = 0
+        for span in Path("/sys/devices/system/cpu/possible").read_text().strip().split(","):
+            first, _, last = span.partition("-")
+            count += int(last or first) - int(first) + 1
+        return count
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
+
+
 def check_privileges() -> None:
     if os.geteuid() != 0:
         raise NotPrivileged(
@@ -198,6 +210,7 @@ class Probes:
             f"#define TARGET_CGROUP_ID {cg_id}ull",
             f"#define TARGET_CGROUP_LEVEL {cg_level}",
             f"#define SELF_TGID {os.getpid()}",
+            f"#define RING_CPUS {possible_cpus()}",
             bpf.source("common.h"),
             # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
             # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec
