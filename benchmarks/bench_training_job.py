@@ -16,10 +16,12 @@ For each mode it reports medians over the repetitions of:
 - the job's median and p95 step time (the first 10% of steps are warm-up and left out) and its CPU
   time (the process and its reaped DataLoader workers), with their ratios to untraced;
 - the job's context switches per second (voluntary and involuntary, all its threads);
-- the recorder's own CPU share (the CPU time of `recorder record` and everything it reaped, less the
-  job's own), as a fraction of one core over the job's run;
-- the kernel's run time of each of the recorder's BPF programs (kernel.bpf_stats_enabled, read while
-  the programs are still loaded): runs per second, ns per run and BPF time per second of job;
+- the recorder's own CPU share: the CPU time of the `recorder record` process (all its threads, not
+  the job) over the training loop, as a fraction of one core (its start, BPF compile included, is
+  left out: it is paid once per session);
+- the kernel's run time of each of the recorder's BPF programs (kernel.bpf_stats_enabled; the
+  programs whose fds the recorder holds, read at the end of the loop while they are still loaded):
+  runs per second, ns per run and BPF time per second of job;
 - rows and bytes the recorder wrote per second, and drops (the `loss` table);
 - how much CPU the recorder itself took from the job's threads: off-CPU intervals of the job whose
   contender is the recorder process, and the time the recorder ran while they waited.
@@ -65,9 +67,30 @@ def _percentile(values: list[int], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def _bpf_programs() -> dict[int, dict]:
+def _bpf_programs(pid: int) -> dict[str, dict]:
+    """Run counts and times of the BPF programs process `pid` holds (its fds), summed by name."""
+    ids = set()
+    for fdinfo in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            for line in fdinfo.read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+        except (OSError, ValueError):
+            continue
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
-    return {p["id"]: p for p in json.loads(out or "[]")}
+    programs: dict[str, dict] = {}
+    for p in json.loads(out or "[]"):
+        if p["id"] in ids:
+            entry = programs.setdefault(p.get("name", str(p["id"])), {"runs": 0, "run_time_ns": 0})
+            entry["runs"] += p.get("run_cnt", 0)
+            entry["run_time_ns"] += p.get("run_time_ns", 0)
+    return programs
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time so far of process `pid`, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _db_figures(db: Path, recorder_pid: int) -> dict:
@@ -86,17 +109,20 @@ def _db_figures(db: Path, recorder_pid: int) -> dict:
                JOIN process p ON p.id = c.process_id
                WHERE p.pid = ?""", (recorder_pid,)).fetchone()
         identities = con.execute("SELECT count(*) FROM thread WHERE traced = 1").fetchone()[0]
+        all_identities = con.execute("SELECT count(*) FROM thread").fetchone()[0]
     finally:
         con.close()
     return {"rows": rows, "dropped": dropped, "losses": losses, "recorder_contended_intervals": contended[0],
-            "recorder_contended_ms": contended[1] / 1e6, "traced_thread_identities": identities}
+            "recorder_contended_ms": contended[1] / 1e6, "traced_thread_identities": identities,
+            "thread_identities": all_identities}
 
 
 def run_job(mode: str, libdir: Path, steps: int, workdir: Path) -> dict:
-    done = workdir / f"done-{mode}"
+    started, done = workdir / f"started-{mode}", workdir / f"done-{mode}"
+    started.unlink(missing_ok=True)
     done.unlink(missing_ok=True)
     job = [sys.executable, str(JOB), "--libdir", str(libdir), "--steps", str(steps),
-           "--done-file", str(done), "--linger", "1.0"]
+           "--started-file", str(started), "--done-file", str(done), "--linger", "1.0"]
     if mode == "traced+markers":
         job.append("--markers")
     db = workdir / f"{mode}.db"
@@ -105,21 +131,28 @@ def run_job(mode: str, libdir: Path, steps: int, workdir: Path) -> dict:
     traced = mode != "untraced"
     cmd = (RECORDER + ["record", "--db", str(db), "--cuda-lib", str(libdir / "libcudart.so.12"), "--"] + job
            if traced else job)
-    before = _bpf_programs() if traced else {}
-    snapshot: dict[int, dict] = {}
+    seen: dict = {}
 
-    def watch_done() -> None:
-        while proc.poll() is None:
-            if done.exists():
-                snapshot.update({i: p for i, p in _bpf_programs().items() if i not in before})
-                return
-            time.sleep(0.05)
+    def watch() -> None:
+        """The recorder's CPU time over the training loop, and its BPF programs' statistics at its end."""
+        while proc.poll() is None and not started.exists():
+            time.sleep(0.02)
+        try:
+            seen["cpu0"], seen["t0"] = _cpu_seconds(proc.pid), time.monotonic()
+            while proc.poll() is None and not done.exists():
+                time.sleep(0.02)
+            seen["cpu1"], seen["t1"] = _cpu_seconds(proc.pid), time.monotonic()
+            seen["bpf"] = _bpf_programs(proc.pid)
+        except OSError:  # it ended first: reported as missing figures
+            pass
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    watcher = threading.Thread(target=watch_done, daemon=True)
-    watcher.start()
+    watcher = threading.Thread(target=watch, daemon=True)
+    if traced:
+        watcher.start()
     out, err = proc.communicate()
-    watcher.join()
+    if traced:
+        watcher.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} run failed ({proc.returncode}): {err.strip()[-2000:]}")
     job_line = [line for line in out.splitlines() if line.startswith('{"step_ns"')]
@@ -134,25 +167,15 @@ def run_job(mode: str, libdir: Path, steps: int, workdir: Path) -> dict:
     result["p95_step_ms"] = _percentile(steps_ns, 0.95) / 1e6
     result["ctx_switches_per_s"] = job_result["ctx_switches"] / job_result["wall_s"]
     if traced:
-        result["bpf"] = {
-            p.get("name", str(i)): {"runs": p.get("run_cnt", 0), "run_time_ns": p.get("run_time_ns", 0)}
-            for i, p in snapshot.items()}
+        if "bpf" not in seen:
+            raise RuntimeError(f"{mode}: the recorder ended before the training loop did")
+        result["bpf"] = seen["bpf"]
+        # the recorder's own process (its threads; the job is a child and not in its /proc stat)
+        result["recorder_core_share"] = (seen["cpu1"] - seen["cpu0"]) / (seen["t1"] - seen["t0"])
         result["db_bytes"] = sum(Path(f"{db}{s}").stat().st_size for s in ("", "-wal", "-shm")
                                  if Path(f"{db}{s}").exists())
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        recorder_pid = con.execute("SELECT recorder_pid FROM session ORDER BY id DESC LIMIT 1").fetchone()[0]
-        con.close()
-        result.update(_db_figures(db, recorder_pid))
+        result.update(_db_figures(db, proc.pid))
     return result
-
-
-def _time_children(fn, *args) -> tuple[dict, float]:
-    """Run fn and return (its result, CPU seconds of the child processes it reaped meanwhile)."""
-    import resource
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = fn(*args)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return result, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -179,12 +202,13 @@ def summarise(runs: list[dict]) -> dict:
             s["p95_step_ratio"] = med(t["p95_step_ms"] / u["p95_step_ms"] for u, t in pairs)
             s["cpu_ratio"] = med(t["cpu_s"] / u["cpu_s"] for u, t in pairs)
         if mode != "untraced":
-            s["recorder_core_share"] = med(r["recorder_cpu_s"] / r["wall_s"] for r in rs)
+            s["recorder_core_share"] = med(r["recorder_core_share"] for r in rs)
             s["rows_per_s"] = med(sum(r["rows"].values()) / r["wall_s"] for r in rs)
             s["bytes_per_s"] = med(r["db_bytes"] / r["wall_s"] for r in rs)
             s["dropped"] = max(r["dropped"] for r in rs)
             s["offcpu_rows_per_s"] = med(r["rows"].get("offcpu_interval", 0) / r["wall_s"] for r in rs)
             s["traced_thread_identities"] = med(r["traced_thread_identities"] for r in rs)
+            s["thread_identities"] = med(r["thread_identities"] for r in rs)
             s["recorder_contended_ms_per_s"] = med(r["recorder_contended_ms"] / r["wall_s"] for r in rs)
             programs: dict[str, dict] = {}
             for name in {n for r in rs for n in r["bpf"]}:
@@ -232,7 +256,8 @@ def render(summary: dict, meta: dict) -> str:
                   "| program | runs/s | ns/run | BPF ms per s |", "|---|---:|---:|---:|"]
         for name, p in s["bpf"].items():
             lines.append(f"| {name} | {p['runs_per_s']:,.0f} | {p['ns_per_run']:,.0f} | {p['bpf_ms_per_s']:.2f} |")
-        lines += ["", f"{mode}: {s['traced_thread_identities']:.0f} traced thread identities; the recorder was "
+        lines += ["", f"{mode}: {s['traced_thread_identities']:.0f} thread identities of the job "
+                  f"({s['thread_identities']:.0f} with the other tasks seen); the recorder was "
                   f"the contender of the job's threads for {s['recorder_contended_ms_per_s']:.1f} ms per second"]
     traced = summary.get("traced")
     if traced:
@@ -283,9 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.reps):
                 order = modes[rep % len(modes):] + modes[:rep % len(modes)]
                 for mode in order:
-                    result, children_cpu = _time_children(run_job, mode, libdir, args.steps, workdir)
-                    if mode != "untraced":
-                        result["recorder_cpu_s"] = max(0.0, children_cpu - result["cpu_s"])
+                    result = run_job(mode, libdir, args.steps, workdir)
                     runs.append(result)
                     print(f"rep {rep + 1}/{args.reps} {mode}: median step {result['median_step_ms']:.2f} ms, "
                           f"CPU {result['cpu_s']:.1f} s", file=sys.stderr, flush=True)

@@ -11,11 +11,13 @@ It prints one JSON object at the end: the duration of every step (ns), the job's
 process and its reaped DataLoader workers, seconds), its wall time and the number of CUDA calls.
 
     python benchmarks/training_job.py --libdir build/native [--steps 400] [--workers 2]
-                                      [--markers] [--checkpoint-every 50] [--done-file F --linger 1]
+                                      [--markers] [--checkpoint-every 50] [--started-file F]
+                                      [--done-file F --linger 1]
 
---markers calls recorder.step(n) at the top of each step. --done-file is written when the last step
-ends; the job then waits --linger seconds before it exits, so a benchmark can read the recorder's
-BPF statistics while its programs are still loaded.
+--markers calls recorder.step(n) at the top of each step. --started-file is written when the first
+step starts and --done-file when the last one ends; the job then waits --linger seconds before it
+exits, so a benchmark can read the recorder's CPU time and BPF statistics over the training loop
+alone, while its programs are still loaded.
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     ap.add_argument("--checkpoint-every", type=int, default=50, metavar="N")
     ap.add_argument("--markers", action="store_true", help="call recorder.step(n) at each step")
+    ap.add_argument("--started-file", type=Path, help="written when the first step starts")
     ap.add_argument("--done-file", type=Path, help="written when the last step ends")
     ap.add_argument("--linger", type=float, default=0.0, help="seconds to wait after --done-file")
     args = ap.parse_args()
@@ -155,6 +158,8 @@ def main() -> int:
     batches = iter(loader)
     workers = [w.pid for w in getattr(batches, "_workers", [])]
     cpu0, switches0 = _cpu_and_switches(workers)
+    if args.started_file:
+        args.started_file.write_text("started\n")
     wall0 = time.monotonic_ns()
     for step in range(args.steps):
         start = time.monotonic_ns()
