@@ -12,6 +12,7 @@ import re
 
 from store.db import Store, lock_holder
 from store.errors import UserError
+from store.rules import cause_rule, slow_call_rule, stall_rule
 
 NS = 1_000_000_000
 SLOW_LIMIT = 5  # slow calls listed in a report
@@ -294,7 +295,7 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
     findings = _call_findings(calls, off)
     negatives = []
     if "cuda" in caps["observed"] and not calls:
-        negatives.append("no CUDA call took more than twice its baseline")
+        negatives.append(f"no CUDA call took more than {slow_call_rule(store).times()} its baseline")
     return _call_report(store, session, state, sid, start, end, off, calls, primary, cause, findings, negatives,
                         caps, lost)
 
@@ -753,7 +754,7 @@ def _step_negatives(store: Store, sid: int, a: int, b: int, observed: set[str], 
         out.append(f"CPU wait normal ({ms(wait)} in the step)")
     if "cuda" in observed and primary_kind not in ("slow_cuda_call", "gpu_xid") and none(
             "SELECT count(*) AS n FROM slow_cuda_call WHERE session_id = :s AND ts >= :a AND ts < :b"):
-        out.append("no CUDA call took more than twice its baseline")
+        out.append(f"no CUDA call took more than {slow_call_rule(store).times()} its baseline")
     if "nccl" in observed and primary_kind != "nccl_straggler" and not any(
             r["cause"] == "nccl_wait" and "waiting for rank" in (r["detail"] or "") for r in rows):
         out.append("no NCCL straggler")
@@ -780,7 +781,8 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
     rows = causes.breakdown(store, step)
     excess = max(step["excess_dur"] or 0, 0)
     cands = causes.candidates(store, step, rows)
-    chosen = causes.primary(cands, excess) if step["slow"] else None
+    rule = cause_rule(store)
+    chosen = causes.primary(cands, excess, rule) if step["slow"] else None
     names = _thread_names(store, step)
     primary_cause = None
     if chosen is not None:
@@ -802,7 +804,7 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
         primary_cause = facts
     secondary = []
     for c in cands:
-        if c is chosen or c["excess_dur_ns"] < 0.05 * max(excess, 1) or not step["slow"]:
+        if c is chosen or c["excess_dur_ns"] < rule.secondary_share * max(excess, 1) or not step["slow"]:
             continue
         if chosen is not None and c["kind"] == "blocked":  # the sleep the primary cause is made of
             continue
@@ -810,9 +812,10 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
     used = {"oom_kill"} if chosen is not None and chosen["kind"] == "memory_reclaim" else set()
     if chosen is not None and chosen["kind"] == "tcp_retransmit":
         used.add("tcp_retransmit")
-    for e in store.query("SELECT kind, count(*) AS n, min(detail) AS detail FROM step_machine_event"
-                         " WHERE step_mark_id = ? GROUP BY kind", (step["step_mark_id"],)):
-        if e["kind"] in used or (primary_cause and EVENT_KIND_OF.get(e["kind"]) == primary_cause["kind"]):
+    for e in store.query("SELECT e.kind, count(*) AS n, min(e.detail) AS detail, c.cause FROM step_machine_event e"
+                         " LEFT JOIN device_event_cause c ON c.kind = e.kind"
+                         " WHERE e.step_mark_id = ? GROUP BY e.kind", (step["step_mark_id"],)):
+        if e["kind"] in used or (primary_cause and e["cause"] == primary_cause["kind"]):
             continue
         secondary.append(f"{e['n']} {e['kind'].replace('_', ' ')} event{'s' if e['n'] != 1 else ''} "
                          f"during the step ({e['detail']})")
@@ -832,11 +835,6 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
         "breakdown": rows, "primary_cause": primary_cause, "secondary": secondary,
         "candidates": [c["kind"] for c in cands],
     }
-
-
-EVENT_KIND_OF = {"iommu_fault": "iommu_fault", "dma_bounce": "dma_bounce", "swiotlb_full": "dma_bounce",
-                 "pcie_aer": "pcie_aer", "gpu_xid": "gpu_xid", "nvme_timeout": "nvme_timeout",
-                 "nvme_resetting": "nvme_timeout", "nvme_abort_status": "nvme_timeout"}
 
 
 def _choose(store: Store, session: dict, rows: list[dict]) -> tuple[dict, dict | None]:
@@ -883,7 +881,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         return {**base,
                 "window": _window(start, end, off), "stall": False, "step": None,
                 "symptom": f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
-                           " (a stall is 1.5x the rolling median and 1 ms more)",
+                           f" (a stall is {stall_rule(store).text()})",
                 "primary_cause": None, "findings": [], "secondary": [], "other_stalls": [],
                 "negatives": _step_negatives(store, sid, start, end, observed, None, []),
                 "gpu": _gpu_during(store, sid, start, end), "next_actions": [], "straggler": None}

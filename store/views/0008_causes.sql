@@ -5,22 +5,27 @@
 -- dirty-page throttling, and what happened on the machine meanwhile (OOM kills, TCP retransmits,
 -- Xid, AER, IOMMU faults, SWIOTLB). causal_link joins them into one drill-down graph.
 -- Every per-step view is keyed by step_mark_id and finds its rows through (thread_id, ts) indexes,
--- so `WHERE step_mark_id = ?` is cheap on large sessions. store/report.py words these views.
+-- so `WHERE step_mark_id = ?` is cheap on large sessions. The thresholds and maps are the
+-- tables of migration 0010 (stall_rule, device_event_cause...); store/analysis.py reads these views.
 
 -- view: step_baseline
 -- Every step with its baseline: the median duration of up to 10 steps before and 10 complete steps
 -- after it on the same thread (a rolling median: one slow step, or a slow stretch shorter than the
--- window, does not move it). slow = 1 for a stall: at least 1.5 x the baseline and 1 ms more, over
--- a baseline of at least 3 steps; the last step of a thread that exited is never a stall (it ends
--- with the program's own shutdown). Thresholds are here, in one place, so a report can quote them.
+-- window, does not move it). slow = 1 for a stall: at least stall_rule.ratio (1.5) x the baseline
+-- and stall_rule.min_excess_dur (1 ms) more, over a baseline of at least
+-- stall_rule.min_baseline_steps (3) steps; the last step of a thread that exited is never a stall
+-- (it ends with the program's own shutdown). The thresholds are rows of stall_rule (migration
+-- 0010), not numbers here; the window, 10 steps each side, is stall_rule.neighbours.
 -- Computed with window functions over the whole session: use it to list steps. To look up a few
 -- steps, step_baseline_lookup gives the same rows computed per row.
 CREATE VIEW step_baseline AS
 SELECT b.*,
        b.dur - b.baseline_dur AS excess_dur,                 -- ns above the baseline
        round(1.0 * b.dur / max(b.baseline_dur, 1), 2) AS ratio, -- dur / baseline
-       coalesce(b.baseline_steps >= 3 AND b.dur >= 1.5 * b.baseline_dur
-                AND b.dur - b.baseline_dur >= 1000000 AND (b.complete OR b.running), 0) AS slow -- 1 for a stalled step
+       coalesce(b.baseline_steps >= (SELECT min_baseline_steps FROM stall_rule)
+                AND b.dur >= (SELECT ratio FROM stall_rule) * b.baseline_dur
+                AND b.dur - b.baseline_dur >= (SELECT min_excess_dur FROM stall_rule)
+                AND (b.complete OR b.running), 0) AS slow -- 1 for a stalled step (stall_rule)
 FROM (
     SELECT n.*,
            (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
@@ -43,8 +48,10 @@ CREATE VIEW step_baseline_lookup AS
 SELECT b.*,
        b.dur - b.baseline_dur AS excess_dur,
        round(1.0 * b.dur / max(b.baseline_dur, 1), 2) AS ratio,
-       coalesce(b.baseline_steps >= 3 AND b.dur >= 1.5 * b.baseline_dur
-                AND b.dur - b.baseline_dur >= 1000000 AND (b.complete OR b.running), 0) AS slow
+       coalesce(b.baseline_steps >= (SELECT min_baseline_steps FROM stall_rule)
+                AND b.dur >= (SELECT ratio FROM stall_rule) * b.baseline_dur
+                AND b.dur - b.baseline_dur >= (SELECT min_excess_dur FROM stall_rule)
+                AND (b.complete OR b.running), 0) AS slow
 FROM (
     SELECT n.*,
            (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
@@ -58,11 +65,11 @@ FROM (
                (SELECT json_group_array(d) FROM (
                     SELECT ts - lag(ts) OVER (ORDER BY ts) AS d
                     FROM (SELECT n.ts FROM step_mark n WHERE n.thread_id = st.thread_id AND n.ts <= st.ts
-                          ORDER BY n.ts DESC LIMIT 11)
+                          ORDER BY n.ts DESC LIMIT (SELECT neighbours + 1 FROM stall_rule))
                     UNION ALL
                     SELECT lead(ts) OVER (ORDER BY ts) - ts
                     FROM (SELECT n.ts FROM step_mark n WHERE n.thread_id = st.thread_id AND n.ts > st.ts
-                          ORDER BY n.ts LIMIT 11))
+                          ORDER BY n.ts LIMIT (SELECT neighbours + 1 FROM stall_rule)))
                 WHERE d IS NOT NULL) AS neighbours
         FROM step st
     ) n
@@ -70,8 +77,9 @@ FROM (
 
 -- view: stall
 -- The stalled steps (slow = 1). Found without computing every median: a step can only be slow if
--- it is 1.5 x the shortest of its neighbours (the median is never below the minimum), so only
--- those steps, and each thread's last step, are looked up in step_baseline_lookup.
+-- it is stall_rule.ratio x the shortest of its neighbours and min_excess_dur longer (the median is
+-- never below the minimum), so only those steps, and each thread's last step, are looked up in
+-- step_baseline_lookup, which decides.
 CREATE VIEW stall AS
 WITH d AS (
     SELECT m.id AS step_mark_id, m.thread_id, m.ts,
@@ -107,7 +115,8 @@ WITH d AS (
 SELECT b.*
 FROM w
 JOIN step_baseline_lookup b ON b.step_mark_id = w.step_mark_id
-WHERE (w.dur IS NULL OR (w.dur >= 1.5 * w.lo AND w.dur - w.lo >= 1000000))
+WHERE (w.dur IS NULL OR (w.dur >= (SELECT ratio FROM stall_rule) * w.lo
+                         AND w.dur - w.lo >= (SELECT min_excess_dur FROM stall_rule)))
   AND b.slow = 1;
 
 -- view: step_offcpu
