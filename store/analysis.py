@@ -1,6 +1,6 @@
 """The analysis behind a stall report: queries of the views (store/views/) and the rules
-(store/rules.py) into a typed report (store/models.py). It decides which call or step is the
-stall, which cause explains it and with what evidence, and states it in sentences (summary,
+(store/rules.py) into a typed report (store/models.py, `analyse()`). It decides which call or step
+is the stall, which cause explains it and with what evidence, and states it in sentences (summary,
 symptom, negatives); store/render.py turns the result into text.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from store.actions import CALL_ACTIONS, STEP_ACTIONS, fill
 from store.db import Store
 from store.errors import UserError
+from store.models import StallReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
 from store.session import LAYERS, STEP_LAYERS, has_steps, resolve_window, session_row, session_state
 from store.units import ms, utc
@@ -148,10 +149,21 @@ def _io_negatives(store: Store, sid: int, start: int, end: int, observed: list[s
     return out
 
 
-def explain(store: Store, session_id: int | None = None, window: str | None = None,
-            since: str | None = None, worst: bool = False, step: int | None = None) -> dict:
+def analyse(store: Store, session_id: int | None = None, window: str | None = None,
+            since: str | None = None, worst: bool = False, step: int | None = None) -> StallReport:
     """The stall report of a session: per step when its threads mark steps (or `step` is given),
     else per slow CUDA call."""
+    return StallReport.model_validate(_report(store, session_id, window, since, worst, step))
+
+
+def explain(store: Store, session_id: int | None = None, window: str | None = None,
+            since: str | None = None, worst: bool = False, step: int | None = None) -> dict:
+    """The stall report as JSON values (what `--json` prints): `analyse(...).to_json()`."""
+    return analyse(store, session_id, window, since, worst, step).to_json()
+
+
+def _report(store: Store, session_id: int | None, window: str | None, since: str | None, worst: bool,
+            step: int | None) -> dict:
     session = session_row(store, session_id)
     sid = session["id"]
     state = session_state(store, session)

@@ -1,130 +1,132 @@
-"""The report as text: `render_text()` words a report (store/analysis.py) line by line. It queries
+"""The report as text: `render_text()` words a report (store/models.py) line by line. It queries
 nothing; every number and sentence it prints is a field of the report, so the text and `--json`
 always carry the same content."""
 
 from __future__ import annotations
 
+from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
 from store.session import LAYERS, STEP_LAYERS
 from store.units import NS, ms
 
+Report = StallReport | StepReport | CallReport | dict
 
-def _python_lines(finding: dict, stack: bool, indent: str) -> list[str]:
+
+def _python_lines(python: str | None, python_stack: list[str], stack: bool, indent: str) -> list[str]:
     """'at forward() at train.py:142' under a call, and with `stack` its frames, innermost first."""
-    out = [f"{indent}at {finding['python']}"] if finding.get("python") else []
+    out = [f"{indent}at {python}"] if python else []
     if stack:
-        out += [f"{indent}    {frame}" for frame in finding.get("python_stack") or []]
+        out += [f"{indent}    {frame}" for frame in python_stack or []]
     return out
 
 
-def render_text(report: dict, stack: bool = False) -> str:
+def _finding_lines(findings: list[CallFinding], stack: bool) -> list[str]:
+    out = []
+    for f in findings:
+        out.append(f"  {f.utc}  {f.text}")
+        out += _python_lines(f.python, f.python_stack, stack, "    ")
+    return out
+
+
+def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, layers: dict[str, str]) -> list[str]:
+    """What was and was not observed, and what was lost."""
+    lines = ["Observed: " + (", ".join(layers[k] for k in observed) or "nothing")]
+    lines += [f"Not observed: {n.what} ({n.why})" for n in not_observed]
+    lines.append("Data loss: " + ("none" if not loss.dropped_events else
+                                  f"{loss.dropped_events} events dropped "
+                                  + ", ".join(f"{k}: {v}" for k, v in loss.by_probe.items())))
+    return lines
+
+
+def _actions(next_actions: list[str]) -> list[str]:
+    if not next_actions:
+        return []
+    return ["Recommended next actions:"] + [f"  {i}. {a}" for i, a in enumerate(next_actions, 1)]
+
+
+def render_text(report: Report, stack: bool = False) -> str:
     """The report as text; `stack` adds each slow call's whole Python stack under its line."""
-    if report.get("mode") == "step":
-        return render_step_text(report, stack)
-    w = report["window"]
-    s = report["session"]
+    r = as_report(report)
+    if isinstance(r, StepReport):
+        return render_step_text(r, stack)
+    w, s = r.window, r.session
     lines = [
         "Stall report",
-        f"Session: {s['id']} on {s['host']} ({s['state']}), target {s['target']}",
-        f"Window: {w['start_utc']} -> {w['end_utc']} ({w['dur_ns'] / NS:.1f} s)",
-        f"Symptom: {report['symptom']}",
+        f"Session: {s.id} on {s.host} ({s.state}), target {s.target}",
+        f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)",
+        f"Symptom: {r.symptom}",
     ]
-    p = report["primary_cause"]
+    p = r.primary_cause
     if p:
-        lines.append(f"Primary cause: {p['summary']}")
-        lines.append(f"  {p['text']}")
-        lines += _python_lines(report["findings"][0], stack, "  ")
-        lines.append(f"  thread {p['thread']}")
+        lines.append(f"Primary cause: {p.summary}")
+        lines.append(f"  {p.text}")
+        lines += _python_lines(r.findings[0].python, r.findings[0].python_stack, stack, "  ")
+        lines.append(f"  thread {p.thread}")
     else:
         lines.append("Primary cause: none: no stall found in this window")
-    rest = report["findings"][1:]
+    rest = r.findings[1:]
     if rest:
-        lines.append(f"Other slow calls ({report['cuda']['slow_calls']} in the window):")
-        for f in rest:
-            lines.append(f"  {f['utc']}  {f['text']}")
-            lines += _python_lines(f, stack, "    ")
-    if report["offcpu"]:
-        parts = [f"{r['reason']} {ms(r['dur_ns'])} ({r['intervals']})" for r in report["offcpu"][:5]]
+        lines.append(f"Other slow calls ({r.cuda.slow_calls} in the window):")
+        lines += _finding_lines(rest, stack)
+    if r.offcpu:
+        parts = [f"{o.reason} {ms(o.dur_ns)} ({o.intervals})" for o in r.offcpu[:5]]
         lines.append("Off-CPU time of traced threads: " + ", ".join(parts))
-    if report["negatives"]:
-        lines.append("Checked and clean: " + "; ".join(report["negatives"]))
-    lines.append("Observed: " + (", ".join(LAYERS[k] for k in report["observed_layers"]) or "nothing"))
-    for n in report["not_observed"]:
-        lines.append(f"Not observed: {n['what']} ({n['why']})")
-    loss = report["loss"]
-    lines.append("Data loss: " + ("none" if not loss["dropped_events"] else
-                                  f"{loss['dropped_events']} events dropped "
-                                  + ", ".join(f"{k}: {v}" for k, v in loss["by_probe"].items())))
-    if report["next_actions"]:
-        lines.append("Recommended next actions:")
-        lines += [f"  {i}. {a}" for i, a in enumerate(report["next_actions"], 1)]
+    if r.negatives:
+        lines.append("Checked and clean: " + "; ".join(r.negatives))
+    lines += _tail(r.observed_layers, r.not_observed, r.loss, LAYERS)
+    lines += _actions(r.next_actions)
     return "\n".join(lines)
 
 
-
-def render_step_text(report: dict, stack: bool = False) -> str:
-    w = report["window"]
-    s = report["session"]
-    lines = ["Stall report", f"Session: {s['id']} on {s['host']} ({s['state']}), target {s['target']}"]
-    st = report["step"]
-    where = ""
+def render_step_text(report: Report, stack: bool = False) -> str:
+    r = as_report(report)
+    assert isinstance(r, StepReport), "render_step_text takes a step report"
+    w, s = r.window, r.session
+    lines = ["Stall report", f"Session: {s.id} on {s.host} ({s.state}), target {s.target}"]
+    st = r.step
     if st:
-        t = st["thread"]
-        where = (f"   step {st['step']} ({ms(st['dur_ns'])}, median {ms(st['baseline_dur_ns'])})"
-                 f"{' [inferred]' if st['inferred'] else ''}")
-        lines.append(f"Window: {w['start_utc']} -> {w['end_utc']}{where}")
-        lines.append(f"Thread: {t['name']} (tid {t['tid']}) of {t['process']} (pid {t['pid']})")
+        t = st.thread
+        lines.append(f"Window: {w.start_utc} -> {w.end_utc}   step {st.step} ({ms(st.dur_ns)}, median "
+                     f"{ms(st.baseline_dur_ns)}){' [inferred]' if st.inferred else ''}")
+        lines.append(f"Thread: {t.name} (tid {t.tid}) of {t.process} (pid {t.pid})")
     else:
-        lines.append(f"Window: {w['start_utc']} -> {w['end_utc']} ({w['dur_ns'] / NS:.1f} s)")
-    lines.append(f"Symptom: {report['symptom']}")
-    p = report["primary_cause"]
+        lines.append(f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)")
+    lines.append(f"Symptom: {r.symptom}")
+    p = r.primary_cause
     if p:
-        lines.append(f"Primary cause: {p['summary']}")
-        lineage = p.get("lineage")
-        if lineage:
-            lines.append(f"Workload lineage: tag {lineage['tag_hex']}  {lineage['label'] or '(no label)'}"
-                         + (f"  checkpoint {lineage['checkpoint']}" if lineage.get("checkpoint") else ""))
-        if p.get("python"):
-            lines.append(f"Python: {p['python']}")
+        lines.append(f"Primary cause: {p.summary}")
+        if p.lineage:
+            lines.append(f"Workload lineage: tag {p.lineage.tag_hex}  {p.lineage.label or '(no label)'}"
+                         + (f"  checkpoint {p.lineage.checkpoint}" if p.lineage.checkpoint else ""))
+        if p.python:
+            lines.append(f"Python: {p.python}")
             if stack:
-                lines += [f"    {f}" for f in p.get("python_stack") or []]
-        if p.get("kernel_path"):
-            lines.append("Kernel path: " + " -> ".join(p["kernel_path"]))
-        lines.append(f"Share of the stall: {100 * p['share_of_stall']:.0f}% ({ms(p['excess_dur_ns'])} above the "
+                lines += [f"    {f}" for f in p.python_stack or []]
+        if p.kernel_path:
+            lines.append("Kernel path: " + " -> ".join(p.kernel_path))
+        lines.append(f"Share of the stall: {100 * p.share_of_stall:.0f}% ({ms(p.excess_dur_ns)} above the "
                      "usual in the neighbouring steps)")
-    elif report["stall"]:
+    elif r.stall:
         lines.append("Primary cause: none recorded: no wait of the thread explains the step (it ran on the CPU)")
     else:
         lines.append("Primary cause: none: no stall")
-    late = report.get("straggler")
+    late = r.straggler
     if late:
-        lines.append(f"Why rank {late['rank']} (pid {late['pid']}) was late: {late['summary']}"
-                     + (f" at {late['python']}" if late.get("python") else ""))
-    if report.get("breakdown"):
-        parts = []
-        for r in report["breakdown"][:6]:
-            label = r["cause"] + (f" {r['detail']}" if r["detail"] else "")
-            parts.append(f"{label} {ms(r['dur_ns'])} (usually {ms(r['usual_dur_ns'])})")
+        lines.append(f"Why rank {late.rank} (pid {late.pid}) was late: {late.summary}"
+                     + (f" at {late.python}" if late.python else ""))
+    if r.breakdown:
+        parts = [f"{b.cause}{f' {b.detail}' if b.detail else ''} {ms(b.dur_ns)} (usually {ms(b.usual_dur_ns)})"
+                 for b in r.breakdown[:6]]
         lines.append("Breakdown: " + "; ".join(parts))
-    if report.get("findings"):
-        lines.append(f"Slow CUDA calls in the step ({len(report['findings'])}):")
-        for f in report["findings"]:
-            lines.append(f"  {f['utc']}  {f['text']}")
-            lines += _python_lines(f, stack, "    ")
-    if report.get("secondary"):
-        lines.append("Secondary signals: " + "; ".join(report["secondary"]))
-    if report["negatives"]:
-        lines.append("Checked and clean: " + "; ".join(report["negatives"]))
-    lines.append("Observed: " + (", ".join(STEP_LAYERS[k] for k in report["observed_layers"]) or "nothing"))
-    for n in report["not_observed"]:
-        lines.append(f"Not observed: {n['what']} ({n['why']})")
-    loss = report["loss"]
-    lines.append("Data loss: " + ("none" if not loss["dropped_events"] else
-                                  f"{loss['dropped_events']} events dropped "
-                                  + ", ".join(f"{k}: {v}" for k, v in loss["by_probe"].items())))
-    if report.get("other_stalls"):
+    if r.findings:
+        lines.append(f"Slow CUDA calls in the step ({len(r.findings)}):")
+        lines += _finding_lines(r.findings, stack)
+    if r.secondary:
+        lines.append("Secondary signals: " + "; ".join(r.secondary))
+    if r.negatives:
+        lines.append("Checked and clean: " + "; ".join(r.negatives))
+    lines += _tail(r.observed_layers, r.not_observed, r.loss, STEP_LAYERS)
+    if r.other_stalls:
         lines.append("Other stalled steps: " + ", ".join(
-            f"{o['step']} ({ms(o['dur_ns'])}, {o['ratio']}x)" for o in report["other_stalls"]))
-    if report["next_actions"]:
-        lines.append("Recommended next actions:")
-        lines += [f"  {i}. {a}" for i, a in enumerate(report["next_actions"], 1)]
+            f"{o.step} ({ms(o.dur_ns)}, {o.ratio}x)" for o in r.other_stalls))
+    lines += _actions(r.next_actions)
     return "\n".join(lines)
