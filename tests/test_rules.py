@@ -151,3 +151,17 @@ def test_every_mapped_cause_is_a_known_cause_kind(contention: tuple[Path, int]) 
              "gpu_xid", "slow_cuda_call", "nccl_straggler", "nccl_wait", "io_throttled", "io_queued", "slow_io",
              "blocked_io"}
     assert named <= kinds
+
+
+def test_the_listings_quote_the_stored_rule(contention: tuple[Path, int]) -> None:
+    from store.listing import render_steps, render_top, steps, top
+
+    db, sid = contention
+    with open_store(db, readonly=True) as store:
+        text = render_steps(steps(store, sid))
+    assert "1 stalled (! stalled: 1.5x the rolling median and 1 ms more;" in text
+    _sql(db, "UPDATE stall_rule SET ratio = 50, min_excess_dur = 0")
+    with open_store(db, readonly=True) as store:
+        listed, worst = steps(store, sid), top(store, sid)
+    assert listed["stalls"] == 0 and "(! stalled: 50x the rolling median and 0 ms more;" in render_steps(listed)
+    assert worst["stalls_total"] == 0 and "none: no step took 50x its rolling median" in render_top(worst)
