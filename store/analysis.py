@@ -261,6 +261,7 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
 # stalled step, its breakdown by cause against its neighbours (store/causes.py), the root cause
 # and its evidence down to the device event and the Python line.
 
+
 def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
     from store.causes import lookup_steps
 

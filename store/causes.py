@@ -63,8 +63,8 @@ def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
             (r["block_request_id"],))
     events.sort(key=lambda e: e["ts"])
     waits = store.query(
-        "SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason IN ('io', 'uninterruptible')"
-        " ORDER BY blocked_dur DESC LIMIT 1", (sid,))
+        f"SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason IN ({','.join('?' * len(IO_REASONS))})"
+        " ORDER BY blocked_dur DESC LIMIT 1", (sid, *IO_REASONS))
     cand = {"dur_ns": dur, "excess_dur_ns": excess, "events": events, "requests": requests,
             "wait": waits[0] if waits else None}
     kinds = [e["cause"] for e in events if e["cause"]]
