@@ -53,13 +53,18 @@ SELECT b.*,
                 AND b.dur - b.baseline_dur >= (SELECT min_excess_dur FROM stall_rule)
                 AND (b.complete OR b.running), 0) AS slow
 FROM (
-    SELECT n.*,
+    SELECT n.step_mark_id, n.session_id, n.process_id, n.thread_id, n.step, n.ts, n.end_ts, n.dur, n.complete,
+           n.running, n.inferred, n.neighbours,
            (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
                                FROM json_each(n.neighbours))
              WHERE rn = (json_array_length(n.neighbours) + 1) / 2) AS baseline_dur,
            json_array_length(n.neighbours) AS baseline_steps
     FROM (
+        -- one_row (a window over one row each) keeps SQLite from flattening this subquery into the
+        -- ones above, which would evaluate the neighbours once per use (~15x slower); WHERE terms
+        -- on the partition columns are still pushed down to the indexes
         SELECT st.*,
+               count(*) OVER (PARTITION BY st.step_mark_id, st.session_id, st.step, st.thread_id, st.ts) AS one_row,
                -- the 10 steps before: differences of the 11 marks up to this one; the 10 after:
                -- differences of the 11 marks after it (a last step without a next mark drops out)
                (SELECT json_group_array(d) FROM (
@@ -76,48 +81,11 @@ FROM (
 ) b;
 
 -- view: stall
--- The stalled steps (slow = 1). Found without computing every median: a step can only be slow if
--- it is stall_rule.ratio x the shortest of its neighbours and min_excess_dur longer (the median is
--- never below the minimum), so only those steps, and each thread's last step, are looked up in
--- step_baseline_lookup, which decides.
+-- The stalled steps (slow = 1) of step_baseline. A report finds them faster (store/causes.py
+-- find_stalls): it looks up in step_baseline_lookup only the steps at least stall_rule.ratio x the
+-- shortest of their neighbours (the median is never below the minimum), which decides.
 CREATE VIEW stall AS
-WITH d AS (
-    SELECT m.id AS step_mark_id, m.thread_id, m.ts,
-           lead(m.ts) OVER (PARTITION BY m.thread_id ORDER BY m.ts) - m.ts AS dur  -- NULL for a last step
-    FROM step_mark m
-), w AS (
-    SELECT d.*,
-           min(
-                 coalesce(lag(dur, 1) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 2) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 3) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 4) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 5) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 6) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 7) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 8) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 9) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 10) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 1) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 2) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 3) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 4) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 5) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 6) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 7) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 8) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 9) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 10) OVER t, 9223372036854775807)
-           ) AS lo                          -- the shortest of the 20 neighbours
-    FROM d
-    WINDOW t AS (PARTITION BY d.thread_id ORDER BY d.ts)
-)
-SELECT b.*
-FROM w
-JOIN step_baseline_lookup b ON b.step_mark_id = w.step_mark_id
-WHERE (w.dur IS NULL OR (w.dur >= (SELECT ratio FROM stall_rule) * w.lo
-                         AND w.dur - w.lo >= (SELECT min_excess_dur FROM stall_rule)))
-  AND b.slow = 1;
+SELECT * FROM step_baseline WHERE slow = 1;
 
 -- view: step_offcpu
 -- Causal link: a step -> each off-CPU interval of its thread inside it, clipped to the step, split
