@@ -165,3 +165,25 @@ def test_the_listings_quote_the_stored_rule(contention: tuple[Path, int]) -> Non
         listed, worst = steps(store, sid), top(store, sid)
     assert listed["stalls"] == 0 and "(! stalled: 50x the rolling median and 0 ms more;" in render_steps(listed)
     assert worst["stalls_total"] == 0 and "none: no step took 50x its rolling median" in render_top(worst)
+
+
+def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
+    """A recording made before the rules were rows: `recorder migrate` (a writable open) adds the
+    tables with the rules the views used to hard-code, and its stalls are the same."""
+    from store import db as store_db
+
+    path = tmp_path / "old.db"
+    write_scenario("cpu-contention", path)
+    conn = sqlite3.connect(path)
+    for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule"):
+        conn.execute(f"DROP TABLE {table}")
+    store_db._drop_views(conn)
+    conn.execute("PRAGMA user_version = 9")
+    conn.commit()
+    conn.close()
+    with pytest.raises(store_db.StoreError, match=f"older than v{store_db.SCHEMA_VERSION}"):
+        open_store(path, readonly=True)
+    open_store(path).close()
+    assert q(path, "PRAGMA user_version") == [(store_db.SCHEMA_VERSION,)]
+    assert q(path, "SELECT ratio, min_excess_dur FROM stall_rule") == [(1.5, 1_000_000)]
+    assert _stalls(path) == {80042}
