@@ -9,7 +9,7 @@ from __future__ import annotations
 from store.actions import CALL_ACTIONS, STEP_ACTIONS, fill
 from store.db import Store
 from store.errors import UserError
-from store.models import StallReport
+from store.models import CallReport, StallReport, StepReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
 from store.session import LAYERS, STEP_LAYERS, has_steps, resolve_window, session_row, session_state
 from store.units import ms, utc
@@ -153,7 +153,7 @@ def analyse(store: Store, session_id: int | None = None, window: str | None = No
             since: str | None = None, worst: bool = False, step: int | None = None) -> StallReport:
     """The stall report of a session: per step when its threads mark steps (or `step` is given),
     else per slow CUDA call."""
-    return StallReport.model_validate(_report(store, session_id, window, since, worst, step))
+    return StallReport(_report(store, session_id, window, since, worst, step))
 
 
 def explain(store: Store, session_id: int | None = None, window: str | None = None,
@@ -163,7 +163,7 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
 
 
 def _report(store: Store, session_id: int | None, window: str | None, since: str | None, worst: bool,
-            step: int | None) -> dict:
+            step: int | None) -> StepReport | CallReport:
     session = session_row(store, session_id)
     sid = session["id"]
     state = session_state(store, session)
@@ -211,7 +211,7 @@ def _call_findings(calls: list[dict], off: int) -> list[dict]:
 
 def _call_report(store: Store, session: dict, state: str, sid: int, start: int, end: int, off: int,
                  calls: list[dict], primary: dict | None, cause: dict | None, findings: list[dict],
-                 negatives: list[str], caps: dict, lost: list[dict]) -> dict:
+                 negatives: list[str], caps: dict, lost: list[dict]) -> CallReport:
     totals = store.one(
         "SELECT count(*) AS calls, coalesce(sum(dur), 0) AS dur FROM cuda_call"
         " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
@@ -227,33 +227,33 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
     if "sched" in caps["observed"] and wait < 0.05 * (end - start):
         negatives.append(f"traced threads waited only {ms(wait)} for a CPU in the window")
     negatives += _io_negatives(store, sid, start, end, caps["observed"])
-    return {
-        "mode": "call",
-        "session": {"id": sid, "state": state, "host": session["hostname"],
-                    "kernel": session["kernel_release"], "target": session["target"]},
-        "window": {"start_ts": start, "end_ts": end, "start_utc": utc(start + off),
-                   "end_utc": utc(end + off), "dur_ns": end - start},
-        "stall": primary is not None,
-        "symptom": (f"{primary['api']} took {ms(primary['dur'])}, expected ~{ms(primary['expected_dur'])}"
-                    f" (median of {primary['baseline_calls']} {primary['family']} calls of that size)"
-                    if primary else "no CUDA call stalled in this window"),
-        "primary_cause": None if primary is None else {
+    return CallReport(
+        mode="call",
+        session={"id": sid, "state": state, "host": session["hostname"],
+                 "kernel": session["kernel_release"], "target": session["target"]},
+        window={"start_ts": start, "end_ts": end, "start_utc": utc(start + off),
+                "end_utc": utc(end + off), "dur_ns": end - start},
+        stall=primary is not None,
+        symptom=(f"{primary['api']} took {ms(primary['dur'])}, expected ~{ms(primary['expected_dur'])}"
+                 f" (median of {primary['baseline_calls']} {primary['family']} calls of that size)"
+                 if primary else "no CUDA call stalled in this window"),
+        primary_cause=None if primary is None else {
             **cause, "cuda_call_id": primary["id"], "text": primary["text"],
             "thread": f"{primary['thread_name']} (tid {primary['tid']}) of "
                       f"{primary['process_name']} (pid {primary['pid']})",
         },
-        "findings": findings,
-        "cuda": {"calls": totals["calls"], "slow_calls": slow_total, "dur_ns": totals["dur"]},
-        "offcpu": [{"reason": r["reason"], "intervals": r["intervals"], "dur_ns": r["dur"]}
-                   for r in offcpu],
-        "cpu_wait_dur_ns": wait,
-        "negatives": negatives,
-        "observed_layers": caps["observed"],
-        "not_observed": caps["not_observed"],
-        "loss": {"dropped_events": sum(r["dropped"] for r in lost),
-                 "by_probe": {r["probe"]: r["dropped"] for r in lost}},
-        "next_actions": _next_actions(cause, primary),
-    }
+        findings=findings,
+        cuda={"calls": totals["calls"], "slow_calls": slow_total, "dur_ns": totals["dur"]},
+        offcpu=[{"reason": r["reason"], "intervals": r["intervals"], "dur_ns": r["dur"]}
+                for r in offcpu],
+        cpu_wait_dur_ns=wait,
+        negatives=negatives,
+        observed_layers=caps["observed"],
+        not_observed=caps["not_observed"],
+        loss={"dropped_events": sum(r["dropped"] for r in lost),
+              "by_probe": {r["probe"]: r["dropped"] for r in lost}},
+        next_actions=_next_actions(cause, primary),
+    )
 
 
 # == step reports ====================================================================================
@@ -613,7 +613,7 @@ def _choose(store: Store, session: dict, rows: list[dict]) -> tuple[dict, dict |
 
 
 def explain_steps(store: Store, session: dict, state: str, start: int, end: int, step: int | None,
-                  worst: bool) -> dict:
+                  worst: bool) -> StepReport:
     sid = session["id"]
     off = session["wall_offset_ns"]
     stalls: list[dict] = []
@@ -641,13 +641,13 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         med = store.query("SELECT dur FROM step_all WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
                           " ORDER BY dur", (sid, start, end))
         typical = med[(len(med) - 1) // 2]["dur"] if med else None
-        return {**base,
-                "window": _window(start, end, off), "stall": False, "step": None,
-                "symptom": f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
-                           f" (a stall is {stall_rule(store).text()})",
-                "primary_cause": None, "findings": [], "secondary": [], "other_stalls": [],
-                "negatives": _step_negatives(store, sid, start, end, observed, None, []),
-                "gpu": _gpu_during(store, sid, start, end), "next_actions": [], "straggler": None}
+        return StepReport(
+            **base, window=_window(start, end, off), stall=False, step=None,
+            symptom=f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
+                    f" (a stall is {stall_rule(store).text()})",
+            primary_cause=None, findings=[], secondary=[], other_stalls=[],
+            negatives=_step_negatives(store, sid, start, end, observed, None, []),
+            gpu=_gpu_during(store, sid, start, end), next_actions=[], straggler=None)
     chosen, late = _choose(store, session, rows)
     a, b = chosen["ts"], chosen["ts"] + chosen["dur_ns"]
     p = chosen["primary_cause"]
@@ -677,21 +677,20 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
                      "dur_ns": late["dur_ns"], "summary": lp["summary"] if lp else "no recorded wait explains it",
                      "python": lp.get("python") if lp else None, "kernel_path": lp.get("kernel_path") if lp else []}
     next_actions = list(p["next_actions"]) if p else (fill(STEP_ACTIONS, "unexplained", {}) if chosen["slow"] else [])
-    return {**base,
-            "window": _window(a, b, off), "stall": chosen["slow"],
-            "step": {k: chosen[k] for k in ("step", "step_mark_id", "utc", "dur_ns", "baseline_dur_ns",
-                                            "baseline_steps", "ratio", "excess_dur_ns", "complete", "inferred",
-                                            "thread")},
-            "symptom": symptom,
-            "primary_cause": p,
-            "breakdown": chosen["breakdown"],
-            "findings": _call_findings(slow_calls(store, sid, a, b), off),
-            "secondary": chosen["secondary"],
-            "straggler": straggler,
-            "other_stalls": others,
-            "negatives": _step_negatives(store, sid, a, b, observed, p["kind"] if p else None, chosen["breakdown"]),
-            "gpu": gpu,
-            "next_actions": next_actions}
+    return StepReport(
+        **base, window=_window(a, b, off), stall=chosen["slow"],
+        step={k: chosen[k] for k in ("step", "step_mark_id", "utc", "dur_ns", "baseline_dur_ns", "baseline_steps",
+                                     "ratio", "excess_dur_ns", "complete", "inferred", "thread")},
+        symptom=symptom,
+        primary_cause=p,
+        breakdown=chosen["breakdown"],
+        findings=_call_findings(slow_calls(store, sid, a, b), off),
+        secondary=chosen["secondary"],
+        straggler=straggler,
+        other_stalls=others,
+        negatives=_step_negatives(store, sid, a, b, observed, p["kind"] if p else None, chosen["breakdown"]),
+        gpu=gpu,
+        next_actions=next_actions)
 
 
 def _window(a: int, b: int, off: int) -> dict:

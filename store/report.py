@@ -2,7 +2,8 @@
 
 The work is split by concern; this module keeps the names other code imports:
 - store/session.py: which session and window a report is about, and the layers it observed;
-- store/analysis.py: the queries of the views and rules that build the report (`explain`);
+- store/analysis.py: the queries of the views and rules that build the report (`analyse` gives the
+  typed StallReport of store/models.py, `explain` its JSON);
 - store/actions.py: the recommended next actions, a table per cause kind;
 - store/render.py: the report as text (`render_text`).
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 from store.analysis import (
     OTHER_STALLS,
     SLOW_LIMIT,
+    analyse,
     analyse_step,
     explain,
     explain_steps,
     slow_calls,
 )
+from store.models import StallReport
 from store.render import render_step_text, render_text
 from store.session import (
     LAYERS,
@@ -31,7 +34,8 @@ from store.session import (
 from store.units import NS, ms, utc
 
 __all__ = [
-    "LAYERS", "NS", "OTHER_STALLS", "SLOW_LIMIT", "STEP_LAYERS", "analyse_step", "explain", "explain_steps",
+    "LAYERS", "NS", "OTHER_STALLS", "SLOW_LIMIT", "STEP_LAYERS", "StallReport", "analyse", "analyse_step", "explain",
+    "explain_steps",
     "has_steps", "ms", "parse_duration", "render_step_text", "render_text", "resolve_window", "session_end",
     "session_row", "session_state", "slow_calls", "utc",
 ]
