@@ -14,6 +14,7 @@ from store.causes import all_steps
 from store.db import Store
 from store.errors import UserError
 from store.report import LAYERS, resolve_window, session_row, session_state, slow_calls, utc
+from store.rules import slow_call_rule, stall_rule
 
 MAX_LIMIT = 500
 
@@ -116,8 +117,7 @@ def steps(store: Store, session_id: int | None, limit: int) -> dict:
             "ratio_to_baseline": r["ratio"], "stalled": bool(r["slow"]), "complete": bool(r["complete"]),
             "inferred": bool(r["inferred"])} for r in rows]
     if out:
-        return {"session_id": sid, "threshold": "stalled: dur >= 1.5 x the rolling median and 1 ms more",
-                "steps": out}
+        return {"session_id": sid, "threshold": stall_rule(store).threshold(), "steps": out}
     note = not_recorded(store, sid, "markers", "step_mark", "training steps (recorder.step markers)")
     return {"session_id": sid, "steps": [], "note": note + " Use top_stalls for the slowest CUDA calls and "
             "explain_stall with a window instead."}
@@ -129,7 +129,7 @@ def top_stalls(store: Store, session_id: int | None, window: str | None, limit: 
     off = session["wall_offset_ns"]
     return {
         **_window_out(session, start, end),
-        "threshold": "dur >= 2 x expected_dur and excess_dur >= 200 us, baseline of >= 3 calls (slow_cuda_call)",
+        "threshold": slow_call_rule(store).threshold(),
         "stalls": [{
             "cuda_call_id": c["id"], "api": c["api"], "ts_ns": c["ts"], "utc": utc(c["ts"] + off),
             "dur_ns": c["dur"], "expected_dur_ns": c["expected_dur"], "excess_dur_ns": c["excess_dur"],

@@ -1,9 +1,10 @@
 """Why a step was slow: the step's breakdown by cause against its neighbours, and the evidence.
 
 The numbers come from the views in store/views/0008_causes.sql (step_cause and the step_* link
-views); this module decides which cause made the step slow and gathers what a report says about
-it. A cause's share of a stall is its time in the step minus its median time in the neighbouring
-steps (the same 20 steps the step's baseline is taken over): 300 ms asleep in a synchronisation
+views) and the rules from the tables of store/migrations/0010_rules.sql (store/rules.py); this
+module decides which cause made the step slow and gathers what a report says about it. A cause's
+share of a stall is its time in the step minus its median time in the neighbouring steps (the
+same 20 steps the step's baseline is taken over): 300 ms asleep in a synchronisation
 that every step has is not a cause, 3 s blocked on I/O that no other step has is.
 """
 
@@ -12,36 +13,18 @@ from __future__ import annotations
 from statistics import median
 
 from store.db import Store
+from store.rules import CauseRule, StallRule, cause_rule, stall_rule
 
-NEIGHBOURS = 10  # steps on each side, as in step_baseline
-SPECIFIC_SHARE = 0.5  # a more specific cause wins when it explains this share of the top excess
-EXPLAINED_SHARE = 0.2  # below this share of the stall, no recorded cause explains it
-
-# How specific each cause kind is: among causes of similar size, the deeper one is the root cause
-# (a futex sleep inside a collective is explained by the rank that was late, D state inside
-# reclaim by the reclaim, an I/O wait by the NVMe timeout that hit its request).
-SPECIFICITY = {
-    "nvme_timeout": 9, "io_error": 9, "iommu_fault": 9, "pcie_aer": 9, "gpu_xid": 9,
-    "dma_bounce": 8, "nccl_straggler": 7, "memory_reclaim": 7, "tcp_retransmit": 7, "dirty_throttle": 6,
-    "io_throttled": 5, "io_queued": 5, "slow_io": 5, "cpu_contention": 4, "slow_cuda_call": 4,
-    "nccl_wait": 3, "network_wait": 3, "blocked_io": 2, "blocked": 1,
-}
-EVENT_KIND = {  # device event kind (block_request_device_event.kind) -> cause kind
-    "nvme_timeout": "nvme_timeout", "nvme_abort_status": "nvme_timeout", "nvme_resetting": "nvme_timeout",
-    "nvme_controller_down": "nvme_timeout", "nvme_reset_failure": "nvme_timeout", "nvme_not_ready": "nvme_timeout",
-    "nvme_timeout_abort": "nvme_timeout", "nvme_timeout_reset": "nvme_timeout",
-    "nvme_timeout_disable": "nvme_timeout", "nvme_timeout_polled": "nvme_timeout",
-    "io_error": "io_error", "iommu_fault": "iommu_fault", "pcie_aer": "pcie_aer",
-    "dma_bounce": "dma_bounce", "swiotlb_full": "dma_bounce", "dma_map_slow": "dma_bounce",
-}
 IO_REASONS = ("io", "uninterruptible")
 
 
 def neighbour_ids(store: Store, step: dict) -> list[int]:
+    """The steps the step's baseline is taken over (stall_rule.neighbours on each side)."""
+    n = stall_rule(store).neighbours
     before = store.query("SELECT step_mark_id FROM step WHERE thread_id = ? AND ts < ? ORDER BY ts DESC LIMIT ?",
-                         (step["thread_id"], step["ts"], NEIGHBOURS))
+                         (step["thread_id"], step["ts"], n))
     after = store.query("SELECT step_mark_id FROM step WHERE thread_id = ? AND ts > ? AND complete"
-                        " ORDER BY ts LIMIT ?", (step["thread_id"], step["ts"], NEIGHBOURS))
+                        " ORDER BY ts LIMIT ?", (step["thread_id"], step["ts"], n))
     return [r["step_mark_id"] for r in before + after]
 
 
@@ -74,18 +57,21 @@ def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
     requests = every[:5]
     events = []
     for r in every:  # per request: `=` reaches into every arm of the link view
-        events += store.query("SELECT * FROM block_request_device_event WHERE block_request_id = ?",
-                              (r["block_request_id"],))
+        events += store.query(
+            "SELECT e.*, c.cause FROM block_request_device_event e"
+            " LEFT JOIN device_event_cause c ON c.kind = e.kind WHERE e.block_request_id = ?",
+            (r["block_request_id"],))
     events.sort(key=lambda e: e["ts"])
     waits = store.query(
-        "SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason IN ('io', 'uninterruptible')"
-        " ORDER BY blocked_dur DESC LIMIT 1", (sid,))
+        f"SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason IN ({','.join('?' * len(IO_REASONS))})"
+        " ORDER BY blocked_dur DESC LIMIT 1", (sid, *IO_REASONS))
     cand = {"dur_ns": dur, "excess_dur_ns": excess, "events": events, "requests": requests,
             "wait": waits[0] if waits else None}
-    kinds = [EVENT_KIND[e["kind"]] for e in events if e["kind"] in EVENT_KIND]
+    kinds = [e["cause"] for e in events if e["cause"]]
     if kinds:
-        kind = max(kinds, key=lambda k: SPECIFICITY[k])
-        hit = [e for e in events if EVENT_KIND.get(e["kind"]) == kind]
+        specificity = cause_rule(store).specificity
+        kind = max(kinds, key=lambda k: specificity[k])
+        hit = [e for e in events if e["cause"] == kind]
         request = next(r for r in every if r["block_request_id"] == hit[0]["block_request_id"])
         cand.update(kind=kind, request=request, hit=hit)
     elif requests:
@@ -182,14 +168,15 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
     return sorted(merged.values(), key=lambda c: -c["excess_dur_ns"])
 
 
-def primary(cands: list[dict], stall_excess: int) -> dict | None:
-    """The root cause: among candidates explaining at least half of the largest excess, the most
-    specific; None when nothing recorded explains a fifth of the stall."""
-    if not cands or cands[0]["excess_dur_ns"] < EXPLAINED_SHARE * max(stall_excess, 1):
+def primary(cands: list[dict], stall_excess: int, rule: CauseRule) -> dict | None:
+    """The root cause: among candidates explaining at least rule.specific_share (half) of the
+    largest excess, the most specific; None when nothing recorded explains rule.explained_share (a
+    fifth) of the stall."""
+    if not cands or cands[0]["excess_dur_ns"] < rule.explained_share * max(stall_excess, 1):
         return None
     top = cands[0]["excess_dur_ns"]
-    close = [c for c in cands if c["excess_dur_ns"] >= SPECIFIC_SHARE * top]
-    return max(close, key=lambda c: (SPECIFICITY[c["kind"]], c["excess_dur_ns"]))
+    close = [c for c in cands if c["excess_dur_ns"] >= rule.specific_share * top]
+    return max(close, key=lambda c: (rule.specificity[c["kind"]], c["excess_dur_ns"]))
 
 
 # -- context of the evidence ------------------------------------------------------------------------
@@ -253,49 +240,22 @@ def lineage_at(store: Store, session_id: int, thread_id: int, ts: int, io_tag: i
 
 
 # -- steps against their rolling baseline -------------------------------------------------------------
-# The same rule as the step_baseline view (store/views/0008_causes.sql), computed here so that a
-# report does not evaluate the view's per-row subqueries once per column: the view is what the
-# sqlite3 shell uses, and tests/test_explain_golden.py checks that both give the same rows.
-STALL_RATIO = 1.5
-STALL_MIN_EXCESS = 1_000_000
-
-
-def _with_baseline(step: dict, neighbours: list[int]) -> dict:
-    ordered = sorted(neighbours)
-    base = ordered[(len(ordered) + 1) // 2 - 1] if ordered else None
-    out = dict(step)
-    out.update(baseline_dur=base, baseline_steps=len(ordered))
-    if base is None:
-        out.update(excess_dur=None, ratio=None, slow=0)
-        return out
-    out.update(excess_dur=step["dur"] - base, ratio=round(step["dur"] / max(base, 1), 2),
-               slow=int(len(ordered) >= 3 and step["dur"] >= STALL_RATIO * base
-                        and step["dur"] - base >= STALL_MIN_EXCESS and bool(step["complete"] or step["running"])))
-    return out
+# Which steps are stalls is the views' decision (step_baseline_lookup, with stall_rule's thresholds):
+# the two functions a report uses read it from there. all_steps, for listings of a whole session,
+# computes the same rows in one pass over the marks (the step_baseline view sorts a window per row,
+# ~7x slower); tests/test_rules.py checks that it gives the view's rows, also under a changed rule.
 
 
 def lookup_steps(store: Store, session_id: int, number: int) -> list[dict]:
-    """Every thread's step `number` with its baseline, through the indexes (a few ms)."""
-    out = [_lookup(store, st)
-           for st in store.query("SELECT * FROM step WHERE session_id = ? AND step = ?", (session_id, number))]
+    """Every thread's step `number` with its baseline (step_baseline_lookup, through the indexes)."""
+    out = store.query("SELECT * FROM step_baseline_lookup WHERE session_id = ? AND step = ?", (session_id, number))
     return sorted(out, key=lambda r: -(r["excess_dur"] or 0))
 
 
-def _lookup(store: Store, st: dict) -> dict:
-    """One step row of the step view with its baseline, from the marks around it."""
-    before = [r[0] for r in store.conn.execute(
-        "SELECT ts FROM step_mark WHERE thread_id = ? AND ts <= ? ORDER BY ts DESC LIMIT ?",
-        (st["thread_id"], st["ts"], NEIGHBOURS + 1))]
-    after = [r[0] for r in store.conn.execute(
-        "SELECT ts FROM step_mark WHERE thread_id = ? AND ts > ? ORDER BY ts LIMIT ?",
-        (st["thread_id"], st["ts"], NEIGHBOURS + 1))]
-    durs = [before[i] - before[i + 1] for i in range(len(before) - 1)]  # the steps before, newest first
-    durs += [after[i + 1] - after[i] for i in range(len(after) - 1)]  # the complete steps after
-    return _with_baseline(st, durs)
-
-
 def all_steps(store: Store, session_id: int) -> list[dict]:
-    """Every step of the session with its baseline, in one pass."""
+    """Every step of the session with its baseline, in one pass: the rows of step_baseline."""
+    rule = stall_rule(store)
+    n = rule.neighbours
     rows = store.query("SELECT * FROM step_all WHERE session_id = ? ORDER BY thread_id, ts", (session_id,))
     out: list[dict] = []
     start = 0
@@ -305,40 +265,58 @@ def all_steps(store: Store, session_id: int) -> list[dict]:
             end += 1
         thread = rows[start:end]
         for i, st in enumerate(thread):
-            before = [r["dur"] for r in thread[max(0, i - NEIGHBOURS):i]]
-            after = [r["dur"] for r in thread[i + 1:i + 1 + NEIGHBOURS] if r["complete"]]
-            out.append(_with_baseline(st, before + after))
+            before = [r["dur"] for r in thread[max(0, i - n):i]]
+            after = [r["dur"] for r in thread[i + 1:i + 1 + n] if r["complete"]]
+            out.append(_with_baseline(st, before + after, rule))
         start = end
     return out
 
 
+def _with_baseline(step: dict, neighbours: list[int], rule: StallRule) -> dict:
+    ordered = sorted(neighbours)
+    base = ordered[(len(ordered) + 1) // 2 - 1] if ordered else None  # the lower middle, as the view
+    out = dict(step)
+    out.update(baseline_dur=base, baseline_steps=len(ordered))
+    if base is None:
+        out.update(excess_dur=None, ratio=None, slow=0)
+        return out
+    out.update(excess_dur=step["dur"] - base, ratio=round(step["dur"] / max(base, 1), 2),
+               slow=int(len(ordered) >= rule.min_baseline_steps and step["dur"] >= rule.ratio * base
+                        and step["dur"] - base >= rule.min_excess_dur and bool(step["complete"] or step["running"])))
+    return out
+
+
 def find_stalls(store: Store, session_id: int, start: int, end: int) -> list[dict]:
-    """The stalled steps whose start lies in [start, end), worst first. A step can only be slow if
-    it is 1.5x the shortest of its neighbours (the median is never below the minimum), so only those
-    steps, and each thread's last step, get their median computed."""
+    """The stalled steps whose start lies in [start, end), worst first: the rows of the stall view.
+    Only steps at least stall_rule.ratio x the shortest of their neighbours (the median is never
+    below the minimum), and each thread's last step, are looked up in step_baseline_lookup, which
+    decides; the marks are read once through the covering (thread_id, ts) index (at 20,000 steps
+    ~60 ms, the stall view's window over every step ~1 s)."""
+    rule = stall_rule(store)
+    n = rule.neighbours
     threads = [r[0] for r in store.conn.execute(
         "SELECT t.id FROM thread t WHERE t.session_id = ?"
         " AND EXISTS (SELECT 1 FROM step_mark m WHERE m.thread_id = t.id)", (session_id,))]
-    candidates = []  # (thread_id, ts) of steps that may be stalls
+    candidates = []  # step_mark ids of steps that may be stalls
     for thread_id in threads:
-        tss = [r[0] for r in store.conn.execute(  # the covering (thread_id, ts) index, nothing else
-            "SELECT ts FROM step_mark WHERE thread_id = ? ORDER BY ts", (thread_id,))]
+        marks = store.conn.execute("SELECT ts, id FROM step_mark WHERE thread_id = ? ORDER BY ts",
+                                   (thread_id,)).fetchall()
+        tss = [ts for ts, _ in marks]
         durs = [b - a for a, b in zip(tss, tss[1:], strict=False)]  # complete steps; the last has no end yet
-        for i, ts in enumerate(tss):
+        for i, (ts, mark_id) in enumerate(marks):
             if not start <= ts < end:
                 continue
             if i == len(durs):  # the thread's last step
-                candidates.append((thread_id, ts))
+                candidates.append(mark_id)
                 continue
-            near = durs[max(0, i - NEIGHBOURS):i] + durs[i + 1:i + 1 + NEIGHBOURS]
+            near = durs[max(0, i - n):i] + durs[i + 1:i + 1 + n]
             if near:
                 lo = min(near)
-                if durs[i] >= STALL_RATIO * lo and durs[i] - lo >= STALL_MIN_EXCESS:
-                    candidates.append((thread_id, ts))
+                if durs[i] >= rule.ratio * lo and durs[i] - lo >= rule.min_excess_dur:
+                    candidates.append(mark_id)
     out = []
-    for key in candidates:
-        for st in store.query("SELECT * FROM step WHERE thread_id = ? AND ts = ?", key):
-            row = _lookup(store, st)
-            if row["slow"]:
-                out.append(row)
+    for i in range(0, len(candidates), 500):  # a list of ids reaches the view's indexed lookups
+        ids = candidates[i:i + 500]
+        out += store.query(f"SELECT * FROM step_baseline_lookup WHERE step_mark_id IN ({','.join('?' * len(ids))})"
+                           " AND slow", ids)
     return sorted(out, key=lambda r: -r["excess_dur"])

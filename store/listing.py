@@ -8,6 +8,7 @@ from __future__ import annotations
 from store.causes import all_steps, find_stalls
 from store.db import Store
 from store.report import analyse_step, ms, session_row, utc
+from store.rules import stall_rule
 
 CAUSES_LISTED = 200  # stalls whose cause `steps --slow` works out (each is a few queries)
 STALLS_ANALYSED = 100  # stalls `top` attributes to lines and devices
@@ -34,7 +35,8 @@ def steps(store: Store, session_id: int | None = None, slow_only: bool = False, 
             p = analyse_step(store, session, r)["primary_cause"]
             item["cause"] = p["summary"] if p else "no recorded wait explains it"
         out.append(item)
-    return {"session_id": sid, "steps": out, "count": len(out), "stalls": sum(1 for s in out if s["slow"])}
+    return {"session_id": sid, "steps": out, "count": len(out), "stalls": sum(1 for s in out if s["slow"]),
+            "stall_rule": stall_rule(store).text()}
 
 
 def render_steps(result: dict) -> str:
@@ -48,7 +50,7 @@ def render_steps(result: dict) -> str:
                      f"{ms(s['baseline_dur_ns']):>9} {s['ratio'] if s['ratio'] is not None else '':>6}{flags} "
                      f"{s['cause'] or ''}")
     lines.append(f"{result['count']} steps, {result['stalls']} stalled "
-                 "(! stalled: 1.5x the rolling median and 1 ms more; ~ inferred; + still running at stop)")
+                 f"(! stalled: {result['stall_rule']}; ~ inferred; + still running at stop)")
     return "\n".join(lines)
 
 
@@ -95,7 +97,7 @@ def top(store: Store, session_id: int | None = None, limit: int = 5) -> dict:
     devices.sort(key=lambda d: (-d["excess_dur_ns"], -(d["device_events"] or 0), -(d["p999_dur_ns"] or 0)))
     lines = sorted(by_line.values(), key=lambda e: -e["excess_dur_ns"])
     return {"session_id": sid, "stalls_total": len(stalls), "worst_stalls": worst, "worst_lines": lines[:limit],
-            "worst_devices": devices[:limit]}
+            "worst_devices": devices[:limit], "stall_ratio": stall_rule(store).ratio}
 
 
 def render_top(result: dict) -> str:
@@ -103,7 +105,7 @@ def render_top(result: dict) -> str:
     out = [f"Worst stalls (session {result['session_id']}, {n} stalled step{'s' if n != 1 else ''}"
            f"{'+' if result['stalls_total'] >= STALLS_ANALYSED else ''}):"]
     if not result["worst_stalls"]:
-        out.append("  none: no step took 1.5x its rolling median")
+        out.append(f"  none: no step took {result['stall_ratio']:g}x its rolling median")
     for s in result["worst_stalls"]:
         out.append(f"  step {s['step']} (pid {s['pid']}) {ms(s['dur_ns'])}, {s['ratio']}x: {s['summary']}"
                    + (f" at {s['python']}" if s["python"] else ""))

@@ -112,8 +112,9 @@ def test_explicit_negatives_name_the_clean_layers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["nccl-straggler", "cpu-contention"])
 def test_report_baselines_equal_the_views(name: str, tmp_path: Path) -> None:
-    """The report computes step baselines in Python (store/causes.py) for speed; the views are what
-    the sqlite3 shell sees. Both must give the same rows."""
+    """The report reads step baselines from the views; listings compute them in one pass in Python
+    (store/causes.all_steps) for speed. Both must give the same rows (tests/test_rules.py: under
+    changed rules too)."""
     from store.causes import all_steps, find_stalls, lookup_steps
 
     db = tmp_path / f"{name}.db"

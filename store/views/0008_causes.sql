@@ -5,22 +5,27 @@
 -- dirty-page throttling, and what happened on the machine meanwhile (OOM kills, TCP retransmits,
 -- Xid, AER, IOMMU faults, SWIOTLB). causal_link joins them into one drill-down graph.
 -- Every per-step view is keyed by step_mark_id and finds its rows through (thread_id, ts) indexes,
--- so `WHERE step_mark_id = ?` is cheap on large sessions. store/report.py words these views.
+-- so `WHERE step_mark_id = ?` is cheap on large sessions. The thresholds and maps are the
+-- tables of migration 0010 (stall_rule, device_event_cause...); store/analysis.py reads these views.
 
 -- view: step_baseline
 -- Every step with its baseline: the median duration of up to 10 steps before and 10 complete steps
 -- after it on the same thread (a rolling median: one slow step, or a slow stretch shorter than the
--- window, does not move it). slow = 1 for a stall: at least 1.5 x the baseline and 1 ms more, over
--- a baseline of at least 3 steps; the last step of a thread that exited is never a stall (it ends
--- with the program's own shutdown). Thresholds are here, in one place, so a report can quote them.
+-- window, does not move it). slow = 1 for a stall: at least stall_rule.ratio (1.5) x the baseline
+-- and stall_rule.min_excess_dur (1 ms) more, over a baseline of at least
+-- stall_rule.min_baseline_steps (3) steps; the last step of a thread that exited is never a stall
+-- (it ends with the program's own shutdown). The thresholds are rows of stall_rule (migration
+-- 0010), not numbers here; the window, 10 steps each side, is stall_rule.neighbours.
 -- Computed with window functions over the whole session: use it to list steps. To look up a few
 -- steps, step_baseline_lookup gives the same rows computed per row.
 CREATE VIEW step_baseline AS
 SELECT b.*,
        b.dur - b.baseline_dur AS excess_dur,                 -- ns above the baseline
        round(1.0 * b.dur / max(b.baseline_dur, 1), 2) AS ratio, -- dur / baseline
-       coalesce(b.baseline_steps >= 3 AND b.dur >= 1.5 * b.baseline_dur
-                AND b.dur - b.baseline_dur >= 1000000 AND (b.complete OR b.running), 0) AS slow -- 1 for a stalled step
+       coalesce(b.baseline_steps >= (SELECT min_baseline_steps FROM stall_rule)
+                AND b.dur >= (SELECT ratio FROM stall_rule) * b.baseline_dur
+                AND b.dur - b.baseline_dur >= (SELECT min_excess_dur FROM stall_rule)
+                AND (b.complete OR b.running), 0) AS slow -- 1 for a stalled step (stall_rule)
 FROM (
     SELECT n.*,
            (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
@@ -43,72 +48,44 @@ CREATE VIEW step_baseline_lookup AS
 SELECT b.*,
        b.dur - b.baseline_dur AS excess_dur,
        round(1.0 * b.dur / max(b.baseline_dur, 1), 2) AS ratio,
-       coalesce(b.baseline_steps >= 3 AND b.dur >= 1.5 * b.baseline_dur
-                AND b.dur - b.baseline_dur >= 1000000 AND (b.complete OR b.running), 0) AS slow
+       coalesce(b.baseline_steps >= (SELECT min_baseline_steps FROM stall_rule)
+                AND b.dur >= (SELECT ratio FROM stall_rule) * b.baseline_dur
+                AND b.dur - b.baseline_dur >= (SELECT min_excess_dur FROM stall_rule)
+                AND (b.complete OR b.running), 0) AS slow
 FROM (
-    SELECT n.*,
+    SELECT n.step_mark_id, n.session_id, n.process_id, n.thread_id, n.step, n.ts, n.end_ts, n.dur, n.complete,
+           n.running, n.inferred, n.neighbours,
            (SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value) AS rn
                                FROM json_each(n.neighbours))
              WHERE rn = (json_array_length(n.neighbours) + 1) / 2) AS baseline_dur,
            json_array_length(n.neighbours) AS baseline_steps
     FROM (
+        -- one_row (a window over one row each) keeps SQLite from flattening this subquery into the
+        -- ones above, which would evaluate the neighbours once per use (~15x slower); WHERE terms
+        -- on the partition columns are still pushed down to the indexes
         SELECT st.*,
+               count(*) OVER (PARTITION BY st.step_mark_id, st.session_id, st.step, st.thread_id, st.ts) AS one_row,
                -- the 10 steps before: differences of the 11 marks up to this one; the 10 after:
                -- differences of the 11 marks after it (a last step without a next mark drops out)
                (SELECT json_group_array(d) FROM (
                     SELECT ts - lag(ts) OVER (ORDER BY ts) AS d
                     FROM (SELECT n.ts FROM step_mark n WHERE n.thread_id = st.thread_id AND n.ts <= st.ts
-                          ORDER BY n.ts DESC LIMIT 11)
+                          ORDER BY n.ts DESC LIMIT (SELECT neighbours + 1 FROM stall_rule))
                     UNION ALL
                     SELECT lead(ts) OVER (ORDER BY ts) - ts
                     FROM (SELECT n.ts FROM step_mark n WHERE n.thread_id = st.thread_id AND n.ts > st.ts
-                          ORDER BY n.ts LIMIT 11))
+                          ORDER BY n.ts LIMIT (SELECT neighbours + 1 FROM stall_rule)))
                 WHERE d IS NOT NULL) AS neighbours
         FROM step st
     ) n
 ) b;
 
 -- view: stall
--- The stalled steps (slow = 1). Found without computing every median: a step can only be slow if
--- it is 1.5 x the shortest of its neighbours (the median is never below the minimum), so only
--- those steps, and each thread's last step, are looked up in step_baseline_lookup.
+-- The stalled steps (slow = 1) of step_baseline. A report finds them faster (store/causes.py
+-- find_stalls): it looks up in step_baseline_lookup only the steps at least stall_rule.ratio x the
+-- shortest of their neighbours (the median is never below the minimum), which decides.
 CREATE VIEW stall AS
-WITH d AS (
-    SELECT m.id AS step_mark_id, m.thread_id, m.ts,
-           lead(m.ts) OVER (PARTITION BY m.thread_id ORDER BY m.ts) - m.ts AS dur  -- NULL for a last step
-    FROM step_mark m
-), w AS (
-    SELECT d.*,
-           min(
-                 coalesce(lag(dur, 1) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 2) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 3) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 4) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 5) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 6) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 7) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 8) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 9) OVER t, 9223372036854775807),
-                 coalesce(lag(dur, 10) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 1) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 2) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 3) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 4) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 5) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 6) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 7) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 8) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 9) OVER t, 9223372036854775807),
-                 coalesce(lead(dur, 10) OVER t, 9223372036854775807)
-           ) AS lo                          -- the shortest of the 20 neighbours
-    FROM d
-    WINDOW t AS (PARTITION BY d.thread_id ORDER BY d.ts)
-)
-SELECT b.*
-FROM w
-JOIN step_baseline_lookup b ON b.step_mark_id = w.step_mark_id
-WHERE (w.dur IS NULL OR (w.dur >= 1.5 * w.lo AND w.dur - w.lo >= 1000000))
-  AND b.slow = 1;
+SELECT * FROM step_baseline WHERE slow = 1;
 
 -- view: step_offcpu
 -- Causal link: a step -> each off-CPU interval of its thread inside it, clipped to the step, split

@@ -1,0 +1,697 @@
+"""The analysis behind a stall report: queries of the views (store/views/) and the rules
+(store/rules.py) into a typed report (store/models.py, `analyse()`). It decides which call or step
+is the stall, which cause explains it and with what evidence, and states it in sentences (summary,
+symptom, negatives); store/render.py turns the result into text.
+"""
+
+from __future__ import annotations
+
+from store.actions import CALL_ACTIONS, STEP_ACTIONS, fill
+from store.db import Store
+from store.errors import UserError
+from store.models import CallReport, StallReport, StepReport
+from store.rules import cause_rule, slow_call_rule, stall_rule
+from store.session import LAYERS, STEP_LAYERS, has_steps, resolve_window, session_row, session_state
+from store.units import ms, utc
+
+SLOW_LIMIT = 5  # slow calls listed in a report
+CPU_SHARE_CAUSE = 0.2  # preempted share of a call above which CPU contention is the cause
+BLOCKED_SHARE_CAUSE = 0.2
+OTHER_STALLS = 5
+
+
+# -- findings -------------------------------------------------------------------------------------
+def slow_calls(store: Store, session_id: int, start: int, end: int, limit: int = SLOW_LIMIT) -> list[dict]:
+    calls = store.query(
+        "SELECT * FROM slow_cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?"
+        " ORDER BY excess_dur DESC LIMIT ?",
+        (session_id, start, end, limit),
+    )
+    for call in calls:
+        call["contenders"] = store.query(
+            "SELECT contender_pid, contender_name, preemptions, delayed_wakeups, cpu_wait_dur, cpus"
+            " FROM cuda_call_contender WHERE cuda_call_id = ? ORDER BY cpu_wait_dur DESC",
+            (call["id"],),
+        )
+        call["blocked"] = store.query(
+            "SELECT o.reason, o.syscall_name, count(*) AS intervals,"
+            " sum(l.overlap_dur - l.runq_overlap_dur) AS dur"
+            " FROM cuda_call_offcpu l JOIN offcpu o ON o.id = l.offcpu_id"
+            " WHERE l.cuda_call_id = ? AND o.reason != 'preempted'"
+            " GROUP BY o.reason, o.syscall_name ORDER BY dur DESC",
+            (call["id"],),
+        )
+        call["python_stack"] = [r["text"] for r in store.query(
+            "SELECT f.text FROM cuda_call c JOIN python_frame f ON f.stack_id = c.python_stack_id"
+            " WHERE c.id = ? ORDER BY f.depth", (call["id"],))]
+        site = store.one("SELECT python_line FROM cuda_call_python WHERE cuda_call_id = ?", (call["id"],))
+        call["python"] = site["python_line"] if site else None
+        call["cause"] = _call_cause(call)
+        call["text"] = _call_text(call)
+    return calls
+
+
+def _call_cause(call: dict) -> dict:
+    # Against the excess, not the whole call: a sync call that sleeps 4 ms by design and then waits
+    # 6 ms for the CPU stalled because of the wait.
+    excess = max(call["excess_dur"] or 0, 1)
+    wait_share = call["cpu_wait_dur"] / excess
+    blocked_share = call["blocked_dur"] / excess
+    if wait_share >= CPU_SHARE_CAUSE and call["contenders"] and wait_share >= blocked_share / 2:
+        top = call["contenders"][0]
+        return {
+            "kind": "cpu_contention",
+            "summary": f"CPU contention: the thread waited for the CPU behind "
+                       f"{top['contender_name']} (pid {top['contender_pid']}) on cpu {top['cpus']}",
+            "contender_pid": top["contender_pid"], "contender_name": top["contender_name"],
+            "cpus": top["cpus"], "cpu_wait_dur_ns": call["cpu_wait_dur"],
+            "cpu_wait_share_of_call": round(call["cpu_wait_dur"] / (call["dur"] or 1), 3),
+        }
+    if blocked_share >= BLOCKED_SHARE_CAUSE and call["blocked"]:
+        top = call["blocked"][0]
+        what = top["reason"] + (f" in {top['syscall_name']}" if top["syscall_name"] else "")
+        return {"kind": "blocked", "summary": f"blocked ({what}) inside the call",
+                "reason": top["reason"], "syscall": top["syscall_name"],
+                "blocked_share_of_call": round(call["blocked_dur"] / (call["dur"] or 1), 3)}
+    return {"kind": "in_call", "summary": "time spent on-CPU inside the library (driver or device wait)",
+            "oncpu_share_of_call": round(1 - call["offcpu_dur"] / (call["dur"] or 1), 3)}
+
+
+def _call_text(call: dict) -> str:
+    text = f"{call['api']} {ms(call['dur'])} (expected ~{ms(call['expected_dur'])})"
+    dur = call["dur"] or 1
+    if call["offcpu_dur"]:
+        text += f": off-CPU {100 * call['offcpu_dur'] / dur:.0f}% of the call"
+    else:
+        text += ": on-CPU for the whole call"
+    if call["contenders"]:
+        top = call["contenders"][0]
+        cpus = top["cpus"] or "?"
+        who = f"{top['contender_name']} (pid {top['contender_pid']}) on cpu {cpus}"
+        if top["preemptions"]:
+            text += f", {top['preemptions']} preemption{'s' if top['preemptions'] != 1 else ''} by {who}"
+            if top["delayed_wakeups"]:
+                text += f" (and {top['delayed_wakeups']} delayed wakeups)"
+        else:
+            text += f", waited {ms(top['cpu_wait_dur'])} for the CPU after waking up, behind {who}"
+    for b in call["blocked"][:1]:
+        what = b["reason"] + (f" in {b['syscall_name']}" if b["syscall_name"] else "")
+        if b["dur"]:
+            text += f", blocked {ms(b['dur'])} ({what})"
+    return text
+
+
+def _capabilities(store: Store, session_id: int, layers: dict[str, str] = LAYERS) -> dict:
+    """Which of `layers` the session observed, and for the others why not."""
+    rows = store.query(
+        "SELECT layer, status, count(*) AS n FROM capability WHERE session_id = ? GROUP BY layer, status",
+        (session_id,),
+    )
+    attached = {r["layer"] for r in rows if r["status"] == "attached"}
+    observed = [k for k in layers if k in attached]
+    not_observed = []
+    for layer, label in layers.items():
+        if layer in attached:
+            continue
+        reasons = store.query(
+            "SELECT DISTINCT status || ': ' || probe"
+            " || CASE WHEN detail != '' THEN ' (' || detail || ')' ELSE '' END AS why"
+            " FROM capability WHERE session_id = ? AND layer = ? LIMIT 3", (session_id, layer))
+        not_observed.append({"layer": layer, "what": label,
+                             "why": "; ".join(r["why"] for r in reasons) or "not recorded by this session"})
+    return {"observed": observed, "not_observed": not_observed}
+
+
+def _next_actions(cause: dict | None, call: dict | None) -> list[str]:
+    if cause is None:
+        return []
+    what = f"{cause.get('reason')}" + (f" in {cause['syscall']}" if cause.get("syscall") else "")
+    return fill(CALL_ACTIONS, cause["kind"], {**call, **cause, "what": what})
+
+
+def _io_negatives(store: Store, sid: int, start: int, end: int, observed: list[str]) -> list[str]:
+    """Explicit negatives of the block and kernel-log layers for the window."""
+    out = []
+    span = {"s": sid, "a": start, "b": end}
+    if "kmsg" in observed and not store.one(
+            "SELECT count(*) AS n FROM nvme_event WHERE session_id = :s AND ts >= :a AND ts < :b"
+            " AND kind IN ('timeout', 'resetting', 'controller_down', 'reset_failure', 'not_ready')", span)["n"]:
+        out.append("no NVMe timeout or reset in the kernel log")
+    errors = 0
+    if "block" in observed:
+        errors += store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND ts >= :a"
+                            " AND ts < :b AND error != 0", span)["n"]
+    if "kmsg" in observed:
+        errors += store.one("SELECT count(*) AS n FROM block_error WHERE session_id = :s AND ts >= :a"
+                            " AND ts < :b", span)["n"]
+    if ("block" in observed or "kmsg" in observed) and not errors:
+        out.append("no block I/O errors")
+    return out
+
+
+def analyse(store: Store, session_id: int | None = None, window: str | None = None,
+            since: str | None = None, worst: bool = False, step: int | None = None) -> StallReport:
+    """The stall report of a session: per step when its threads mark steps (or `step` is given),
+    else per slow CUDA call."""
+    return StallReport(_report(store, session_id, window, since, worst, step))
+
+
+def explain(store: Store, session_id: int | None = None, window: str | None = None,
+            since: str | None = None, worst: bool = False, step: int | None = None) -> dict:
+    """The stall report as JSON values (what `--json` prints): `analyse(...).to_json()`."""
+    return analyse(store, session_id, window, since, worst, step).to_json()
+
+
+def _report(store: Store, session_id: int | None, window: str | None, since: str | None, worst: bool,
+            step: int | None) -> StepReport | CallReport:
+    session = session_row(store, session_id)
+    sid = session["id"]
+    state = session_state(store, session)
+    start, end = resolve_window(store, session, window, since)
+    if step is not None or has_steps(store, sid):
+        return explain_steps(store, session, state, start, end, step, worst)
+    off = session["wall_offset_ns"]
+    limit = 1 if worst else SLOW_LIMIT
+    calls = slow_calls(store, sid, start, end, limit)
+    if worst and calls:
+        start, end = calls[0]["ts"], calls[0]["ts"] + calls[0]["dur"]
+    lost = store.query(
+        "SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
+    caps = _capabilities(store, sid)
+    primary = calls[0] if calls else None
+    cause = primary["cause"] if primary else None
+    findings = _call_findings(calls, off)
+    negatives = []
+    if "cuda" in caps["observed"] and not calls:
+        negatives.append(f"no CUDA call took more than {slow_call_rule(store).times()} its baseline")
+    return _call_report(store, session, state, sid, start, end, off, calls, primary, cause, findings, negatives,
+                        caps, lost)
+
+
+def _call_findings(calls: list[dict], off: int) -> list[dict]:
+    return [{
+        "kind": "slow_cuda_call",
+        "cuda_call_id": c["id"], "api": c["api"], "ts": c["ts"], "utc": utc(c["ts"] + off),
+        "dur_ns": c["dur"], "expected_dur_ns": c["expected_dur"], "excess_dur_ns": c["excess_dur"],
+        "baseline_calls": c["baseline_calls"], "size_bytes": c["size_bytes"], "ret": c["ret"],
+        "thread": {"tid": c["tid"], "pid": c["pid"], "name": c["thread_name"],
+                   "process": c["process_name"]},
+        "offcpu_dur_ns": c["offcpu_dur"], "cpu_wait_dur_ns": c["cpu_wait_dur"],
+        "blocked_dur_ns": c["blocked_dur"], "preemptions": c["preemptions"],
+        "contenders": [{"pid": p["contender_pid"], "name": p["contender_name"],
+                        "preemptions": p["preemptions"], "delayed_wakeups": p["delayed_wakeups"],
+                        "cpu_wait_dur_ns": p["cpu_wait_dur"], "cpus": p["cpus"]}
+                       for p in c["contenders"]],
+        "blocked": [{"reason": b["reason"], "syscall": b["syscall_name"],
+                     "intervals": b["intervals"], "dur_ns": b["dur"]} for b in c["blocked"]],
+        "cause": c["cause"], "text": c["text"],
+        "python": c["python"], "python_stack": c["python_stack"],
+    } for c in calls]
+
+
+def _call_report(store: Store, session: dict, state: str, sid: int, start: int, end: int, off: int,
+                 calls: list[dict], primary: dict | None, cause: dict | None, findings: list[dict],
+                 negatives: list[str], caps: dict, lost: list[dict]) -> CallReport:
+    totals = store.one(
+        "SELECT count(*) AS calls, coalesce(sum(dur), 0) AS dur FROM cuda_call"
+        " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
+    slow_total = store.one(
+        "SELECT count(*) AS n FROM slow_cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?",
+        (sid, start, end))["n"]
+    offcpu = store.query(
+        "SELECT reason, count(*) AS intervals, sum(dur) AS dur FROM offcpu"
+        " WHERE session_id = ? AND ts >= ? AND ts < ? GROUP BY reason ORDER BY dur DESC",
+        (sid, start, end))
+    wait = store.one("SELECT coalesce(sum(runq_dur), 0) AS w FROM offcpu"
+                     " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))["w"]
+    if "sched" in caps["observed"] and wait < 0.05 * (end - start):
+        negatives.append(f"traced threads waited only {ms(wait)} for a CPU in the window")
+    negatives += _io_negatives(store, sid, start, end, caps["observed"])
+    return CallReport(
+        mode="call",
+        session={"id": sid, "state": state, "host": session["hostname"],
+                 "kernel": session["kernel_release"], "target": session["target"]},
+        window={"start_ts": start, "end_ts": end, "start_utc": utc(start + off),
+                "end_utc": utc(end + off), "dur_ns": end - start},
+        stall=primary is not None,
+        symptom=(f"{primary['api']} took {ms(primary['dur'])}, expected ~{ms(primary['expected_dur'])}"
+                 f" (median of {primary['baseline_calls']} {primary['family']} calls of that size)"
+                 if primary else "no CUDA call stalled in this window"),
+        primary_cause=None if primary is None else {
+            **cause, "cuda_call_id": primary["id"], "text": primary["text"],
+            "thread": f"{primary['thread_name']} (tid {primary['tid']}) of "
+                      f"{primary['process_name']} (pid {primary['pid']})",
+        },
+        findings=findings,
+        cuda={"calls": totals["calls"], "slow_calls": slow_total, "dur_ns": totals["dur"]},
+        offcpu=[{"reason": r["reason"], "intervals": r["intervals"], "dur_ns": r["dur"]}
+                for r in offcpu],
+        cpu_wait_dur_ns=wait,
+        negatives=negatives,
+        observed_layers=caps["observed"],
+        not_observed=caps["not_observed"],
+        loss={"dropped_events": sum(r["dropped"] for r in lost),
+              "by_probe": {r["probe"]: r["dropped"] for r in lost}},
+        next_actions=_next_actions(cause, primary),
+    )
+
+
+# == step reports ====================================================================================
+# A session whose threads mark steps (recorder.step, or inferred) is explained step by step: the
+# stalled step, its breakdown by cause against its neighbours (store/causes.py), the root cause
+# and its evidence down to the device event and the Python line.
+
+
+def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
+    from store.causes import lookup_steps
+
+    rows = lookup_steps(store, sid, number)
+    if not rows:
+        span = store.one("SELECT min(step) AS a, max(step) AS b, count(*) AS n FROM step_mark WHERE session_id = ?",
+                         (sid,))
+        raise UserError(f"no step {number} in session {sid}: its {span['n']} steps run {span['a']}..{span['b']}"
+                        " ('recorder steps' lists them)")
+    return rows
+
+
+def _thread_names(store: Store, step: dict) -> dict:
+    return store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?",
+                     (step["thread_id"],)) or {}
+
+
+def _event_rows(store: Store, events: list[dict]) -> list[dict]:
+    """The typed rows behind device events (nvme_event, block_error, ...), in time order."""
+    out = []
+    for e in events:
+        row = store.one(f"SELECT * FROM {e['event_table']} WHERE id = ?", (e["event_id"],))
+        if row:
+            out.append({**row, "event_table": e["event_table"], "kind": e["kind"], "link_detail": e["detail"]})
+    return out
+
+
+def _nvme_facts(store: Store, cand: dict) -> dict:
+    rows = _event_rows(store, cand.get("hit") or [])
+    first = next((r for r in rows if r.get("qid") is not None), rows[0] if rows else {})
+    request = cand.get("request") or {}
+    disk = request.get("device")
+    ctrl = first.get("controller")
+    pci = store.one("SELECT pci_address FROM block_device WHERE session_id = ? AND controller = ? LIMIT 1",
+                    (request.get("session_id"), ctrl)) if ctrl else None
+    actions = []
+    for r in rows:
+        if r.get("kind") in ("nvme_timeout", "nvme_timeout_abort", "nvme_timeout_reset") and r.get("action"):
+            actions.append(NVME_ACTIONS.get(r["action"], r["action"]))
+        elif r["event_table"] == "nvme_event" and r["kind"] != "nvme_timeout":
+            actions.append(r["link_detail"])
+    return {"device": disk, "controller": ctrl, "queue": first.get("qid"),
+            "request_tag": first.get("tag", first.get("rq_tag")), "pci_address": pci["pci_address"] if pci else None,
+            "actions": list(dict.fromkeys(actions)), "first_event_ts": rows[0]["ts"] if rows else None}
+
+
+NVME_ACTIONS = {"aborting": "abort", "reset controller": "controller reset", "reset": "controller reset",
+                "abort": "abort", "disable controller": "controller disabled", "disable": "controller disabled"}
+
+
+def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
+    """What the report says about a cause: summary, device facts, kernel path, next actions."""
+    kind = cand["kind"]
+    request = cand.get("request") or {}
+    wait = cand.get("wait") or {}
+    syscall = wait.get("syscall_name")
+    disk = request.get("device")
+    dur = cand["dur_ns"]
+    facts: dict = {"kind": kind, "dur_ns": dur, "excess_dur_ns": cand["excess_dur_ns"]}
+    context: dict = {}  # what the next actions name besides the facts (store/actions.py)
+    path: list[str] = []
+    io_path = []
+    if syscall:
+        io_path.append(f"{syscall}()")
+    if request:
+        if request.get("op") == "write" and syscall in ("fsync", "fdatasync", "sync_file_range", "msync"):
+            io_path.append("writeback of the file's dirty pages")
+        if request.get("submitter_kind") == "target_deferred":
+            io_path.append(f"blk-throttle (queued {ms(request.get('queued_dur'))})")
+        else:
+            io_path.append(f"blk-mq (queued {ms(request.get('queued_dur'))})")
+        io_path.append(f"{disk} (on device {ms(request.get('device_dur'))})")
+    if kind == "nvme_timeout":
+        nv = _nvme_facts(store, cand)
+        facts.update(nv)
+        facts["summary"] = (f"NVMe timeout on {disk} (controller {nv['controller']}, queue {nv['queue']}, "
+                            f"request tag {nv['request_tag']})" +
+                            (", then controller reset" if "controller reset" in nv["actions"] else "") +
+                            f": the thread waited {ms(dur)} for I/O")
+        path = io_path + ["NVMe timeout"] + nv["actions"][:4] + ["request completed"]
+    elif kind in ("io_error", "iommu_fault", "pcie_aer", "dma_bounce"):
+        rows = _event_rows(store, cand.get("hit") or [])
+        first = rows[0] if rows else {}
+        device = first.get("device") or first.get("dev") or first.get("source")
+        pci = store.one("SELECT pci_address FROM block_device WHERE session_id = ? AND disk = ? LIMIT 1",
+                        (request.get("session_id"), disk)) if disk else None
+        if pci and pci["pci_address"] and device and pci["pci_address"].endswith(device):
+            device = pci["pci_address"]  # VT-d prints bus:dev.fn without the PCI segment
+        n = len(rows)
+        facts.update(device=disk, event_device=device, events=n)
+        context["sector"] = first.get("sector")
+        if kind == "io_error":
+            facts["summary"] = (f"I/O error on {disk} at sector {first.get('sector')} ({cand['hit'][0]['detail']}):"
+                                f" the thread waited {ms(dur)} for I/O")
+        elif kind == "iommu_fault":
+            facts["summary"] = (f"IOMMU fault on {device} ({cand['hit'][0]['detail']}) while {disk} I/O was in "
+                                f"flight: the thread waited {ms(dur)} for I/O")
+        elif kind == "pcie_aer":
+            facts["summary"] = (f"PCIe AER error on {device} ({cand['hit'][0]['detail']}) while {disk} I/O was in "
+                                f"flight: the thread waited {ms(dur)} for I/O")
+        else:
+            full = any(r["kind"] == "swiotlb_full" for r in rows)
+            bounces = sum(1 for r in rows if r["kind"] == "dma_bounce")
+            facts["summary"] = (f"DMA through SWIOTLB bounce buffers on {device} ({disk}): {bounces} bounces "
+                                f"during the step" + (", and the bounce pool was full" if full else "") +
+                                f"; the thread waited {ms(dur)} for I/O")
+        path = io_path + [f"{kind.replace('_', ' ')} on {device}"]
+    elif kind in ("slow_io", "io_queued", "io_throttled", "blocked_io"):
+        from store.causes import percentile
+
+        pct = percentile(store, step["session_id"], request) if kind == "slow_io" else {}
+        facts.update(device=disk, percentile=pct)
+        if kind == "slow_io":
+            where = ""
+            if pct.get("requests"):
+                where = (f" (slower than {100 * (pct['rank'] - 1) / pct['requests']:.1f}% of its {pct['requests']} "
+                         f"{request['op']}s; median {ms(pct['median_dur_ns'])})")
+            facts["summary"] = (f"slow {request['op']} on {disk}: one request took {ms(request['device_dur'])} on "
+                                f"the device{where}; the thread waited {ms(dur)} for I/O")
+        elif kind in ("io_queued", "io_throttled"):
+            what = "blk-throttle (a cgroup I/O limit)" if kind == "io_throttled" else "the block layer's queue"
+            facts["summary"] = (f"I/O queued in {what} for {ms(request.get('queued_dur'))} before reaching {disk}; "
+                                f"the thread waited {ms(dur)} for I/O")
+        else:
+            facts["summary"] = (f"blocked on I/O ({syscall or 'no syscall'}) for {ms(dur)}; "
+                                "no block request was recorded")
+        path = io_path
+    elif kind == "cpu_contention":
+        top = cand.get("contender") or {}
+        everyone = cand.get("contenders") or []
+        facts.update(contender_pid=top.get("contender_pid"), contender_name=top.get("contender_name"),
+                     cpus=top.get("cpus"), preemptions=sum(c["preemptions"] or 0 for c in everyone),
+                     contenders=[{"name": c["contender_name"], "pids": c["pids"], "cpus": c["cpus"],
+                                  "cpu_wait_dur_ns": c["dur"], "preemptions": c["preemptions"],
+                                  "delayed_wakeups": c["delayed_wakeups"]} for c in everyone])
+
+        def who(c: dict) -> str:
+            pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
+            return f"{c['contender_name']} ({pids}; {ms(c['dur'])})"
+
+        pre = facts["preemptions"]
+        named = ", then ".join(who(c) for c in everyone[:2]) or "tasks not recorded"
+        facts["summary"] = (f"CPU contention: the thread waited {ms(dur)} for the CPU, behind {named} "
+                            f"on cpu {top.get('cpus')}" + (f", preempted {pre} times" if pre else ""))
+        path = [f"runnable on cpu {top.get('cpus')}", f"{top.get('contender_name')} ran instead"]
+    elif kind == "memory_reclaim":
+        kills = cand.get("oom_kills") or []
+        facts.update(scope=cand.get("scope"), oom_kills=[k["detail"] for k in kills])
+        facts["summary"] = (f"memory reclaim: the thread spent {ms(dur)} in {cand.get('scope')} direct reclaim"
+                            + (f"; {kills[0]['detail']}" if kills else ""))
+        path = ["page allocation", f"{cand.get('scope')} direct reclaim ({ms(dur)})"] + (["OOM kill"] if kills else [])
+    elif kind in ("tcp_retransmit", "network_wait"):
+        re_ = cand.get("retransmits") or []
+        facts.update(syscall=syscall, retransmits=sum(r["n"] for r in re_), peer=re_[0]["peer"] if re_ else None)
+        if re_:
+            facts["summary"] = (f"TCP retransmits: {facts['retransmits']} retransmits to {re_[0]['peer']} while the "
+                                f"thread waited {ms(dur)} in {syscall or 'a network call'}")
+            path = [f"{syscall}()" if syscall else "network wait", f"TCP retransmission to {re_[0]['peer']}"]
+        else:
+            facts["summary"] = f"waiting on the network in {syscall or 'a network call'} for {ms(dur)}"
+            path = [f"{syscall}()" if syscall else "network wait"]
+    elif kind in ("nccl_straggler", "nccl_wait"):
+        w = cand.get("wait") or {}
+        facts.update(api=w.get("api"), rank=w.get("rank"), straggler_rank=w.get("straggler_rank"),
+                     straggler_pid=w.get("straggler_pid"), lateness_dur_ns=w.get("lateness_dur"),
+                     comm_hash=w.get("comm_hash"), seq=w.get("seq"))
+        if kind == "nccl_straggler":
+            facts["summary"] = (f"NCCL straggler: rank {w.get('straggler_rank')} (pid {w.get('straggler_pid')})"
+                                f" entered {w.get('api')} {ms(w.get('lateness_dur'))} after the first rank; rank "
+                                f"{w.get('rank')} waited {ms(w.get('wait_dur'))}")
+            path = [f"{w.get('api')} (collective {w.get('seq')})", f"waiting for rank {w.get('straggler_rank')}"]
+        else:
+            facts["summary"] = f"waiting in {w.get('api')} for {ms(dur)}"
+            path = [f"{w.get('api')}"]
+    elif kind in ("slow_cuda_call", "gpu_xid"):
+        c = cand.get("call") or {}
+        facts.update(api=c.get("api"), expected_dur_ns=c.get("expected_dur"), call_dur_ns=c.get("dur"))
+        if kind == "gpu_xid":
+            x = cand["xids"][0]
+            facts.update(device=x["device"], detail=x["detail"])
+            facts["summary"] = f"GPU error on {x['device']} ({x['detail']}) during {c.get('api')}"
+        else:
+            facts["summary"] = (f"slow {c.get('api')}: {ms(c.get('dur'))} against ~{ms(c.get('expected_dur'))}, "
+                                "on the CPU inside the library (driver or device wait)")
+        path = [f"{c.get('api')}", "on-CPU in the CUDA library"]
+    elif kind == "dirty_throttle":
+        facts["summary"] = f"dirty-page throttling: the thread was paused {ms(dur)} writing to {cand.get('bdi')}"
+        path = ["write()", "balance_dirty_pages pause"]
+    else:  # blocked
+        facts.update(reason=cand.get("reason"), syscall=syscall, waker=wait.get("waker_name"))
+        how = f"in {syscall}()" if syscall == cand.get("reason") else (
+            f"{cand.get('reason')}" + (f" in {syscall}()" if syscall else ""))
+        facts["summary"] = (f"blocked {how} for {ms(dur)}"
+                            + (f", woken by {wait.get('waker_name')} (pid {wait.get('waker_pid')})"
+                               if wait.get("waker_name") else ""))
+        path = [f"{syscall}()" if syscall else cand.get("reason")]
+    names = _thread_names(store, step) if kind == "cpu_contention" else {}
+    kills = cand.get("oom_kills") or []
+    peer = facts.get("peer") or ""
+    context = {**facts, **context, "link": facts.get("pci_address") or facts.get("controller"),
+               "link_address": facts.get("pci_address") or "<pci address>",
+               "request_ts": request.get("ts"), "request_end": request.get("ts", 0) + request.get("dur", 0),
+               "tid": names.get("tid"), "thread_name": names.get("thread_name"),
+               "oom_kill": kills[0]["detail"] if kills else None, "peer_host": peer.split(":")[0]}
+    facts["next_actions"] = fill(STEP_ACTIONS, kind, context)
+    facts["kernel_path"] = path
+    return facts
+
+
+def _step_negatives(store: Store, sid: int, a: int, b: int, observed: set[str], primary_kind: str | None,
+                    rows: list[dict]) -> list[str]:
+    span = {"s": sid, "a": a, "b": b}
+
+    def none(sql: str) -> bool:
+        return not store.one(sql, span)["n"]
+
+    out = []
+    kmsg = "kmsg" in observed
+    if kmsg and primary_kind != "nvme_timeout" and none(
+            "SELECT count(*) AS n FROM nvme_event WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no NVMe timeout or reset")
+    if ("block" in observed or kmsg) and primary_kind != "io_error" and none(
+            "SELECT (SELECT count(*) FROM block_request WHERE session_id = :s AND ts >= :a AND ts < :b AND error != 0)"
+            " + (SELECT count(*) FROM block_error WHERE session_id = :s AND ts >= :a AND ts < :b) AS n"):
+        out.append("no block I/O errors")
+    if ("dma" in observed or kmsg) and primary_kind != "dma_bounce" and none(
+            "SELECT (SELECT count(*) FROM dma_event WHERE session_id = :s AND ts >= :a AND ts < :b"
+            " AND kind = 'swiotlb_bounce') + (SELECT count(*) FROM swiotlb_event WHERE session_id = :s"
+            " AND ts >= :a AND ts < :b) AS n"):
+        out.append("no SWIOTLB bounce detected")
+    if ("dma" in observed or kmsg) and primary_kind != "iommu_fault" and none(
+            "SELECT (SELECT count(*) FROM dma_event WHERE session_id = :s AND ts >= :a AND ts < :b"
+            " AND kind = 'iommu_fault') + (SELECT count(*) FROM iommu_fault WHERE session_id = :s"
+            " AND ts >= :a AND ts < :b) AS n"):
+        out.append("no IOMMU fault")
+    if kmsg and primary_kind != "pcie_aer" and none(
+            "SELECT count(*) AS n FROM aer_event WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no PCIe AER error")
+    if kmsg and primary_kind != "gpu_xid" and none(
+            "SELECT count(*) AS n FROM gpu_xid WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no GPU Xid")
+    if ("mm" in observed or kmsg) and none(
+            "SELECT (SELECT count(*) FROM oom_kill WHERE session_id = :s AND ts >= :a AND ts < :b)"
+            " + (SELECT count(*) FROM oom_victim WHERE session_id = :s AND ts >= :a AND ts < :b) AS n"):
+        out.append("no OOM kill")
+    if "mm" in observed and primary_kind != "memory_reclaim" and not any(r["cause"] == "reclaim" for r in rows):
+        out.append("no direct reclaim by the step's thread")
+    if "net" in observed and primary_kind != "tcp_retransmit" and none(
+            "SELECT count(*) AS n FROM tcp_retransmit WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append("no TCP retransmits")
+    if "sched" in observed and primary_kind != "cpu_contention" and rows:
+        wait = sum(r["dur_ns"] for r in rows if r["cause"] == "cpu_wait")
+        out.append(f"CPU wait normal ({ms(wait)} in the step)")
+    if "cuda" in observed and primary_kind not in ("slow_cuda_call", "gpu_xid") and none(
+            "SELECT count(*) AS n FROM slow_cuda_call WHERE session_id = :s AND ts >= :a AND ts < :b"):
+        out.append(f"no CUDA call took more than {slow_call_rule(store).times()} its baseline")
+    if "nccl" in observed and primary_kind != "nccl_straggler" and not any(
+            r["cause"] == "nccl_wait" and "waiting for rank" in (r["detail"] or "") for r in rows):
+        out.append("no NCCL straggler")
+    return out
+
+
+def _gpu_during(store: Store, sid: int, a: int, b: int) -> dict | None:
+    during = store.one("SELECT avg(util_gpu) AS u, count(*) AS n FROM gpu_sample WHERE session_id = ?"
+                       " AND ts >= ? AND ts < ?", (sid, a, b))
+    if not during or not during["n"]:
+        return None
+    rows = store.query("SELECT util_gpu FROM gpu_sample WHERE session_id = ? AND util_gpu IS NOT NULL"
+                       " ORDER BY util_gpu", (sid,))
+    typical = rows[(len(rows) - 1) // 2]["util_gpu"] if rows else None
+    return {"util_gpu_pct": round(during["u"], 1), "samples": during["n"], "session_median_util_gpu_pct": typical}
+
+
+def analyse_step(store: Store, session: dict, step: dict) -> dict:
+    """Everything a report says about one step (stalled or not)."""
+    from store import causes
+
+    sid = session["id"]
+    off = session["wall_offset_ns"]
+    rows = causes.breakdown(store, step)
+    excess = max(step["excess_dur"] or 0, 0)
+    cands = causes.candidates(store, step, rows)
+    rule = cause_rule(store)
+    chosen = causes.primary(cands, excess, rule) if step["slow"] else None
+    names = _thread_names(store, step)
+    primary_cause = None
+    if chosen is not None:
+        facts = _cause_facts(store, chosen, step)
+        at = causes.evidence_ts(chosen, step)
+        stack = causes.evidence_stack(chosen) or causes.nearest_stack(store, step["thread_id"], at, step["ts"])
+        site, frames = causes.python_site(store, stack)
+        request = chosen.get("request") or {}
+        facts.update(
+            python=site, python_stack=frames,
+            lineage=causes.lineage_at(store, sid, step["thread_id"], at, request.get("io_tag")),
+            share_of_stall=round(min(chosen["excess_dur_ns"] / max(excess, 1), 1.0), 3),
+            evidence={k: chosen[k].get(i) for k, i in (("request", "block_request_id"), ("wait", "offcpu_id"),
+                                                         ("call", "cuda_call_id")) if chosen.get(k)},
+            utc=utc(at + off),
+        )
+        if chosen["kind"] in ("nccl_straggler", "nccl_wait") and chosen.get("wait"):
+            facts["evidence"]["nccl_call_id"] = chosen["wait"].get("nccl_call_id")
+        primary_cause = facts
+    secondary = []
+    for c in cands:
+        if c is chosen or c["excess_dur_ns"] < rule.secondary_share * max(excess, 1) or not step["slow"]:
+            continue
+        if chosen is not None and c["kind"] == "blocked":  # the sleep the primary cause is made of
+            continue
+        secondary.append(_cause_facts(store, c, step)["summary"])
+    used = {"oom_kill"} if chosen is not None and chosen["kind"] == "memory_reclaim" else set()
+    if chosen is not None and chosen["kind"] == "tcp_retransmit":
+        used.add("tcp_retransmit")
+    for e in store.query("SELECT e.kind, count(*) AS n, min(e.detail) AS detail, c.cause FROM step_machine_event e"
+                         " LEFT JOIN device_event_cause c ON c.kind = e.kind"
+                         " WHERE e.step_mark_id = ? GROUP BY e.kind", (step["step_mark_id"],)):
+        if e["kind"] in used or (primary_cause and e["cause"] == primary_cause["kind"]):
+            continue
+        secondary.append(f"{e['n']} {e['kind'].replace('_', ' ')} event{'s' if e['n'] != 1 else ''} "
+                         f"during the step ({e['detail']})")
+    for c in store.query(
+            "SELECT final_path, status, reasons FROM checkpoint_integrity WHERE session_id = ? AND pid = ?"
+            " AND open_ts >= ? AND open_ts < ? AND status IN ('incomplete', 'changed', 'missing')",
+            (sid, names.get("pid"), step["ts"], step["ts"] + step["dur"])):
+        secondary.append(f"checkpoint {c['final_path']} written in this step is {c['status']}"
+                         + (f" ({c['reasons']})" if c["reasons"] else ""))
+    return {
+        "step": step["step"], "step_mark_id": step["step_mark_id"], "ts": step["ts"], "utc": utc(step["ts"] + off),
+        "dur_ns": step["dur"], "baseline_dur_ns": step["baseline_dur"], "baseline_steps": step["baseline_steps"],
+        "ratio": step["ratio"], "excess_dur_ns": step["excess_dur"], "slow": bool(step["slow"]),
+        "complete": bool(step["complete"]), "inferred": bool(step["inferred"]),
+        "thread": {"tid": names.get("tid"), "pid": names.get("pid"), "name": names.get("thread_name"),
+                   "process": names.get("process_name")},
+        "breakdown": rows, "primary_cause": primary_cause, "secondary": secondary,
+        "candidates": [c["kind"] for c in cands],
+    }
+
+
+def _choose(store: Store, session: dict, rows: list[dict]) -> tuple[dict, dict | None]:
+    """Among the processes' rows of one step number: the one whose wait another rank explains
+    (the collective's victim, with the straggler analysed too), else the most stalled."""
+    analyses = [analyse_step(store, session, r) for r in rows[:8]]
+    for a in analyses:
+        p = a["primary_cause"]
+        if p and p["kind"] == "nccl_straggler":
+            late = next((b for b in analyses if b["thread"]["pid"] == p.get("straggler_pid")), None)
+            return a, late
+    return analyses[0], None
+
+
+def explain_steps(store: Store, session: dict, state: str, start: int, end: int, step: int | None,
+                  worst: bool) -> StepReport:
+    sid = session["id"]
+    off = session["wall_offset_ns"]
+    stalls: list[dict] = []
+    if step is not None:
+        rows = _step_rows(store, sid, step)
+    else:
+        from store.causes import find_stalls
+
+        stalls = find_stalls(store, sid, start, end)
+        rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []
+    caps = _capabilities(store, sid, STEP_LAYERS)
+    observed = set(caps["observed"])
+    lost = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
+    base = {
+        "mode": "step",
+        "session": {"id": sid, "state": state, "host": session["hostname"], "kernel": session["kernel_release"],
+                    "target": session["target"]},
+        "observed_layers": caps["observed"], "not_observed": caps["not_observed"],
+        "loss": {"dropped_events": sum(r["dropped"] for r in lost),
+                 "by_probe": {r["probe"]: r["dropped"] for r in lost}},
+    }
+    if not rows:
+        summary = store.one("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_all"
+                            " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
+        med = store.query("SELECT dur FROM step_all WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
+                          " ORDER BY dur", (sid, start, end))
+        typical = med[(len(med) - 1) // 2]["dur"] if med else None
+        return StepReport(
+            **base, window=_window(start, end, off), stall=False, step=None,
+            symptom=f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
+                    f" (a stall is {stall_rule(store).text()})",
+            primary_cause=None, findings=[], secondary=[], other_stalls=[],
+            negatives=_step_negatives(store, sid, start, end, observed, None, []),
+            gpu=_gpu_during(store, sid, start, end), next_actions=[], straggler=None)
+    chosen, late = _choose(store, session, rows)
+    a, b = chosen["ts"], chosen["ts"] + chosen["dur_ns"]
+    p = chosen["primary_cause"]
+    gpu = _gpu_during(store, sid, a, b)
+    symptom = (f"step {chosen['step']} took {ms(chosen['dur_ns'])}, {chosen['ratio']}x its median of "
+               f"{ms(chosen['baseline_dur_ns'])} over {chosen['baseline_steps']} neighbouring steps"
+               if chosen["slow"] else
+               f"step {chosen['step']} took {ms(chosen['dur_ns'])}, within its median of "
+               f"{ms(chosen['baseline_dur_ns'])}: not a stall")
+    if not chosen["complete"]:
+        symptom += " (still running when the recording stopped)"
+    if gpu:
+        symptom += f"; GPU utilisation {gpu['util_gpu_pct']}% (session median {gpu['session_median_util_gpu_pct']}%)"
+    others = []
+    if step is None and not worst:
+        seen = {chosen["step"]}
+        for r in stalls:
+            if r["step"] in seen or len(others) >= OTHER_STALLS:
+                continue
+            seen.add(r["step"])
+            others.append({"step": r["step"], "dur_ns": r["dur"], "baseline_dur_ns": r["baseline_dur"],
+                           "ratio": r["ratio"]})
+    straggler = None
+    if late is not None:
+        lp = late["primary_cause"]
+        straggler = {"rank": p.get("straggler_rank"), "pid": late["thread"]["pid"], "step": late["step"],
+                     "dur_ns": late["dur_ns"], "summary": lp["summary"] if lp else "no recorded wait explains it",
+                     "python": lp.get("python") if lp else None, "kernel_path": lp.get("kernel_path") if lp else []}
+    next_actions = list(p["next_actions"]) if p else (fill(STEP_ACTIONS, "unexplained", {}) if chosen["slow"] else [])
+    return StepReport(
+        **base, window=_window(a, b, off), stall=chosen["slow"],
+        step={k: chosen[k] for k in ("step", "step_mark_id", "utc", "dur_ns", "baseline_dur_ns", "baseline_steps",
+                                     "ratio", "excess_dur_ns", "complete", "inferred", "thread")},
+        symptom=symptom,
+        primary_cause=p,
+        breakdown=chosen["breakdown"],
+        findings=_call_findings(slow_calls(store, sid, a, b), off),
+        secondary=chosen["secondary"],
+        straggler=straggler,
+        other_stalls=others,
+        negatives=_step_negatives(store, sid, a, b, observed, p["kind"] if p else None, chosen["breakdown"]),
+        gpu=gpu,
+        next_actions=next_actions)
+
+
+def _window(a: int, b: int, off: int) -> dict:
+    return {"start_ts": a, "end_ts": b, "start_utc": utc(a + off), "end_utc": utc(b + off), "dur_ns": b - a}

@@ -1,0 +1,340 @@
+"""The stall report as typed models: what store/analysis.py builds, store/render.py words and
+`recorder explain --json` prints (`StallReport.to_json()`). docs/report-schema.json is
+`StallReport.model_json_schema()`, checked by tests/test_report_model.py.
+
+A report is a StepReport (a session whose threads mark steps) or a CallReport (slow CUDA calls
+against their own baseline), told apart by `mode`. Fields a report does not carry for its kind
+of cause are left out of the JSON rather than written as null: a cause names the facts it has
+(an NVMe timeout its controller and queue, CPU contention the tasks that held the CPU).
+Durations are in ns (`*_ns`), timestamps in ns of CLOCK_MONOTONIC (`ts`) and as UTC text (`utc`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+Num = int | float  # kept as recorded: an integer stays one in the JSON
+
+
+class Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Session(Part):
+    id: int
+    state: str = Field(description="'complete', 'recording' (a live recorder holds it) or 'incomplete'")
+    host: str | None
+    kernel: str | None
+    target: str | None
+
+
+class Window(Part):
+    start_ts: int
+    end_ts: int
+    start_utc: str
+    end_utc: str
+    dur_ns: int
+
+
+class NotObserved(Part):
+    layer: str
+    what: str
+    why: str
+
+
+class Loss(Part):
+    dropped_events: int
+    by_probe: dict[str, int]
+
+
+class Thread(Part):
+    tid: int | None = None
+    pid: int | None = None
+    name: str | None = None
+    process: str | None = None
+
+
+# -- slow CUDA calls ---------------------------------------------------------------------------------
+class CallCause(Part):
+    """Why one slow CUDA call was slow."""
+
+    kind: Literal["cpu_contention", "blocked", "in_call"]
+    summary: str
+    contender_pid: int | None = None
+    contender_name: str | None = None
+    cpus: str | None = None
+    cpu_wait_dur_ns: int | None = None
+    cpu_wait_share_of_call: Num | None = None
+    reason: str | None = None
+    syscall: str | None = None
+    blocked_share_of_call: Num | None = None
+    oncpu_share_of_call: Num | None = None
+
+
+class CallContender(Part):
+    pid: int | None
+    name: str | None
+    preemptions: int | None
+    delayed_wakeups: int | None
+    cpu_wait_dur_ns: int | None
+    cpus: str | None
+
+
+class CallBlocked(Part):
+    reason: str | None
+    syscall: str | None
+    intervals: int
+    dur_ns: int | None
+
+
+class CallFinding(Part):
+    """A slow CUDA call (slow_cuda_call) with what it waited for."""
+
+    kind: Literal["slow_cuda_call"]
+    cuda_call_id: int
+    api: str
+    ts: int
+    utc: str
+    dur_ns: int
+    expected_dur_ns: int | None
+    excess_dur_ns: int | None
+    baseline_calls: int | None
+    size_bytes: int | None
+    ret: int | None
+    thread: Thread
+    offcpu_dur_ns: int
+    cpu_wait_dur_ns: int
+    blocked_dur_ns: int
+    preemptions: int
+    contenders: list[CallContender]
+    blocked: list[CallBlocked]
+    cause: CallCause
+    text: str
+    python: str | None
+    python_stack: list[str]
+
+
+class CallPrimaryCause(CallCause):
+    """The cause of the slowest call, with the call it is about."""
+
+    cuda_call_id: int
+    text: str
+    thread: str
+
+
+class CudaTotals(Part):
+    calls: int
+    slow_calls: int
+    dur_ns: int
+
+
+class OffCpu(Part):
+    reason: str | None
+    intervals: int
+    dur_ns: int | None
+
+
+class CallReport(Part):
+    """The report of a session without steps: its slow CUDA calls."""
+
+    mode: Literal["call"]
+    session: Session
+    window: Window
+    stall: bool
+    symptom: str
+    primary_cause: CallPrimaryCause | None
+    findings: list[CallFinding]
+    cuda: CudaTotals
+    offcpu: list[OffCpu]
+    cpu_wait_dur_ns: int
+    negatives: list[str]
+    observed_layers: list[str]
+    not_observed: list[NotObserved]
+    loss: Loss
+    next_actions: list[str]
+
+
+# -- steps ---------------------------------------------------------------------------------------------
+class Step(Part):
+    step: int
+    step_mark_id: int
+    utc: str
+    dur_ns: int
+    baseline_dur_ns: int | None
+    baseline_steps: int
+    ratio: Num | None = Field(description="dur / baseline")
+    excess_dur_ns: int | None
+    complete: bool
+    inferred: bool
+    thread: Thread
+
+
+class Lineage(Part):
+    tag: int
+    tag_hex: str
+    label: str | None
+    checkpoint: str | None
+
+
+class Percentile(Part):
+    """Where a request's latency falls among the session's requests of its device and op."""
+
+    requests: int | None = None
+    rank: int | None = None
+    fraction: Num | None = None
+    median_dur_ns: int | None = None
+
+
+class Contender(Part):
+    name: str | None
+    pids: str | None
+    cpus: str | None
+    cpu_wait_dur_ns: int | None
+    preemptions: int | None
+    delayed_wakeups: int | None
+
+
+class PrimaryCause(Part):
+    """A step's root cause (store/causes.py kinds, rows of cause_kind): what it is, how much of the
+    stall it explains, its evidence and next actions, and the facts of its kind."""
+
+    kind: str
+    dur_ns: int = Field(description="ns of the step this cause accounts for")
+    excess_dur_ns: int = Field(description="ns above its median in the neighbouring steps")
+    summary: str
+    next_actions: list[str]
+    kernel_path: list[str]
+    python: str | None = None
+    python_stack: list[str] = []
+    lineage: Lineage | None = None
+    share_of_stall: Num | None = None
+    evidence: dict[str, int | None] = Field(
+        default={}, description="the evidence rows: 'request' (block_request id), 'wait' (offcpu_interval id), "
+                                "'call' (cuda_call id), 'nccl_call_id' (nccl_call id)")
+    utc: str | None = None
+    # the facts of each kind (present only for it)
+    device: str | None = None
+    controller: str | None = None
+    queue: int | None = None
+    request_tag: int | None = None
+    pci_address: str | None = None
+    actions: list[str] | None = None
+    first_event_ts: int | None = None
+    event_device: str | None = None
+    events: int | None = None
+    percentile: Percentile | None = None
+    contender_pid: int | None = None
+    contender_name: str | None = None
+    cpus: str | None = None
+    preemptions: int | None = None
+    contenders: list[Contender] | None = None
+    scope: str | None = None
+    oom_kills: list[str] | None = None
+    syscall: str | None = None
+    retransmits: int | None = None
+    peer: str | None = None
+    api: str | None = None
+    rank: int | None = None
+    straggler_rank: int | None = None
+    straggler_pid: int | None = None
+    lateness_dur_ns: int | None = None
+    comm_hash: int | None = None
+    seq: int | None = None
+    expected_dur_ns: int | None = None
+    call_dur_ns: int | None = None
+    detail: str | None = None
+    reason: str | None = None
+    waker: str | None = None
+
+
+class BreakdownRow(Part):
+    """The time of the step's thread by cause (step_cause) against its neighbours."""
+
+    cause: str
+    detail: str | None
+    dur_ns: int
+    events: int
+    usual_dur_ns: int
+    excess_dur_ns: int
+
+
+class Straggler(Part):
+    """For an NCCL straggler: the late rank's own step, when its recording is in the database."""
+
+    rank: int | None
+    pid: int | None
+    step: int
+    dur_ns: int
+    summary: str
+    python: str | None
+    kernel_path: list[str] | None
+
+
+class OtherStall(Part):
+    step: int
+    dur_ns: int
+    baseline_dur_ns: int | None
+    ratio: Num | None
+
+
+class Gpu(Part):
+    util_gpu_pct: Num
+    samples: int
+    session_median_util_gpu_pct: Num | None
+
+
+class StepReport(Part):
+    """The report of a session whose threads mark steps: the stalled step and why."""
+
+    mode: Literal["step"]
+    session: Session
+    observed_layers: list[str]
+    not_observed: list[NotObserved]
+    loss: Loss
+    window: Window
+    stall: bool
+    step: Step | None
+    symptom: str
+    primary_cause: PrimaryCause | None
+    breakdown: list[BreakdownRow] = []
+    findings: list[CallFinding]
+    secondary: list[str]
+    straggler: Straggler | None
+    other_stalls: list[OtherStall]
+    negatives: list[str]
+    gpu: Gpu | None
+    next_actions: list[str]
+
+
+class StallReport(RootModel[Annotated[StepReport | CallReport, Field(discriminator="mode")]]):
+    """What `recorder explain` reports: a StepReport or a CallReport (`mode`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON values, each field as the analysis set it."""
+        return self.root.model_dump(exclude_unset=True)
+
+    @property
+    def report(self) -> StepReport | CallReport:
+        return self.root
+
+
+def as_report(report: StallReport | StepReport | CallReport | dict) -> StepReport | CallReport:
+    """The typed report, from the model or from its JSON (what `explain()` returns)."""
+    if isinstance(report, StallReport):
+        return report.root
+    if isinstance(report, StepReport | CallReport):
+        return report
+    return StallReport.model_validate(report).root
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the report, as docs/report-schema.json holds it."""
+    return StallReport.model_json_schema()
+
+
+if __name__ == "__main__":  # python -m store.models > docs/report-schema.json
+    import json
+
+    print(json.dumps(json_schema(), indent=1, sort_keys=True))

@@ -1,0 +1,132 @@
+"""The report as text: `render_text()` words a report (store/models.py) line by line. It queries
+nothing; every number and sentence it prints is a field of the report, so the text and `--json`
+always carry the same content."""
+
+from __future__ import annotations
+
+from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
+from store.session import LAYERS, STEP_LAYERS
+from store.units import NS, ms
+
+Report = StallReport | StepReport | CallReport | dict
+
+
+def _python_lines(python: str | None, python_stack: list[str], stack: bool, indent: str) -> list[str]:
+    """'at forward() at train.py:142' under a call, and with `stack` its frames, innermost first."""
+    out = [f"{indent}at {python}"] if python else []
+    if stack:
+        out += [f"{indent}    {frame}" for frame in python_stack or []]
+    return out
+
+
+def _finding_lines(findings: list[CallFinding], stack: bool) -> list[str]:
+    out = []
+    for f in findings:
+        out.append(f"  {f.utc}  {f.text}")
+        out += _python_lines(f.python, f.python_stack, stack, "    ")
+    return out
+
+
+def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, layers: dict[str, str]) -> list[str]:
+    """What was and was not observed, and what was lost."""
+    lines = ["Observed: " + (", ".join(layers[k] for k in observed) or "nothing")]
+    lines += [f"Not observed: {n.what} ({n.why})" for n in not_observed]
+    lines.append("Data loss: " + ("none" if not loss.dropped_events else
+                                  f"{loss.dropped_events} events dropped "
+                                  + ", ".join(f"{k}: {v}" for k, v in loss.by_probe.items())))
+    return lines
+
+
+def _actions(next_actions: list[str]) -> list[str]:
+    if not next_actions:
+        return []
+    return ["Recommended next actions:"] + [f"  {i}. {a}" for i, a in enumerate(next_actions, 1)]
+
+
+def render_text(report: Report, stack: bool = False) -> str:
+    """The report as text; `stack` adds each slow call's whole Python stack under its line."""
+    r = as_report(report)
+    if isinstance(r, StepReport):
+        return render_step_text(r, stack)
+    w, s = r.window, r.session
+    lines = [
+        "Stall report",
+        f"Session: {s.id} on {s.host} ({s.state}), target {s.target}",
+        f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)",
+        f"Symptom: {r.symptom}",
+    ]
+    p = r.primary_cause
+    if p:
+        lines.append(f"Primary cause: {p.summary}")
+        lines.append(f"  {p.text}")
+        lines += _python_lines(r.findings[0].python, r.findings[0].python_stack, stack, "  ")
+        lines.append(f"  thread {p.thread}")
+    else:
+        lines.append("Primary cause: none: no stall found in this window")
+    rest = r.findings[1:]
+    if rest:
+        lines.append(f"Other slow calls ({r.cuda.slow_calls} in the window):")
+        lines += _finding_lines(rest, stack)
+    if r.offcpu:
+        parts = [f"{o.reason} {ms(o.dur_ns)} ({o.intervals})" for o in r.offcpu[:5]]
+        lines.append("Off-CPU time of traced threads: " + ", ".join(parts))
+    if r.negatives:
+        lines.append("Checked and clean: " + "; ".join(r.negatives))
+    lines += _tail(r.observed_layers, r.not_observed, r.loss, LAYERS)
+    lines += _actions(r.next_actions)
+    return "\n".join(lines)
+
+
+def render_step_text(report: Report, stack: bool = False) -> str:
+    r = as_report(report)
+    assert isinstance(r, StepReport), "render_step_text takes a step report"
+    w, s = r.window, r.session
+    lines = ["Stall report", f"Session: {s.id} on {s.host} ({s.state}), target {s.target}"]
+    st = r.step
+    if st:
+        t = st.thread
+        lines.append(f"Window: {w.start_utc} -> {w.end_utc}   step {st.step} ({ms(st.dur_ns)}, median "
+                     f"{ms(st.baseline_dur_ns)}){' [inferred]' if st.inferred else ''}")
+        lines.append(f"Thread: {t.name} (tid {t.tid}) of {t.process} (pid {t.pid})")
+    else:
+        lines.append(f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)")
+    lines.append(f"Symptom: {r.symptom}")
+    p = r.primary_cause
+    if p:
+        lines.append(f"Primary cause: {p.summary}")
+        if p.lineage:
+            lines.append(f"Workload lineage: tag {p.lineage.tag_hex}  {p.lineage.label or '(no label)'}"
+                         + (f"  checkpoint {p.lineage.checkpoint}" if p.lineage.checkpoint else ""))
+        if p.python:
+            lines.append(f"Python: {p.python}")
+            if stack:
+                lines += [f"    {f}" for f in p.python_stack or []]
+        if p.kernel_path:
+            lines.append("Kernel path: " + " -> ".join(p.kernel_path))
+        lines.append(f"Share of the stall: {100 * p.share_of_stall:.0f}% ({ms(p.excess_dur_ns)} above the "
+                     "usual in the neighbouring steps)")
+    elif r.stall:
+        lines.append("Primary cause: none recorded: no wait of the thread explains the step (it ran on the CPU)")
+    else:
+        lines.append("Primary cause: none: no stall")
+    late = r.straggler
+    if late:
+        lines.append(f"Why rank {late.rank} (pid {late.pid}) was late: {late.summary}"
+                     + (f" at {late.python}" if late.python else ""))
+    if r.breakdown:
+        parts = [f"{b.cause}{f' {b.detail}' if b.detail else ''} {ms(b.dur_ns)} (usually {ms(b.usual_dur_ns)})"
+                 for b in r.breakdown[:6]]
+        lines.append("Breakdown: " + "; ".join(parts))
+    if r.findings:
+        lines.append(f"Slow CUDA calls in the step ({len(r.findings)}):")
+        lines += _finding_lines(r.findings, stack)
+    if r.secondary:
+        lines.append("Secondary signals: " + "; ".join(r.secondary))
+    if r.negatives:
+        lines.append("Checked and clean: " + "; ".join(r.negatives))
+    lines += _tail(r.observed_layers, r.not_observed, r.loss, STEP_LAYERS)
+    if r.other_stalls:
+        lines.append("Other stalled steps: " + ", ".join(
+            f"{o.step} ({ms(o.dur_ns)}, {o.ratio}x)" for o in r.other_stalls))
+    lines += _actions(r.next_actions)
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Sessions and windows: which session a report is about, its state and end, the window a user
+asked for, and the layers it observed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from store.db import Store, lock_holder
+from store.errors import UserError
+from store.units import NS
+
+# Layers a session may observe, and the capability layer that says whether it did.
+LAYERS = {
+    "sched": "scheduler (off-CPU intervals)",
+    "cuda": "CUDA runtime/driver calls",
+    "python": "Python source lines",
+    "nccl": "NCCL collectives",
+    "block": "block I/O requests",
+    "kmsg": "kernel log (NVMe, I/O errors, IOMMU, AER, Xid, OOM)",
+}
+
+
+STEP_LAYERS = {
+    **LAYERS,
+    "mm": "memory pressure (reclaim, dirty throttling, OOM)",
+    "net": "TCP retransmits",
+    "dma": "DMA mapping, SWIOTLB bounces, IOMMU faults",
+    "gpu": "GPU utilisation (NVML)",
+}
+
+
+def session_row(store: Store, session_id: int | None) -> dict:
+    if session_id is None:
+        row = store.one("SELECT * FROM session ORDER BY id DESC LIMIT 1")
+        if row is None:
+            raise UserError(f"{store.path} holds no session yet: record one with 'recorder start'")
+        return row
+    row = store.one("SELECT * FROM session WHERE id = ?", (session_id,))
+    if row is None:
+        ids = [r["id"] for r in store.query("SELECT id FROM session ORDER BY id")]
+        raise UserError(f"no session {session_id} in {store.path}: sessions there are {ids}")
+    return row
+
+
+def session_state(store: Store, session: dict) -> str:
+    """'complete', 'recording' (a live recorder holds it) or 'incomplete' (the recorder died)."""
+    if session["status"] != "recording":
+        return session["status"]
+    return "recording" if lock_holder(store.path) else "incomplete"
+
+
+def session_end(store: Store, session: dict) -> int:
+    """Last ts of the session: its stop, or the last event of an incomplete one."""
+    if session["stopped_ts"]:
+        return session["stopped_ts"]
+    row = store.one(
+        "SELECT max(e) AS e FROM (SELECT max(ts + dur) AS e FROM cuda_call WHERE session_id = :s"
+        " UNION ALL SELECT max(ts + dur) FROM offcpu_interval WHERE session_id = :s)",
+        {"s": session["id"]},
+    )
+    return max(row["e"] or session["started_ts"], session["started_ts"])
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
+
+
+def parse_duration(text: str) -> int:
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise UserError(f"cannot read duration {text!r}: write e.g. 30s, 5m, 1h or 500ms")
+    scale = {"ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+def _point(text: str, session: dict) -> int:
+    """A window bound: seconds after the session start, or an ISO-8601 time (UTC if no zone)."""
+    text = text.strip()
+    try:
+        return session["started_ts"] + int(float(text) * NS)
+    except ValueError:
+        pass
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(
+            f"cannot read {text!r} in --window: use seconds after the session start (5..12.5) "
+            "or UTC times (2026-04-28T22:14:40Z..2026-04-28T22:15:10Z)"
+        ) from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return int(t.timestamp() * NS) - session["wall_offset_ns"]
+
+
+def resolve_window(store: Store, session: dict, window: str | None = None,
+                   since: str | None = None) -> tuple[int, int]:
+    start, end = session["started_ts"], session_end(store, session)
+    if window:
+        if ".." not in window:
+            raise UserError("--window takes A..B: seconds after the start (5..12.5) or UTC times")
+        a, b = window.split("..", 1)
+        start, end = _point(a, session), _point(b, session)
+        if end <= start:
+            raise UserError(f"--window {window} ends before it starts: give A..B with A < B")
+    elif since:
+        start = max(start, end - parse_duration(since))
+    return start, end
+
+
+def has_steps(store: Store, session_id: int) -> bool:
+    return store.one("SELECT 1 AS x FROM step_mark WHERE session_id = ? LIMIT 1", (session_id,)) is not None
