@@ -35,6 +35,10 @@ EXAMPLES = {
     "top": "recorder top\n  recorder top --limit 10 --json",
     "verify-checkpoints": ("recorder verify-checkpoints                 # the latest session\n"
                            "  recorder verify-checkpoints --db run.db --session 3 --json"),
+    "export": ("recorder export --perfetto trace.pftrace          # the latest session, whole\n"
+               "  recorder export --db run.db --step 412 --perfetto step412.pftrace\n"
+               "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
+               "  then open the file in ui.perfetto.dev (loaded in the browser, not uploaded)"),
     "demo": ("recorder demo --no-gpu --list\n"
              "  recorder demo --no-gpu nvme-timeout-checkpoint\n"
              "  recorder demo --no-gpu nccl-straggler --db /tmp/straggler.db --json"),
@@ -122,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     _db_arg(p)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "export", "write a recording in another format: a Perfetto timeline (--perfetto)")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("--perfetto", type=Path, metavar="FILE",
+                   help="a Perfetto trace: tracks per thread and disk, counters, flows for the causal links")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--window", metavar="A..B",
+                   help="only A..B: seconds after the session start (5..12.5) or UTC times")
+    g.add_argument("--step", type=int, metavar="N", help="only step N (on every thread that marks it)")
+    p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
 
     p = _sub(subs, "demo", "write a synthetic recording of a known stall (no root, no BPF, no GPU) and explain it")
     p.add_argument("--no-gpu", action="store_true", help="synthetic scenarios (the only kind there is)")
@@ -282,6 +297,29 @@ def cmd_verify_checkpoints(args) -> int:
     return 0 if all(r["matches"] for r in results) else 1
 
 
+def cmd_export(args) -> int:
+    from store.db import open_store
+
+    if not args.perfetto:
+        raise UserError("say what to write: recorder export --perfetto FILE")
+    written = []
+    with open_store(args.db, readonly=True) as store:
+        if args.perfetto:
+            from store.export_perfetto import export_perfetto
+
+            written.append({"format": "perfetto", **export_perfetto(store, args.perfetto, args.session,
+                                                                     args.window, args.step)})
+    if args.json:
+        print(json.dumps(written, indent=1))
+        return 0
+    for w in written:
+        if w["format"] == "perfetto":
+            print(f"wrote {w['file']} ({w['bytes'] / 1e6:.1f} MB): session {w['session_id']}, {w['tracks']} tracks, "
+                  f"{w['slices']} slices, {w['instants']} instants, {w['counter_values']} counter values, "
+                  f"{w['flows']} causal flows; open it in ui.perfetto.dev")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from recorder.demo import SCENARIOS, write_scenario
     from store.db import open_store
@@ -330,6 +368,7 @@ def cmd_mcp(args) -> int:
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
     "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
+    "export": cmd_export,
     "verify-checkpoints": cmd_verify_checkpoints,
     "mcp": cmd_mcp,
 }
