@@ -39,6 +39,8 @@ EXAMPLES = {
                "  recorder export --db run.db --step 412 --perfetto step412.pftrace\n"
                "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
                "  then open the file in ui.perfetto.dev (loaded in the browser, not uploaded)"),
+    "report": ("recorder report --html stall.html             # the latest session\n"
+               "  recorder report --db run.db --session 3 --html session3.html"),
     "demo": ("recorder demo --no-gpu --list\n"
              "  recorder demo --no-gpu nvme-timeout-checkpoint\n"
              "  recorder demo --no-gpu nccl-straggler --db /tmp/straggler.db --json"),
@@ -136,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--window", metavar="A..B",
                    help="only A..B: seconds after the session start (5..12.5) or UTC times")
     g.add_argument("--step", type=int, metavar="N", help="only step N (on every thread that marks it)")
+    p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
+
+    p = _sub(subs, "report", "write the stall report as one self-contained HTML page with plots (--html)")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("--html", type=Path, metavar="FILE", required=True,
+                   help="the page to write: no scripts, nothing fetched; opens offline")
     p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
 
     p = _sub(subs, "demo", "write a synthetic recording of a known stall (no root, no BPF, no GPU) and explain it")
@@ -320,6 +329,20 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from store.db import open_store
+    from store.html_report import write_html
+
+    with open_store(args.db, readonly=True) as store:
+        info = write_html(store, args.html, args.session)
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print(f"wrote {info['file']} ({info['bytes'] / 1e3:.0f} kB): session {info['session_id']}, "
+              f"{'a stall' if info['stall'] else 'no stall'}; open it in any browser")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from recorder.demo import SCENARIOS, write_scenario
     from store.db import open_store
@@ -368,7 +391,7 @@ def cmd_mcp(args) -> int:
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
     "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
-    "export": cmd_export,
+    "export": cmd_export, "report": cmd_report,
     "verify-checkpoints": cmd_verify_checkpoints,
     "mcp": cmd_mcp,
 }

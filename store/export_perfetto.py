@@ -83,6 +83,11 @@ def _ann(name: str, value: object) -> pb.DebugAnnotation:
     return a
 
 
+def _hex(tag: int | None) -> str | None:
+    """A 64-bit tag as the reports print it (SQLite stores it signed)."""
+    return None if tag is None else f"{tag & 0xFFFFFFFFFFFFFFFF:#x}"
+
+
 def _size(n: int | None) -> str:
     if n is None:
         return ""
@@ -359,7 +364,7 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
     for r in store.query("SELECT * FROM lineage_interval WHERE session_id = :s AND tag != 0"
                          " AND ts < :b AND ts + dur > :a", w):
         thread_group(r["thread_id"], "lineage").slices.append(Slice(
-            r["ts"], r["dur"], r["label"] or f"tag {r['tag']:#x}", "lineage", {"tag": f"{r['tag']:#x}"}))
+            r["ts"], r["dur"], r["label"] or f"tag {_hex(r['tag'])}", "lineage", {"tag": _hex(r["tag"])}))
 
     opened: dict[tuple, dict] = {}
     for r in store.query("SELECT * FROM checkpoint_mark WHERE session_id = :s AND ts < :b ORDER BY ts", w):
@@ -390,7 +395,7 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
             r["ts"], r["dur"], f"{r['op']} {_size(r['size_bytes'])}", "block",
             {"sector": r["sector"], "size_bytes": r["size_bytes"], "rwbs": r["rwbs"], "error": r["error"],
              "submitter": r["submitter_kind"], "queued_dur_ns": r["queued_dur"], "device_dur_ns": r["device_dur"],
-             "io_tag": r["io_tag"] and f"{r['io_tag']:#x}"}, ("block_request", r["id"]), stages))
+             "io_tag": _hex(r["io_tag"])}, ("block_request", r["id"]), stages))
         depth[disk] += [(r["ts"], 1), (end, -1)]
     for disk, changes in depth.items():
         track = tb.track(f"{disk} queue depth", disks_root, counter=pb.CounterDescriptor.UNIT_COUNT)
