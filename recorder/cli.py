@@ -38,7 +38,8 @@ EXAMPLES = {
     "export": ("recorder export --perfetto trace.pftrace          # the latest session, whole\n"
                "  recorder export --db run.db --step 412 --perfetto step412.pftrace\n"
                "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
-               "  then open the file in ui.perfetto.dev (loaded in the browser, not uploaded)"),
+               "  then open the file in ui.perfetto.dev (loaded in the browser, not uploaded)\n"
+               "  recorder export --db run.db --datasette-metadata metadata.json; datasette run.db -m metadata.json"),
     "report": ("recorder report --html stall.html             # the latest session\n"
                "  recorder report --db run.db --session 3 --html session3.html"),
     "demo": ("recorder demo --no-gpu --list\n"
@@ -129,11 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
-    p = _sub(subs, "export", "write a recording in another format: a Perfetto timeline (--perfetto)")
+    p = _sub(subs, "export", "write a recording in another format: a Perfetto timeline (--perfetto), "
+                             "Datasette metadata (--datasette-metadata)")
     _db_arg(p)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("--perfetto", type=Path, metavar="FILE",
                    help="a Perfetto trace: tracks per thread and disk, counters, flows for the causal links")
+    p.add_argument("--datasette-metadata", type=Path, metavar="FILE",
+                   help="metadata.json for 'datasette DB -m FILE': descriptions, units, canned queries")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--window", metavar="A..B",
                    help="only A..B: seconds after the session start (5..12.5) or UTC times")
@@ -309,8 +313,8 @@ def cmd_verify_checkpoints(args) -> int:
 def cmd_export(args) -> int:
     from store.db import open_store
 
-    if not args.perfetto:
-        raise UserError("say what to write: recorder export --perfetto FILE")
+    if not (args.perfetto or args.datasette_metadata):
+        raise UserError("say what to write: recorder export --perfetto FILE or --datasette-metadata FILE")
     written = []
     with open_store(args.db, readonly=True) as store:
         if args.perfetto:
@@ -318,6 +322,11 @@ def cmd_export(args) -> int:
 
             written.append({"format": "perfetto", **export_perfetto(store, args.perfetto, args.session,
                                                                      args.window, args.step)})
+        if args.datasette_metadata:
+            from store.datasette import export_datasette_metadata
+
+            written.append({"format": "datasette-metadata",
+                            **export_datasette_metadata(store, args.datasette_metadata)})
     if args.json:
         print(json.dumps(written, indent=1))
         return 0
@@ -326,6 +335,10 @@ def cmd_export(args) -> int:
             print(f"wrote {w['file']} ({w['bytes'] / 1e6:.1f} MB): session {w['session_id']}, {w['tracks']} tracks, "
                   f"{w['slices']} slices, {w['instants']} instants, {w['counter_values']} counter values, "
                   f"{w['flows']} causal flows; open it in ui.perfetto.dev")
+        else:
+            print(f"wrote {w['file']}: {w['tables']} tables and views, {w['columns']} column descriptions, "
+                  f"{w['queries']} canned queries; browse with: datasette {shlex.quote(str(args.db))} "
+                  f"-m {shlex.quote(w['file'])}")
     return 0
 
 
