@@ -249,13 +249,11 @@ class TraceBuilder:
             add(ts, self._event(ts, track, pb.TrackEvent.TYPE_COUNTER, value=value))
             self.stats["counter_values"] += 1
         events.sort(key=lambda x: (x[0], x[1]))
-        first = True
         for ts, _, p in events:
             p.timestamp = ts
-            if first:  # the sequence starts clean: readers need no earlier state
-                p.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-                first = False
             self.trace.packet.append(p)
+        if self.trace.packet:  # the sequence starts clean: readers need no earlier state
+            self.trace.packet[0].sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
         return self.trace.SerializeToString()
 
 

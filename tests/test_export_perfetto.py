@@ -21,6 +21,7 @@ def read_trace(path: Path) -> dict:
     """Tracks, slices (rebuilt from begin/end pairs), instants, counters and flows of a trace."""
     trace = pb.Trace()
     trace.ParseFromString(path.read_bytes())
+    assert trace.packet[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
     tracks: dict[int, pb.TrackDescriptor] = {}
     open_: dict[int, list[dict]] = defaultdict(list)
     slices: list[dict] = []
