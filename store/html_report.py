@@ -61,7 +61,8 @@ def step_plot(store: Store, sid: int, chosen: int | None) -> str | None:
         return None
     plt = _plt()
     threads = sorted({r["thread_id"] for r in rows})
-    fig, axes = plt.subplots(len(threads), 1, figsize=(11, 2.6 * len(threads)), squeeze=False)
+    fig, axes = plt.subplots(len(threads), 1, figsize=(11, 2.6 * len(threads)), squeeze=False,
+                             constrained_layout=True)
     for ax, tid in zip(axes[:, 0], threads, strict=True):
         rs = [r for r in rows if r["thread_id"] == tid]
         name = store.one("SELECT thread_name, pid, tid FROM thread_info WHERE thread_id = ?", (tid,))
@@ -133,12 +134,12 @@ def latency_plot(store: Store, sid: int) -> tuple[str | None, list[dict]]:
     return _svg(fig), rows
 
 
-def timeline_plot(store: Store, sid: int, a: int, b: int, thread_id: int | None) -> str | None:
-    """One row per layer (per thread for CPU-side layers, per disk for block requests)."""
+def timeline_plot(store: Store, sid: int, a: int, b: int, threads: list[tuple[int | None, str]]) -> str | None:
+    """One row per layer: per thread (of `threads`; None = every thread) for the CPU-side layers,
+    per disk for block requests, and the kernel log's device lines."""
     lanes: list[tuple[str, list[tuple[int, int, str]]]] = []   # (label, [(ts, dur, colour)])
     marks: list[tuple[int, str]] = []
-    w = {"s": sid, "a": a, "b": b, "t": thread_id}
-    same = "thread_id = :t" if thread_id is not None else "1"
+    w: dict = {"s": sid, "a": a, "b": b}
 
     def lane(label: str, sql: str, colour) -> None:
         rows = store.query(f"{sql} LIMIT {MAX_TIMELINE_ROWS}", w)
@@ -146,16 +147,20 @@ def timeline_plot(store: Store, sid: int, a: int, b: int, thread_id: int | None)
             lanes.append((label, [(max(r["ts"], a), min(r["ts"] + r["dur"], b) - max(r["ts"], a),
                                    colour(r) if callable(colour) else colour) for r in rows]))
 
-    lane("steps", f"SELECT ts, dur, slow FROM step_baseline WHERE session_id = :s AND {same}"
-                  " AND ts < :b AND ts + dur > :a", lambda r: STALL if r["slow"] else LAYER_COLOURS["step"])
-    lane("CUDA calls", f"SELECT ts, dur FROM cuda_call WHERE session_id = :s AND {same} AND ts < :b AND ts + dur > :a",
-         LAYER_COLOURS["cuda"])
-    lane("NCCL calls", f"SELECT ts, dur FROM nccl_call WHERE session_id = :s AND {same} AND ts < :b AND ts + dur > :a",
-         LAYER_COLOURS["nccl"])
-    lane("off-CPU", f"SELECT ts, dur, reason FROM offcpu WHERE session_id = :s AND {same} AND ts < :b"
-                    " AND ts + dur > :a", lambda r: OFFCPU_COLOURS.get(r["reason"], "#7f7f7f"))
-    lane("reclaim", f"SELECT ts, dur FROM reclaim_interval WHERE session_id = :s AND {same} AND ts < :b"
-                    " AND ts + dur > :a", LAYER_COLOURS["memory"])
+    for thread_id, who in threads:
+        w["t"] = thread_id
+        same = "thread_id = :t" if thread_id is not None else "1"
+        pre = f"{who}: " if who else ""
+        lane(f"{pre}steps", f"SELECT ts, dur, slow FROM step_baseline WHERE session_id = :s AND {same}"
+                            " AND ts < :b AND ts + dur > :a", lambda r: STALL if r["slow"] else LAYER_COLOURS["step"])
+        lane(f"{pre}CUDA calls", f"SELECT ts, dur FROM cuda_call WHERE session_id = :s AND {same} AND ts < :b"
+                                 " AND ts + dur > :a", LAYER_COLOURS["cuda"])
+        lane(f"{pre}NCCL calls", f"SELECT ts, dur FROM nccl_call WHERE session_id = :s AND {same} AND ts < :b"
+                                 " AND ts + dur > :a", LAYER_COLOURS["nccl"])
+        lane(f"{pre}off-CPU", f"SELECT ts, dur, reason FROM offcpu WHERE session_id = :s AND {same} AND ts < :b"
+                              " AND ts + dur > :a", lambda r: OFFCPU_COLOURS.get(r["reason"], "#7f7f7f"))
+        lane(f"{pre}reclaim", f"SELECT ts, dur FROM reclaim_interval WHERE session_id = :s AND {same} AND ts < :b"
+                              " AND ts + dur > :a", LAYER_COLOURS["memory"])
     for (disk,) in [tuple(r.values()) for r in store.query(
             "SELECT DISTINCT device FROM block_request WHERE session_id = :s AND ts < :b AND ts + dur > :a", w)]:
         w["d"] = disk
@@ -244,11 +249,18 @@ def build_html(store: Store, session_id: int | None = None) -> tuple[str, dict]:
                 f"<th>max</th></tr>{table}</table>")
     parts.append(_section("Block request latency by device", svg or "<p>No block requests recorded.</p>"))
     win = report["window"]
-    thread_id = None
+    threads: list[tuple[int | None, str]] = [(None, "")]
     if step:
         row = store.one("SELECT thread_id FROM step_mark WHERE id = ?", (step["step_mark_id"],))
-        thread_id = row["thread_id"] if row else None
-    svg = timeline_plot(store, sid, win["start_ts"], win["end_ts"], thread_id)
+        threads = [(row["thread_id"], "")]
+        late = report.get("straggler")
+        if late:  # the rank waited for, over the same time: what it was doing instead
+            other = store.one("SELECT m.thread_id FROM step_mark m JOIN thread_info t ON t.thread_id = m.thread_id"
+                              " WHERE m.session_id = ? AND t.pid = ? AND m.step = ?", (sid, late["pid"], late["step"]))
+            if other:
+                threads = [(row["thread_id"], f"pid {step['thread']['pid']}"),
+                           (other["thread_id"], f"rank {late['rank']} pid {late['pid']}")]
+    svg = timeline_plot(store, sid, win["start_ts"], win["end_ts"], threads)
     plots["timeline"] = svg is not None
     title = (f"Timeline of step {step['step']} ({ms(win['dur_ns'])}) across layers" if step
              else f"Timeline of the report's window ({ms(win['dur_ns'])})")

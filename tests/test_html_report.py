@@ -7,6 +7,7 @@ import html
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 from html.parser import HTMLParser
@@ -55,7 +56,7 @@ def external_refs(page: str) -> list:
 def pages(tmp_path_factory) -> dict[str, tuple[Path, Path, dict]]:
     folder = tmp_path_factory.mktemp("html")
     out = {}
-    for name in ("nvme-timeout-checkpoint", "healthy"):
+    for name in ("nvme-timeout-checkpoint", "healthy", "nccl-straggler"):
         db = folder / f"{name}.db"
         write_scenario(name, db)
         page = folder / f"{name}.html"
@@ -93,6 +94,31 @@ def test_healthy_session_page(pages):
     assert external_refs(text) == []
     assert not info["stall"] and not info["plots"]["breakdown"] and info["plots"]["steps"]
     assert "no step stalled" in text and "class='symptom ok'" in text
+
+
+def test_straggler_rank_is_on_the_timeline(pages):
+    db, page, _ = pages["nccl-straggler"]
+    text = page.read_text()
+    timeline = text.split("<svg")[4]
+    ((rank, pid),) = q(db, "SELECT DISTINCT straggler_rank, straggler_pid FROM step_nccl_wait s JOIN stall t"
+                           " ON t.step_mark_id = s.step_mark_id WHERE straggler_rank != rank")
+    # the waiting rank's layers and the late rank's, over the same time
+    assert f"rank {rank} pid {pid}: off-CPU" in timeline and "pid 4100: NCCL calls" in timeline
+
+
+def test_session_without_steps(pages, tmp_path):
+    db = tmp_path / "nosteps.db"
+    db.write_bytes(pages["healthy"][0].read_bytes())
+    conn = sqlite3.connect(db)
+    conn.execute("DELETE FROM step_mark")
+    conn.commit()
+    conn.close()
+    page = tmp_path / "p.html"
+    info = json.loads(run_recorder("report", "--db", str(db), "--html", str(page), "--json", check=True).stdout)
+    assert info["plots"] == {"steps": False, "breakdown": False, "latency": True, "timeline": True}
+    text = page.read_text()
+    assert "No step markers or inferred steps" in text and "Timeline of the report&#x27;s window" in text
+    assert external_refs(text) == []
 
 
 def test_page_checker_finds_references():
