@@ -19,6 +19,7 @@ from store.db import Store
 from store.errors import UserError
 
 HEADER = re.compile(r"^-- (table|view): (\w+)\s*$")
+ALTER = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN (\w+)[^-]*--(.*)$", re.I)
 KEYWORDS = {"PRIMARY", "UNIQUE", "FOREIGN", "CHECK", "CONSTRAINT", "SELECT", "FROM", "JOIN", "WHERE", "CASE",
             "WHEN", "THEN", "ELSE", "END", "AND", "OR", "ON", "AS", "NULL", "NOT", "IS", "IN", "BY"}
 
@@ -148,6 +149,11 @@ def schema_docs() -> dict[str, dict]:
             cur: dict | None = None
             in_body = False
             for line in path.read_text().splitlines():
+                alter = ALTER.match(line)
+                if alter:  # a column added later, commented where it is added
+                    docs.setdefault(alter.group(1), {"kind": "table", "description": "", "columns": {}, "body": ""})
+                    docs[alter.group(1)]["columns"][alter.group(2)] = alter.group(3).strip()
+                    continue
                 m = HEADER.match(line)
                 if m:
                     cur = docs.setdefault(m.group(2), {"kind": m.group(1), "description": "", "columns": {},

@@ -57,6 +57,7 @@ class Slice:
     args: dict = field(default_factory=dict)
     key: tuple[str, int] | None = None      # (table, id): where causal links attach
     children: list[Slice] = field(default_factory=list)  # stages drawn inside it
+    stack: int | None = None                # python_stack.id: its call site and stack become arguments
 
 
 @dataclass
@@ -326,15 +327,18 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
         thread_group(r["thread_id"]).slices.append(Slice(
             r["ts"], r["dur"], r["api"], "cuda",
             {"ret": r["ret"], "size_bytes": r["size_bytes"], "stream": r["stream"],
-             "expected_dur_ns": r["expected_dur"], "library": r["library"]}, ("cuda_call", r["id"])))
+             "expected_dur_ns": r["expected_dur"], "library": r["library"]}, ("cuda_call", r["id"]),
+            stack=r["python_stack_id"]))
 
-    for r in store.query("SELECT * FROM nccl_call_detail WHERE session_id = :s AND ts < :b AND ts + dur > :a", w):
+    for r in store.query("SELECT d.*, c.python_stack_id FROM nccl_call_detail d JOIN nccl_call c ON c.id = d.id"
+                         " WHERE d.session_id = :s AND d.ts < :b AND d.ts + d.dur > :a", w):
         thread_group(r["thread_id"]).slices.append(Slice(
             r["ts"], r["dur"], r["api"], "nccl",
             {"rank": r["rank"], "nranks": r["nranks"], "count": r["count"], "comm_hash": r["comm_hash"],
-             "ret": r["ret"]}, ("nccl_call", r["id"])))
+             "ret": r["ret"]}, ("nccl_call", r["id"]), stack=r["python_stack_id"]))
 
-    for r in store.query("SELECT o.*, i.contender_thread_id FROM offcpu o JOIN offcpu_interval i ON i.id = o.id"
+    for r in store.query("SELECT o.*, i.contender_thread_id, i.python_stack_id FROM offcpu o"
+                         " JOIN offcpu_interval i ON i.id = o.id"
                          " WHERE o.session_id = :s AND o.ts < :b AND o.ts + o.dur > :a", w):
         who = r["contender_name"] and f"{r['contender_name']} (pid {r['contender_pid']})"
         thread_group(r["thread_id"]).slices.append(Slice(
@@ -342,7 +346,7 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
             {"state": r["state_letter"], "reason": r["reason"], "syscall": r["syscall_name"],
              "runq_dur_ns": r["runq_dur"], "cpu": r["cpu"], "in_cpu": r["in_cpu"], "held_cpu": who,
              "woken_by": r["waker_name"] and f"{r['waker_name']} (pid {r['waker_pid']})",
-             "open": bool(r["open"])}, ("offcpu_interval", r["id"])))
+             "open": bool(r["open"])}, ("offcpu_interval", r["id"]), stack=r["python_stack_id"]))
         if r["contender_thread_id"] in threads:
             start = max(r["wakeup_ts"] or r["ts"], r["ts"])
             victim = threads[r["thread_id"]]
@@ -393,7 +397,7 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
             r["ts"], r["dur"], f"{r['op']} {_size(r['size_bytes'])}", "block",
             {"sector": r["sector"], "size_bytes": r["size_bytes"], "rwbs": r["rwbs"], "error": r["error"],
              "submitter": r["submitter_kind"], "queued_dur_ns": r["queued_dur"], "device_dur_ns": r["device_dur"],
-             "io_tag": _hex(r["io_tag"])}, ("block_request", r["id"]), stages))
+             "io_tag": _hex(r["io_tag"])}, ("block_request", r["id"]), stages, r["python_stack_id"]))
         depth[disk] += [(r["ts"], 1), (end, -1)]
     for disk, changes in depth.items():
         track = tb.track(f"{disk} queue depth", disks_root, counter=pb.CounterDescriptor.UNIT_COUNT)
@@ -438,6 +442,8 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
             label = f"{table}: {r[what]}" if what and r.get(what) else table
             tb.instants.append((r["ts"], ev_tracks[name], Slice(r["ts"], 0, label, "device", args, (table, r["id"]))))
 
+    _python(store, [s for g in tb.groups.values() for s in g.slices if s.stack is not None])
+
     for r in store.query("SELECT * FROM causal_link WHERE session_id = ?", (sid,)):
         src = (r["from_table"], r["from_id"])
         dst = ("contender", r["from_id"]) if r["to_table"] == "thread" else (r["to_table"], r["to_id"])
@@ -445,6 +451,22 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
 
     data = tb.finish()
     return data, {"session_id": sid, "start_ts": a, "end_ts": b, **tb.stats}
+
+
+def _python(store: Store, slices: list[Slice]) -> None:
+    """The Python call site and stack of each slice captured with one, as its arguments."""
+    ids = sorted({s.stack for s in slices})
+    texts: dict[int, dict] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        for r in store.query(f"SELECT stack_id, call_site, stack_text FROM python_stack_text WHERE stack_id IN "
+                             f"({','.join('?' * len(chunk))})", chunk):
+            texts[r["stack_id"]] = r
+    for s in slices:
+        t = texts.get(s.stack)
+        if t and t["call_site"]:
+            s.args["python"] = t["call_site"]
+            s.args["python_stack"] = t["stack_text"]
 
 
 def export_perfetto(store: Store, out: Path, session_id: int | None = None, window: str | None = None,

@@ -64,6 +64,8 @@ def test_descriptions_and_units_come_from_the_schema(recording):
     commented = {line.split()[0]: line.split("--", 1)[1].strip() for line in body.splitlines() if "--" in line}
     assert len(commented) > 10 and {c: t["cuda_call"]["columns"].get(c) for c in commented} == commented
     assert t["cuda_call"]["columns"]["dur"] == "ns entry -> return"
+    # columns added by a later migration (ALTER TABLE ... ADD COLUMN) keep their comment
+    assert t["block_request"]["columns"]["python_stack_id"].startswith("Python stack of the submitting thread")
     assert t["cuda_call"]["description"] == (
         "One CUDA runtime or driver API call, recorded at its entry with its duration.")
     assert t["cuda_call"]["units"]["dur"] == "ns" and t["cuda_call"]["units"]["size_bytes"] == "B"

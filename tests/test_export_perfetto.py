@@ -113,6 +113,12 @@ def test_whole_session_tracks_slices_counters_flows(demos, tmp_path):
             s = t["by_row"][f"{table} {rid}"]
             assert (s["ts"], s["dur"], s["track"]) == (ts, dur, thread_track(t, tid)), (table, rid)
             assert s["name"].startswith(name)
+    # the Python call site of each row captured with a stack
+    sites = q(db, "SELECT cuda_call_id, python_line FROM cuda_call_python WHERE python_line NOT LIKE '<%'")
+    assert sites and all(t["by_row"][f"cuda_call {i}"]["args"]["python"] == line for i, line in sites)
+    blocked = q(db, "SELECT o.id, p.call_site FROM offcpu_interval o JOIN python_stack_text p"
+                    " ON p.stack_id = o.python_stack_id WHERE p.call_site IS NOT NULL")
+    assert blocked and all(t["by_row"][f"offcpu_interval {i}"]["args"]["python"] == site for i, site in blocked)
     stalls = {r[0] for r in q(db, "SELECT step_mark_id FROM stall")}
     assert stalls and all(t["by_row"][f"step_mark {i}"]["name"].endswith("(stall)") for i in stalls)
     reasons = {s["args"]["reason"] for s in t["slices"] if s["name"].startswith("off-CPU")}
