@@ -38,8 +38,8 @@ EXAMPLES = {
     "export": ("recorder export --perfetto trace.pftrace          # the latest session, whole\n"
                "  recorder export --db run.db --step 412 --perfetto step412.pftrace\n"
                "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
-               "  then open the file in ui.perfetto.dev (loaded in the browser, not uploaded)\n"
-               "  recorder export --db run.db --datasette-metadata metadata.json; datasette run.db -m metadata.json"),
+               "  recorder export --db run.db --datasette-metadata metadata.json; datasette run.db -m metadata.json\n"
+               "open a trace in ui.perfetto.dev (it is loaded in the browser, not uploaded)"),
     "report": ("recorder report --html stall.html             # the latest session\n"
                "  recorder report --db run.db --session 3 --html session3.html"),
     "demo": ("recorder demo --no-gpu --list\n"
@@ -315,6 +315,8 @@ def cmd_export(args) -> int:
 
     if not (args.perfetto or args.datasette_metadata):
         raise UserError("say what to write: recorder export --perfetto FILE or --datasette-metadata FILE")
+    if (args.window or args.step is not None) and not args.perfetto:
+        raise UserError("--window and --step choose what --perfetto FILE exports: add --perfetto FILE")
     written = []
     with open_store(args.db, readonly=True) as store:
         if args.perfetto:

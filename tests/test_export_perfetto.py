@@ -242,6 +242,8 @@ def test_bad_input_says_what_to_do(demos, tmp_path):
     assert r.returncode == 2 and "no step 99999 in session 1: its steps run" in r.stderr
     r = run_recorder("export", "--db", str(db))
     assert r.returncode == 2 and "recorder export --perfetto FILE or --datasette-metadata FILE" in r.stderr
+    r = run_recorder("export", "--db", str(db), "--datasette-metadata", str(tmp_path / "m.json"), "--step", "3")
+    assert r.returncode == 2 and "add --perfetto FILE" in r.stderr and not (tmp_path / "m.json").exists()
     r = run_recorder("export", "--db", str(db), "--perfetto", str(tmp_path / "no" / "x.pftrace"))
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_recorder("export", "--db", str(tmp_path / "none.db"), "--perfetto", str(tmp_path / "x.pftrace"))
