@@ -100,7 +100,9 @@ def _size(n: int | None) -> str:
 
 class TraceBuilder:
     def __init__(self) -> None:
-        self.trace = pb.Trace()
+        # serialized TracePackets: a Trace is its packets, each framed as field 1 (kept as bytes
+        # rather than as one Trace message, which costs kilobytes per packet in memory)
+        self.descriptors: list[bytes] = []
         self._uuid = 0
         self.groups: dict[tuple, _Group] = {}
         self.instants: list[tuple[int, int, Slice]] = []      # (ts, track uuid, slice)
@@ -137,7 +139,10 @@ class TraceBuilder:
                 d.thread.thread_name = tname
         if counter is not None:
             d.counter.unit = counter
-        self.trace.packet.add(track_descriptor=d, trusted_packet_sequence_id=SEQ_ID)
+        p = pb.TracePacket(track_descriptor=d, trusted_packet_sequence_id=SEQ_ID)
+        if not self.descriptors:  # the sequence starts clean: readers need no earlier state
+            p.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+        self.descriptors.append(p.SerializeToString())
         self.stats["tracks"] += 1
         return u
 
@@ -214,12 +219,13 @@ class TraceBuilder:
             if s.key is not None:
                 self.emitted.add(s.key)
         self._assign_flows()
-        events: list[tuple[int, int, pb.TracePacket]] = []   # (ts, order, packet): sorted stably
+        events: list[tuple[int, int, bytes]] = []   # (ts, order, packet): sorted stably
         order = 0
 
         def add(ts: int, packet: pb.TracePacket) -> None:
             nonlocal order
-            events.append((ts, order, packet))
+            packet.timestamp = ts
+            events.append((ts, order, packet.SerializeToString()))
             order += 1
 
         for g in self.groups.values():
@@ -250,12 +256,27 @@ class TraceBuilder:
             add(ts, self._event(ts, track, pb.TrackEvent.TYPE_COUNTER, value=value))
             self.stats["counter_values"] += 1
         events.sort(key=lambda x: (x[0], x[1]))
-        for ts, _, p in events:
-            p.timestamp = ts
-            self.trace.packet.append(p)
-        if self.trace.packet:  # the sequence starts clean: readers need no earlier state
-            self.trace.packet[0].sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-        return self.trace.SerializeToString()
+        if not self.descriptors:  # nothing at all in the window: still a valid, empty trace
+            return b""
+        out = bytearray()
+        for data in self.descriptors + [e[2] for e in events]:
+            out += _PACKET_TAG + _varint(len(data)) + data
+        return bytes(out)
+
+
+_PACKET_TAG = bytes([(1 << 3) | 2])  # Trace.packet: field 1, length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
 
 
 def _flatten(slices: list[Slice], depth: int = 0):
