@@ -27,7 +27,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from store.db import Store
 from store.errors import UserError
-from store.report import resolve_window, session_row
+from store.report import resolve_window, session_end, session_row
 
 SEQ_ID = 1  # every packet is written on one sequence
 
@@ -471,6 +471,10 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
         tb.links.append((src, dst, r["relation"]))
 
     data = tb.finish()
+    if not tb.stats["slices"] + tb.stats["instants"] + tb.stats["counter_values"]:
+        span = (session_end(store, session) - session["started_ts"]) / 1e9
+        raise UserError(f"nothing recorded in that window of session {sid}: it runs 0..{span:.1f} s after its "
+                        "start; pick a --window inside it")
     return data, {"session_id": sid, "start_ts": a, "end_ts": b, **tb.stats}
 
 
