@@ -188,6 +188,8 @@ class TraceBuilder:
                 table, rid = s.key
                 e.debug_annotations.append(_ann("row", f"{table} {rid}") if table != "contender"
                                            else _ann("offcpu_interval", rid))
+                if s.key in self._why:  # flows carry no name: say here what the arrows into it mean
+                    e.debug_annotations.append(_ann("explains", "; ".join(self._why[s.key])))
                 e.flow_ids.extend(self._out.get(s.key, ()))
                 e.terminating_flow_ids.extend(self._in.get(s.key, ()))
         if value is not None:
@@ -200,12 +202,14 @@ class TraceBuilder:
     def _assign_flows(self) -> None:
         self._out: dict[tuple, list[int]] = defaultdict(list)
         self._in: dict[tuple, list[int]] = defaultdict(list)
-        for src, dst, _relation in self.links:
+        self._why: dict[tuple, list[str]] = defaultdict(list)
+        for src, dst, relation in self.links:
             if src in self.emitted and dst in self.emitted:
                 fid = len(self.flows) + 1
                 self.flows.append((src, dst, fid))
                 self._out[src].append(fid)
                 self._in[dst].append(fid)
+                self._why[dst].append(f"{relation} of {src[0]} {src[1]}")
             else:
                 self.stats["links_outside"] += 1
         self.stats["flows"] = len(self.flows)

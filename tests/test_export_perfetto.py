@@ -150,9 +150,13 @@ def test_whole_session_tracks_slices_counters_flows(demos, tmp_path):
         else:  # the task the thread waited behind: a slice on that task's own thread track
             got.add((src["args"]["row"], f"thread {dst['args']['offcpu_interval']}"))
     want = set()
-    for ft, fid, _rel, tt, tid in links:
+    for ft, fid, _, tt, tid in links:
         want.add((f"{ft} {fid}", f"{tt} {tid}" if tt != "thread" else f"thread {fid}"))
     assert got == want
+    # the slice an arrow ends on says which relation of which row it explains
+    for ft, fid, rel, tt, tid in links[:200]:
+        if tt != "thread":
+            assert f"{rel} of {ft} {fid}" in t["by_row"][f"{tt} {tid}"]["args"]["explains"].split("; ")
     contender = {r[0] for r in q(db, "SELECT t.tid FROM offcpu_interval o JOIN thread t"
                                      " ON t.id = o.contender_thread_id")}
     behind = [dst for src, dst in t["flows"].values() if "offcpu_interval" in dst["args"]]
