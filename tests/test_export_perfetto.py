@@ -256,3 +256,15 @@ def test_bad_input_says_what_to_do(demos, tmp_path):
     r = run_recorder("export", "--db", str(tmp_path / "none.db"), "--perfetto", str(tmp_path / "x.pftrace"))
     assert r.returncode == 2 and r.stderr.startswith("recorder: ")
     assert not (tmp_path / "x.pftrace").exists()
+
+
+def test_session_choice(demos, tmp_path):
+    db = tmp_path / "two.db"
+    db.write_bytes(demos["cpu-contention"].read_bytes())
+    assert write_scenario("oom-reclaim", db) == 2
+    latest = export(db, tmp_path / "latest.pftrace")
+    first = export(db, tmp_path / "first.pftrace", "--session", "1")
+    assert (latest["session_id"], first["session_id"]) == (2, 1)
+    for out, sid in ((tmp_path / "latest.pftrace", 2), (tmp_path / "first.pftrace", 1)):
+        rows = {r for r in read_trace(out)["by_row"] if r.startswith("cuda_call ")}
+        assert rows == {f"cuda_call {i}" for i, in q(db, "SELECT id FROM cuda_call WHERE session_id = ?", (sid,))}
