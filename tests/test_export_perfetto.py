@@ -12,7 +12,7 @@ import pytest
 from conftest import q, run_recorder
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from recorder.demo import write_scenario
+from recorder.demo import SCENARIOS, write_scenario
 
 TE = pb.TrackEvent
 
@@ -268,3 +268,21 @@ def test_session_choice(demos, tmp_path):
     for out, sid in ((tmp_path / "latest.pftrace", 2), (tmp_path / "first.pftrace", 1)):
         rows = {r for r in read_trace(out)["by_row"] if r.startswith("cuda_call ")}
         assert rows == {f"cuda_call {i}" for i, in q(db, "SELECT id FROM cuda_call WHERE session_id = ?", (sid,))}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_every_demo_scenario(name, tmp_path):
+    """Each scenario's rows (its own device events, reclaim, retransmits...) make a well-formed trace
+    with a flow for every causal link, and a page with the report."""
+    db = tmp_path / "d.db"
+    write_scenario(name, db)
+    summary = export(db, tmp_path / "d.pftrace")
+    t = read_trace(tmp_path / "d.pftrace")
+    (links,) = q(db, "SELECT count(*) FROM causal_link")[0]
+    assert summary["flows"] == len(t["flows"]) == links and summary["links_outside"] == 0
+    for table in ("cuda_call", "offcpu_interval", "block_request", "kernel_log", "reclaim_interval",
+                  "nvme_event", "dma_event", "tcp_retransmit", "oom_kill", "iommu_fault", "swiotlb_event"):
+        ids = {f"{table} {i}" for i, in q(db, f"SELECT id FROM {table}")}
+        assert ids <= set(t["by_row"]), table
+    r = run_recorder("report", "--db", str(db), "--html", str(tmp_path / "d.html"), check=True)
+    assert "wrote" in r.stdout and "<svg" in (tmp_path / "d.html").read_text()
