@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 from store.db import Store
@@ -264,7 +265,14 @@ def build_html(store: Store, session_id: int | None = None) -> tuple[str, dict]:
     plots["timeline"] = svg is not None
     title = (f"Timeline of step {step['step']} ({ms(win['dur_ns'])}) across layers" if step
              else f"Timeline of the report's window ({ms(win['dur_ns'])})")
-    parts.append(_section(title, svg or "<p>Nothing recorded in the window.</p>"))
+    t0 = session["started_ts"]
+    # ms-rounded outwards, so that the exported window holds all of this one
+    lo, hi = (win["start_ts"] - t0) // 1_000_000, -(-(win["end_ts"] - t0) // 1_000_000)
+    pick = f"--step {step['step']}" if step else f"--window {lo / 1e3:.3f}..{hi / 1e3:.3f}"
+    hint = (f"<p class=note>Every row of it, with the causal links as arrows: <code>recorder export --db "
+            f"{html.escape(shlex.quote(str(store.path)))} --session {sid} {pick} --perfetto timeline.pftrace</code>, "
+            "then open the file in ui.perfetto.dev.</p>")
+    parts.append(_section(title, (svg or "<p>Nothing recorded in the window.</p>") + hint))
     parts.append(_section("The report (recorder explain)", f"<pre>{html.escape(render_text(report))}</pre>"))
     parts.append(_section("The report as JSON (recorder explain --json)",
                           f"<pre>{html.escape(json.dumps(report, indent=1))}</pre>"))

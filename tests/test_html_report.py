@@ -82,6 +82,7 @@ def test_stalled_session_page(pages):
     steps_svg = text.split("<svg")[1]
     assert STALL in steps_svg and f"step {step}: {round(dur / 1e6)} ms" in steps_svg
     assert f"Timeline of step {step} ({round(dur / 1e6)} ms)" in text
+    assert f"--session 1 --step {step} --perfetto timeline.pftrace</code>" in text
     # percentiles per device and op, as block_latency gives them
     for device, op, n in q(db, "SELECT device, op, requests FROM block_latency"):
         assert f"<td>{device}</td><td>{op}</td><td>{n}</td>" in text
@@ -118,6 +119,8 @@ def test_session_without_steps(pages, tmp_path):
     assert info["plots"] == {"steps": False, "breakdown": False, "latency": True, "timeline": True}
     text = page.read_text()
     assert "No step markers or inferred steps" in text and "Timeline of the report&#x27;s window" in text
+    (span,) = q(db, "SELECT stopped_ts - started_ts FROM session")[0]
+    assert f"--window 0.000..{-(-span // 1_000_000) / 1e3:.3f} --perfetto" in text
     assert external_refs(text) == []
 
 
