@@ -405,6 +405,15 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
                     s["ts"], r["ts"] - s["ts"], f"checkpoint {os.path.basename(r['path'])}", "checkpoint",
                     {"path": r["path"]}))
 
+    # what the checkpoint files went through: open, fsync, ftruncate, close, rename (a slow fsync
+    # is where a checkpoint's I/O stall shows on the thread)
+    for r in store.query("SELECT o.*, f.path AS file FROM checkpoint_op o JOIN checkpoint_file f ON f.id = o.file_id"
+                         " WHERE o.session_id = :s AND o.ts < :b AND o.ts + o.dur > :a", w):
+        thread_group(r["thread_id"]).slices.append(Slice(
+            r["ts"], r["dur"], f"{r['op']} {os.path.basename(r['file'])}", "checkpoint",
+            {"file": r["file"], "fd": r["fd"], "error": r["error"], "size_bytes": r["size_bytes"],
+             "renamed_to": r["path"] if r["op"] == "rename" else None}, ("checkpoint_op", r["id"])))
+
     # block requests: a track per disk, each request with its stages, and the queue depth counter
     disks_root = None
     depth: dict[str, list[tuple[int, int]]] = defaultdict(list)

@@ -202,6 +202,30 @@ def test_kernel_log_device_events_lineage_checkpoint(demos, tmp_path):
         (marks[0][0], marks[1][0], marks[0][2])]
 
 
+def test_checkpoint_file_operations(demos, tmp_path):
+    db = tmp_path / "ck.db"
+    db.write_bytes(demos["nvme-timeout-checkpoint"].read_bytes())
+    conn = sqlite3.connect(db)
+    (start,) = conn.execute("SELECT ts FROM stall").fetchone()
+    conn.execute("INSERT INTO checkpoint_file (id, session_id, ts, dur, thread_id, path, opted_by)"
+                 " VALUES (1, 1, ?, 20000, 1, '/ckpt/run42/shard17.pt', 'marker_scope')", (start + 1000,))
+    ops = [(start + 1000, 20000, "open"), (start + 5_000_000, 3_400_000_000, "fsync"),
+           (start + 3_500_000_000, 10000, "close")]
+    conn.executemany("INSERT INTO checkpoint_op (session_id, file_id, ts, dur, thread_id, op, fd, error)"
+                     " VALUES (1, 1, ?, ?, 1, ?, 7, 0)", ops)
+    conn.commit()
+    conn.close()
+    export(db, tmp_path / "ck.pftrace")
+    t = read_trace(tmp_path / "ck.pftrace")
+    (tid,) = q(db, "SELECT tid FROM thread WHERE id = 1")[0]
+    got = sorted((s["ts"], s["dur"], s["name"], s["track"]) for r, s in t["by_row"].items()
+                 if r.startswith("checkpoint_op "))
+    assert [g[:3] for g in got] == [(ts, dur, f"{op} shard17.pt") for ts, dur, op in ops]
+    # on the thread's track, or on one of its extra lanes where it overlaps without nesting
+    lanes = {u for u, d in t["tracks"].items() if d.name.startswith(f"python3 {tid} (")}
+    assert {g[3] for g in got} <= {thread_track(t, tid)} | lanes
+
+
 def test_step_window_keeps_only_its_rows(demos, tmp_path):
     db = demos["oom-reclaim"]
     (step, a, b) = q(db, "SELECT step, ts, end_ts FROM stall")[0]
