@@ -35,6 +35,13 @@ EXAMPLES = {
     "top": "recorder top\n  recorder top --limit 10 --json",
     "verify-checkpoints": ("recorder verify-checkpoints                 # the latest session\n"
                            "  recorder verify-checkpoints --db run.db --session 3 --json"),
+    "export": ("recorder export --perfetto trace.pftrace          # the latest session, whole\n"
+               "  recorder export --db run.db --step 412 --perfetto step412.pftrace\n"
+               "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
+               "  recorder export --db run.db --datasette-metadata metadata.json; datasette run.db -m metadata.json\n"
+               "open a trace in ui.perfetto.dev (it is loaded in the browser, not uploaded)"),
+    "report": ("recorder report --html stall.html             # the latest session\n"
+               "  recorder report --db run.db --session 3 --html session3.html"),
     "demo": ("recorder demo --no-gpu --list\n"
              "  recorder demo --no-gpu nvme-timeout-checkpoint\n"
              "  recorder demo --no-gpu nccl-straggler --db /tmp/straggler.db --json"),
@@ -122,6 +129,27 @@ def build_parser() -> argparse.ArgumentParser:
     _db_arg(p)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "export", "write a recording in another format: a Perfetto timeline (--perfetto), "
+                             "Datasette metadata (--datasette-metadata)")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("--perfetto", type=Path, metavar="FILE",
+                   help="a Perfetto trace: tracks per thread and disk, counters, flows for the causal links")
+    p.add_argument("--datasette-metadata", type=Path, metavar="FILE",
+                   help="metadata.json for 'datasette DB -m FILE': descriptions, units, canned queries")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--window", metavar="A..B",
+                   help="only A..B: seconds after the session start (5..12.5) or UTC times")
+    g.add_argument("--step", type=int, metavar="N", help="only step N (on every thread that marks it)")
+    p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
+
+    p = _sub(subs, "report", "write the stall report as one self-contained HTML page with plots (--html)")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("--html", type=Path, metavar="FILE", required=True,
+                   help="the page to write: no scripts, nothing fetched; opens offline")
+    p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
 
     p = _sub(subs, "demo", "write a synthetic recording of a known stall (no root, no BPF, no GPU) and explain it")
     p.add_argument("--no-gpu", action="store_true", help="synthetic scenarios (the only kind there is)")
@@ -282,6 +310,54 @@ def cmd_verify_checkpoints(args) -> int:
     return 0 if all(r["matches"] for r in results) else 1
 
 
+def cmd_export(args) -> int:
+    from store.db import open_store
+
+    if not (args.perfetto or args.datasette_metadata):
+        raise UserError("say what to write: recorder export --perfetto FILE or --datasette-metadata FILE")
+    if (args.window or args.step is not None) and not args.perfetto:
+        raise UserError("--window and --step choose what --perfetto FILE exports: add --perfetto FILE")
+    written = []
+    with open_store(args.db, readonly=True) as store:
+        if args.perfetto:
+            from store.export_perfetto import export_perfetto
+
+            written.append({"format": "perfetto", **export_perfetto(store, args.perfetto, args.session,
+                                                                     args.window, args.step)})
+        if args.datasette_metadata:
+            from store.datasette import export_datasette_metadata
+
+            written.append({"format": "datasette-metadata",
+                            **export_datasette_metadata(store, args.datasette_metadata)})
+    if args.json:
+        print(json.dumps(written, indent=1))
+        return 0
+    for w in written:
+        if w["format"] == "perfetto":
+            print(f"wrote {w['file']} ({w['bytes'] / 1e6:.1f} MB): session {w['session_id']}, {w['tracks']} tracks, "
+                  f"{w['slices']} slices, {w['instants']} instants, {w['counter_values']} counter values, "
+                  f"{w['flows']} causal flows; open it in ui.perfetto.dev")
+        else:
+            print(f"wrote {w['file']}: {w['tables']} tables and views, {w['columns']} column descriptions, "
+                  f"{w['queries']} canned queries; browse with: datasette {shlex.quote(str(args.db))} "
+                  f"-m {shlex.quote(w['file'])}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from store.db import open_store
+    from store.html_report import write_html
+
+    with open_store(args.db, readonly=True) as store:
+        info = write_html(store, args.html, args.session)
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print(f"wrote {info['file']} ({info['bytes'] / 1e3:.0f} kB): session {info['session_id']}, "
+              f"{'a stall' if info['stall'] else 'no stall'}; open it in any browser")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from recorder.demo import SCENARIOS, write_scenario
     from store.db import open_store
@@ -330,6 +406,7 @@ def cmd_mcp(args) -> int:
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
     "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
+    "export": cmd_export, "report": cmd_report,
     "verify-checkpoints": cmd_verify_checkpoints,
     "mcp": cmd_mcp,
 }

@@ -15,7 +15,8 @@ for p in python3-bpfcc bpftool python3-venv python3-dev libsqlite3-dev gcc make 
   have "$p" || need+=("$p")
 done
 if [ $want_test = 1 ]; then
-  for p in xfsprogs; do have "$p" || need+=("$p"); done
+  # chromium: tests render the HTML report headless and look at it (tests/test_html_report.py)
+  for p in xfsprogs chromium; do have "$p" || need+=("$p"); done
 fi
 
 kver=$(uname -r)
