@@ -197,7 +197,10 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter)
 
 TRACEPOINT_PROBE(raw_syscalls, sys_exit)
 {
+    /* every syscall on the machine ends here: a lookup (lock-free) finds nothing for the tasks
+     * that are not traced, where a delete would take the map's bucket lock each time */
     u32 tid = (u32)bpf_get_current_pid_tgid();
-    in_syscall.delete(&tid);
+    if (in_syscall.lookup(&tid))
+        in_syscall.delete(&tid);
     return 0;
 }
