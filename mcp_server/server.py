@@ -82,21 +82,27 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
 
     @server.tool(annotations=READ_ONLY)
     def top_stalls(session_id: int | None = None, window: str | None = None, limit: int = 10) -> dict[str, Any]:
-        """The slowest CUDA calls against their own baseline (same API family and size class), worst excess
-        first, each with its cause in one word and the ids for `evidence`. window: 'A..B' in seconds after the session
-        start (5..12.5) or UTC times; default the whole session."""
+        """The worst stalls, worst first: stalled training steps (1.5x their rolling median and 1 ms more)
+        with the primary cause the step report gives each, and the slowest CUDA calls against their own
+        baseline (same API family and size class), each with its cause in one word and the ids for
+        `evidence` (kind='step' with step_mark_id, kind='cuda_call' with cuda_call_id). window: 'A..B' in
+        seconds after the session start (5..12.5) or UTC times; default the whole session."""
         return answer(lambda s: queries.top_stalls(s, session_id, window, limit))
 
     @server.tool(annotations=READ_ONLY)
-    def python_lines(session_id: int | None = None, window: str | None = None) -> dict[str, Any]:
-        """Where the stalled threads' time went by Python file:line. Says in `note` when Python lines were not
-        recorded."""
-        return answer(lambda s: queries.python_lines(s, session_id, window))
+    def python_lines(session_id: int | None = None, window: str | None = None, limit: int = 20) -> dict[str, Any]:
+        """Python file:line call sites ranked by the time attributed to them: `stall_lines` by the time
+        above baseline of the stalled steps whose primary cause is at the line (as `recorder top`),
+        `lines` by the time inside the CUDA calls made from the line. Says in `note` when Python lines
+        were not recorded."""
+        return answer(lambda s: queries.python_lines(s, session_id, window, limit))
 
     @server.tool(annotations=READ_ONLY)
     def io_latency(session_id: int | None = None, window: str | None = None) -> dict[str, Any]:
-        """Block I/O latency percentiles per device with the requests behind them, and block errors from the
-        kernel log. Says in `note` when block requests were not recorded."""
+        """Block I/O latency per device and op over the requests that started in the window: exact
+        p50/p99/p999/max (whole request, queued and device stages), the slowest requests (ids for
+        evidence(kind='block_request'), with their rank in the session) and the worst one-second windows;
+        block errors from the kernel log. Says in `note` when block requests were not recorded."""
         return answer(lambda s: queries.io_latency(s, session_id, window))
 
     @server.tool(annotations=READ_ONLY)
