@@ -137,13 +137,15 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
         return answer(lambda s: queries.evidence(s, kind, id))
 
     @server.tool(annotations=READ_ONLY)
-    def run_sql(sql: str, max_rows: int = readonly_sql.DEFAULT_ROWS) -> dict[str, Any]:
+    async def run_sql(sql: str, max_rows: int = readonly_sql.DEFAULT_ROWS) -> dict[str, Any]:
         """One read-only SQL statement (SELECT, WITH or EXPLAIN) over the tables and views described in the
         schema://tables resource. Writes, ATTACH, PRAGMA writes, transactions and extensions are refused;
-        the query stops after a time limit; at most max_rows rows (<= 5000) come back, `truncated` says if
-        there were more. Every text value is marked as untrusted data."""
+        the query runs in its own process, killed after a time limit or when the request is cancelled; at
+        most max_rows rows (<= 5000) and 1,000,000 characters of JSON come back, `truncated` says if there
+        were more. Every text value is marked as untrusted data; an integer beyond 2**53 comes back as
+        {"integer": n, "text": "n"} (JavaScript rounds larger numbers)."""
         try:
-            return readonly_sql.run_sql(db, sql, max_rows, sql_time_limit_s)
+            return await readonly_sql.run_sql_async(db, sql, max_rows, sql_time_limit_s)
         except UserError as e:
             raise ToolError(str(e)) from None
 
