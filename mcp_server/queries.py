@@ -91,18 +91,21 @@ def capabilities(store: Store, session_id: int | None) -> dict:
     }
 
 
-def not_recorded(store: Store, session_id: int, layer: str, table: str, what: str) -> str:
-    """The note for a layer with no rows: is the table missing, or was the layer not attached?"""
+def not_recorded(store: Store, session_id: int, layer: str, table: str, what: str) -> dict:
+    """`note` for a layer with no rows (is the table missing, or was the layer not attached?) and, in
+    `not_recorded_because`, the capability rows that say why. Their probe, target and detail can hold
+    text from the traced system (library paths, executable names), so they stay out of the note, which
+    is the recorder's own words, and are marked as data with the rest of the result."""
     status = layer_status(store, session_id, layer)
     if not has_table(store, table):
         base = f"{what} are not recorded by this version of stall-recorder (no {table} table in this database)"
     elif not status["observed"]:
         base = f"{what}: the {layer} layer was not observed in session {session_id}"
     else:
-        return f"{what}: the {layer} layer was observed and recorded none in this window"
-    reasons = "; ".join(f"{r['status']}: {r['probe']}" + (f" ({r['detail']})" if r["detail"] else "")
-                        for r in status["not_attached"][:3])
-    return base + (f"; capability: {reasons}" if reasons else "") + ". Nothing here is estimated."
+        return {"note": f"{what}: the {layer} layer was observed and recorded none in this window"}
+    because = status["not_attached"][:3]
+    return {"note": base + (" (why: not_recorded_because)" if because else "") + ". Nothing here is estimated.",
+            "not_recorded_because": because}
 
 
 def steps(store: Store, session_id: int | None, limit: int) -> dict:
@@ -121,9 +124,9 @@ def steps(store: Store, session_id: int | None, limit: int) -> dict:
     if out:
         return {"session_id": sid, "threshold": "stalled: dur >= 1.5 x the rolling median and 1 ms more",
                 "steps": out}
-    note = not_recorded(store, sid, "markers", "step_mark", "training steps (recorder.step markers)")
-    return {"session_id": sid, "steps": [], "note": note + " Use top_stalls for the slowest CUDA calls and "
-            "explain_stall with a window instead."}
+    why = not_recorded(store, sid, "markers", "step_mark", "training steps (recorder.step markers)")
+    why["note"] += " Use top_stalls for the slowest CUDA calls and explain_stall with a window instead."
+    return {"session_id": sid, "steps": [], **why}
 
 
 def stalled_steps(store: Store, session: dict, start: int, end: int, limit: int) -> tuple[list[dict], int]:
@@ -183,18 +186,26 @@ def nvme_events(store: Store, session_id: int | None, window: str | None, contro
         " ORDER BY e.ts LIMIT ?",
         (session["id"], start, end, controller, controller, _limit(limit) + 1))
     off = session["wall_offset_ns"]
+    hit: dict[int, list[int]] = {}
+    if rows:
+        for r in store.query(
+                "SELECT event_id, block_request_id FROM block_request_device_event WHERE session_id = ?"
+                " AND event_table = 'nvme_event' AND ts >= ? AND ts < ? ORDER BY block_request_id",
+                (session["id"], start, end)):
+            hit.setdefault(r["event_id"], []).append(r["block_request_id"])
     events = [{"nvme_event_id": r["id"], "kernel_log_id": r["kernel_log_id"], "ts_ns": r["ts"],
                "utc": utc(r["ts"] + off), "kind": r["kind"], "controller": r["controller"], "tag": r["tag"],
                "qid": r["qid"], "command_id": r["command_id"], "opcode": r["opcode"], "req_op": r["req_op"],
-               "size_bytes": r["size_bytes"], "status": r["status"], "action": r["action"], "text": r["text"]}
+               "size_bytes": r["size_bytes"], "status": r["status"], "action": r["action"], "text": r["text"],
+               "block_request_ids": hit.get(r["id"], [])[:50]}
               for r in rows]
     status = layer_status(store, session["id"], "kmsg")
     return {
         **_window_out(session, start, end), "kernel_log_observed": status["observed"],
         "events": events[:_limit(limit)], "truncated": len(events) > _limit(limit),
-        "note": "what a timeout hit (the block request and the step behind it) needs the block request "
-                "layer, which this version does not record; a timeout line means the command was issued "
-                "about nvme_core.io_timeout (30 s by default) before ts_ns",
+        "note": "block_request_ids: the block requests in flight on the controller when the event came "
+                "(evidence(kind='block_request', id=...) for each, with the step behind it); a timeout line "
+                "means the command was issued about nvme_core.io_timeout (30 s by default) before ts_ns",
     }
 
 
@@ -215,7 +226,7 @@ def kernel_log(store: Store, session_id: int | None, window: str | None, subsyst
     out = {**_window_out(session, start, end), "kernel_log_observed": status["observed"],
            "records": records[:_limit(limit)], "truncated": len(records) > _limit(limit)}
     if not status["observed"] and not records:
-        out["note"] = not_recorded(store, session["id"], "kmsg", "kernel_log", "kernel log records")
+        out.update(not_recorded(store, session["id"], "kmsg", "kernel_log", "kernel log records"))
     return out
 
 
@@ -290,7 +301,7 @@ def io_latency(store: Store, session_id: int | None, window: str | None) -> dict
         "block_errors_from_kernel_log": [{"dev": r["dev"], "errors": r["errors"]} for r in errors],
     }
     if not devices:
-        out["note"] = not_recorded(store, sid, "block", "block_request", "block I/O request latencies")
+        out.update(not_recorded(store, sid, "block", "block_request", "block I/O request latencies"))
     return out
 
 
@@ -344,7 +355,7 @@ def python_lines(store: Store, session_id: int | None, window: str | None, limit
            "lines": lines,
            "lines_rank": "time inside CUDA calls made from the line (python_lines view)"}
     if not lines and not stall_lines:
-        out["note"] = not_recorded(store, sid, "python", "python_stack", "Python source lines")
+        out.update(not_recorded(store, sid, "python", "python_stack", "Python source lines"))
     return out
 
 
@@ -368,7 +379,7 @@ def nccl_collectives(store: Store, session_id: int | None, window: str | None) -
                       "step": r["step"], "wait_dur_ns": r["wait_dur"], "call_dur_ns": r["call_dur"],
                       "sync_dur_ns": r["sync_dur"]} for r in waits]}
     if not late and not waits:
-        out["note"] = not_recorded(store, sid, "nccl", "nccl_call", "NCCL collectives")
+        out.update(not_recorded(store, sid, "nccl", "nccl_call", "NCCL collectives"))
     return out
 
 
