@@ -197,8 +197,8 @@ def test_https_advertises_no_oauth_and_a_client_without_the_token_is_told_to_sen
 
 
 def test_https_server_starts_without_sdk_deprecation_warnings(db):
-    """Unset, `validate_token_resource` makes the SDK print a warning at every start, and 3.0 will turn
-    it on by default, which would refuse our tokens (they name no resource): it is set explicitly."""
+    """The token is checked by the server's own middleware, not the SDK's OAuth resource-server
+    support (whose unset `validate_token_resource` warns at every start): no deprecation warning."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", MCPDeprecationWarning)
         build_app(db, "127.0.0.1", free_port(), "t0k3n-" + "a" * 40)
