@@ -139,7 +139,7 @@ def test_one_long_sql_function_call_stops_at_the_time_limit(db):
         started = time.monotonic()
         r = tool_call(server, "run_sql", {"sql": sql})
         took = time.monotonic() - started
-        assert took < 1.0 + readonly_sql.KILL_GRACE_S + 1.5, (sql, took)
+        assert took < 1.0 + readonly_sql.KILL_GRACE_S + 2.5, (sql, took)  # unbounded: 10-20 s
         if r.is_error:
             assert "time limit" in r.content[0].text, r.content[0].text
         else:  # a string over MAX_VALUE_BYTES is NULL, so the function has nothing to chew on
@@ -185,7 +185,7 @@ def test_a_query_the_client_gives_up_on_is_killed_at_once_over_stdio(db):
             return running, time.monotonic() - started
     running, gone_after = anyio.run(go)
     assert running, "the query was not running when the client gave up"
-    assert gone_after < 3.0, f"the query process outlived the cancel: gone {gone_after:.1f} s after the call"
+    assert gone_after < 4.0, f"the query process outlived the cancel: gone {gone_after:.1f} s after the call"
 
 
 def test_the_result_cap_counts_what_the_client_receives(db):
