@@ -118,10 +118,13 @@ def test_a_damaged_recording_gets_one_line_that_says_what_to_do(db, tmp_path):
     with damaged.open("r+b") as f:
         f.seek((root - 1) * page_size)
         f.write(b"\xa5" * page_size)
-    _, (r, ok) = calls(build_server(damaged), [("top_stalls", {}), ("kernel_log", {})])
-    assert r.is_error
-    text = r.content[0].text
-    assert "cannot be read" in text and "integrity_check" in text and "\n" not in text, text
+    _, (r, sql, ok) = calls(build_server(damaged), [("top_stalls", {}),
+                                                    ("run_sql", {"sql": "SELECT sum(dur) FROM cuda_call"}),
+                                                    ("kernel_log", {})])
+    for bad in (r, sql):
+        assert bad.is_error
+        text = bad.content[0].text
+        assert "cannot be read" in text and "integrity_check" in text and "\n" not in text, text
     assert not ok.is_error  # the tables that are intact still answer
 
 
