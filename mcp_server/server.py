@@ -1,8 +1,10 @@
 """The MCP server: tools over one recording database, for Claude Code, Cursor and other MCP clients.
 
 Every tool is read-only (``ToolAnnotations(read_only_hint=True)``), opens its own read-only
-connection (handlers run on worker threads), returns structured JSON with units in field names, and
-wraps every string that came from the traced system as ``{"untrusted_text": ...}`` (mcp_server.untrusted).
+connection (handlers run on worker threads; run_sql in a child process, see mcp_server.readonly_sql),
+returns a typed result (mcp_server.models, so the SDK publishes its output schema) with units in field
+names, wraps every string that came from the traced system as ``{"untrusted_text": ...}`` and gives
+64-bit integers also as strings (mcp_server.untrusted), and answers every failure in one line.
 Start it with ``recorder mcp`` (stdio) or ``recorder mcp --http`` (HTTPS, see mcp_server.https).
 """
 
