@@ -52,8 +52,14 @@ async def exercise(client: Client) -> tuple[list[str], dict]:
         result = await c.call_tool("explain_stall", {})
         assert not result.is_error
         for name, args in (("capabilities", {}), ("top_stalls", {}), ("kernel_log", {}), ("list_steps", {}),
-                           ("run_sql", {"sql": "SELECT 1"})):
-            assert not (await c.call_tool(name, args)).is_error, name
+                           ("python_lines", {}), ("io_latency", {}), ("nccl_collectives", {}),
+                           ("evidence", {"kind": "cuda_call", "id": "8"}),
+                           ("run_sql", {"sql": "SELECT 9007199254740993"})):
+            r = await c.call_tool(name, args)
+            assert not r.is_error, name
+            assert r.structured_content is not None, name
+        sql = await c.call_tool("run_sql", {"sql": "SELECT 9007199254740993"})
+        assert sql.structured_content["rows"] == [[{"integer": 9007199254740993, "text": "9007199254740993"}]]
         return names, result.structured_content
 
 
