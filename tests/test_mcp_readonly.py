@@ -114,3 +114,23 @@ def test_nobody_reads_a_recording_while_it_is_being_written(root_dir):
         writer.close()
     finally:
         lock.close()
+
+
+@pytest.mark.parametrize("name", ["hash#1.db", "what?mode=rwc.db", "pct%2541.db"])
+def test_paths_sqlite_would_read_as_uri_syntax_open_the_file_named(tmp_path, name):
+    """As any user: the server and the read-only commands read the file named, create no stray file
+    (before, 'hash#1.db' opened or created 'hash') and leave no -wal/-shm behind."""
+    db = make_recording(tmp_path / name)
+    to_wal(db)
+    before = sorted(os.listdir(tmp_path))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "recorder", "mcp", "--db", str(db)],
+                                   cwd=str(ROOT))
+
+    async def go():
+        async with Client(params) as c:
+            return (await c.call_tool("run_sql", {"sql": "SELECT count(*) FROM cuda_call"})).structured_content
+    assert anyio.run(go)["rows"] == [[10]]
+    r = subprocess.run([sys.executable, "-m", "recorder", "explain", "--db", str(db), "--json"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == before
