@@ -178,13 +178,15 @@ def _connect_readonly(path: Path) -> tuple[sqlite3.Connection, tempfile.Temporar
     """A read-only connection that creates nothing next to the recording and works for a user
     who cannot write its folder (recordings are made as root and read by users).
 
-    A complete recording (no writer, no log content) is opened `immutable`: no locks, no -wal/-shm
-    files. A recording still being written, or one whose log holds pages, is opened `mode=ro`,
+    A complete recording (no writer, no log content, no -shm) is opened `immutable`: no locks, no
+    -wal/-shm files. A recording still being written, or one whose log holds pages, is opened `mode=ro`,
     which reads the log through the writer's -shm; when that is refused (the -shm cannot be made
     or opened by this user), the main file and its log are copied to a private folder and the
     copy is read, so no recorded page is skipped.
     """
-    if not being_written(path) and not _has_pending_log(path):
+    # a -shm file means a connection may be open (or was, and died): a writer that holds no lock
+    # could checkpoint into the main file under an immutable reader, so only a quiet file is immutable
+    if not being_written(path) and not _has_pending_log(path) and not os.path.exists(f"{path}-shm"):
         return sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True,
                                check_same_thread=False), None
     conn = sqlite3.connect(sqlite_uri(path, mode="ro"), uri=True, check_same_thread=False)

@@ -98,6 +98,22 @@ def test_nobody_reads_the_pages_still_in_the_log_of_a_recording_whose_writer_die
 
 
 @needs_root
+def test_nobody_reads_a_recording_a_writer_left_its_shm_next_to(root_dir):
+    """A writer that checkpointed and exited without closing leaves an empty -wal and its -shm: such a
+    file is read through them (a writer without the lock may still be there), creating nothing."""
+    db = make_recording(root_dir / "left.db")
+    to_wal(db)
+    code = ("import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(\"UPDATE session SET target = 'x'\");"
+            "c.commit(); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(db)], check=True)
+    assert Path(f"{db}-shm").exists() and Path(f"{db}-wal").stat().st_size == 0
+    before = sorted(os.listdir(root_dir))
+    sessions, rows = as_nobody_mcp(db, "SELECT count(*) FROM cuda_call")
+    assert sessions[0]["target"] == {"untrusted_text": "x"} and rows["rows"] == [[10]]
+    assert sorted(os.listdir(root_dir)) == before
+
+
+@needs_root
 def test_nobody_reads_a_recording_while_it_is_being_written(root_dir):
     db = make_recording(root_dir / "live.db")
     lock = lock_path(db).open("a+")
