@@ -10,6 +10,8 @@ store's stop-time indexes are built. It is cached in build/bench/mcp-<N>.db. The
 `recorder mcp --db` as a subprocess through the SDK's stdio client (as Claude Code or Cursor do), and
 times explain_stall (whole session, and --worst) from request to parsed result; `recorder explain`
 in process (store.report.explain) is timed alongside to separate query cost from the MCP layer.
+run_sql is timed on a trivial statement (SELECT 1) and a count over cuda_call: each query runs in a
+process forked from a forkserver (killed at its time limit), and the trivial one shows that cost.
 Target from the issue: <= 300 ms on a 10M-event database.
 """
 
@@ -102,7 +104,7 @@ def make_db(path: Path, events: int) -> float:
 async def round_trips(db: Path, repeat: int) -> dict:
     params = StdioServerParameters(command=sys.executable, args=["-m", "recorder", "mcp", "--db", str(db)],
                                    cwd=str(ROOT))
-    out: dict[str, list[float]] = {"whole": [], "worst": []}
+    out: dict[str, list[float]] = {"whole": [], "worst": [], "sql_trivial": [], "sql_count": []}
     t0 = time.perf_counter()
     async with Client(params) as c:
         connect_s = time.perf_counter() - t0
@@ -112,6 +114,11 @@ async def round_trips(db: Path, repeat: int) -> dict:
                 r = await c.call_tool("explain_stall", args, read_timeout_seconds=600)
                 out[key].append(time.perf_counter() - t)
                 assert not r.is_error and r.structured_content["stall"], r.content
+            for key, sql in (("sql_trivial", "SELECT 1"), ("sql_count", "SELECT count(*) FROM cuda_call")):
+                t = time.perf_counter()
+                r = await c.call_tool("run_sql", {"sql": sql}, read_timeout_seconds=600)
+                out[key].append(time.perf_counter() - t)
+                assert not r.is_error, r.content
     return {"connect_s": connect_s, **out}
 
 
@@ -144,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "explain_stall_stdio_median_ms": {"whole": ms(remote["whole"]), "worst": ms(remote["worst"])},
         "explain_stall_stdio_max_ms": {k: round(1000 * max(remote[k]), 1) for k in ("whole", "worst")},
         "explain_in_process_median_ms": {"whole": ms(local["whole"]), "worst": ms(local["worst"])},
+        "run_sql_stdio_median_ms": {"select_1": ms(remote["sql_trivial"]), "count_cuda_call": ms(remote["sql_count"])},
         "target_ms": 300, "loadavg": os.getloadavg(),
     }
     if args.json:
@@ -154,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {args.events:,} | {result['db_bytes'] / 1e6:.0f} | explain_stall {k} | "
               f"{result['explain_stall_stdio_median_ms'][k]} ms ({result['explain_stall_stdio_max_ms'][k]} ms) | "
               f"{result['explain_in_process_median_ms'][k]} ms |")
-    print(f"\nstdio connect (spawn + initialize): {result['stdio_connect_ms']} ms; load average {result['loadavg']}")
+    sql = result["run_sql_stdio_median_ms"]
+    print(f"\nrun_sql over stdio, median: SELECT 1 {sql['select_1']} ms, count(*) FROM cuda_call "
+          f"{sql['count_cuda_call']} ms")
+    print(f"stdio connect (spawn + initialize): {result['stdio_connect_ms']} ms; load average {result['loadavg']}")
     return 0
 
 

@@ -1,21 +1,27 @@
 """`recorder mcp --http`: the MCP server over HTTPS (streamable HTTP at /mcp) with a bearer token.
 
 TLS is uvicorn's (the SDK's own runner has no TLS options). The token comes from a file (or
-$STALL_RECORDER_MCP_TOKEN), never from the command line, and is required on every address: a request
-without it, or with another, gets 401. Host and Origin headers are checked against allow-lists (the
-bound address and, on loopback, localhost), which stops DNS-rebinding pages in a browser.
+$STALL_RECORDER_MCP_TOKEN), never from the command line, and is required on every address and path: a
+request without it, or with another, gets 401 with a body and a WWW-Authenticate header that say
+"bearer token required". No OAuth metadata is advertised (there is no authorization server: a client
+that looked for one would fail at dynamic client registration instead of asking for the token).
+Host and Origin headers are checked against allow-lists (the bound address and, on loopback,
+localhost), which stops DNS-rebinding pages in a browser. An address that binds every interface
+(0.0.0.0, ::, and spellings of them such as 0, 000.000.000.000, [::0]) needs --allow-host.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import os
+import socket
+import ssl
 import stat
 from pathlib import Path
+from typing import Any
 
-from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
 from mcp_server.server import build_server
@@ -25,16 +31,35 @@ TOKEN_ENV = "STALL_RECORDER_MCP_TOKEN"
 MIN_TOKEN_CHARS = 16
 
 
-class StaticTokenVerifier:
-    """Accepts exactly one bearer token, compared in constant time."""
+TOKEN_REQUIRED = ("bearer token required: send 'Authorization: Bearer TOKEN' with the token this server "
+                  "was started with (its --token-file or $STALL_RECORDER_MCP_TOKEN)")
 
-    def __init__(self, token: str) -> None:
+
+class BearerAuth:
+    """ASGI middleware: every HTTP request needs exactly the one configured token (compared in
+    constant time); anything else gets 401 saying so."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
         self._token = token.encode()
 
-    async def verify_token(self, token: str) -> AccessToken | None:
-        if hmac.compare_digest(token.encode(), self._token):
-            return AccessToken(token=token, client_id="stall-recorder-user", scopes=[])
-        return None
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or ()).get(b"authorization", b"")
+        scheme, _, value = header.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(value.strip(), self._token):
+            await self.app(scope, receive, send)
+            return
+        wrong = bool(value.strip())
+        description = "the bearer token is not this server's" if wrong else TOKEN_REQUIRED
+        body = json.dumps({"error": "invalid_token", "error_description": description}).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate",
+             f'Bearer realm="stall-recorder", error="invalid_token", error_description="{description}"'.encode())]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -45,12 +70,26 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def is_loopback(host: str) -> bool:
+def addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses `host` binds, as the socket layer reads it ('0' and '000.000.000.000' are 0.0.0.0)."""
     if host == "localhost":
-        return True
+        return [ipaddress.ip_address("127.0.0.1")]
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise UserError(f"--http host {host!r} is not an address this machine can bind ({e}): "
+                        "give an IP address, e.g. 127.0.0.1") from None
+    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+
+
+def binds_everywhere(host: str) -> bool:
+    return any(a.is_unspecified for a in addresses(host))
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return all(a.is_loopback for a in addresses(host))
+    except UserError:
         return False
 
 
@@ -88,15 +127,21 @@ def build_app(db: Path, host: str, port: int, token: str | None, extra_hosts: li
         raise UserError(f"the bearer token is shorter than {MIN_TOKEN_CHARS} characters: "
                         "make one with 'openssl rand -hex 32'")
     hosts, origins = allowed(host, port, extra_hosts or [])
-    public = extra_hosts[0] if host in ("0.0.0.0", "::") and extra_hosts else host
-    base = f"https://{f'[{public}]' if ':' in public else public}:{port}"
-    # The verifier accepts one configured token, which names no resource (RFC 8707): checking the
-    # token's resource would refuse it (the SDK warns while this is unset; 3.0 turns it on by default).
-    server = build_server(db, token_verifier=StaticTokenVerifier(token),
-                          auth=AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp",
-                                            validate_token_resource=False))
-    return server.streamable_http_app(
+    server = build_server(db)
+    app = server.streamable_http_app(
         transport_security=TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins), host=host)
+    return BearerAuth(app, token)
+
+
+def check_tls(certfile: Path, keyfile: Path) -> None:
+    """Load the pair as uvicorn will, so a bad file is a one-line error instead of a traceback."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(certfile), str(keyfile))
+    except (ssl.SSLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or str(e)
+        raise UserError(f"cannot use --certfile {certfile} with --keyfile {keyfile} ({reason}): pass a PEM "
+                        "certificate and its private key, e.g. from 'openssl req -x509 -newkey rsa:2048 -nodes "
+                        "-days 365 -subj /CN=localhost -keyout key.pem -out cert.pem'") from None
 
 
 def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | None, token_file: Path | None,
@@ -111,8 +156,10 @@ def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | N
     for path in (certfile, keyfile):
         if not path.is_file():
             raise UserError(f"{path} does not exist: pass a PEM file")
-    if host in ("0.0.0.0", "::") and not extra_hosts:
-        raise UserError(f"binding {host} accepts any address: name the host clients will use with --allow-host NAME")
+    if binds_everywhere(host) and not extra_hosts:
+        raise UserError(f"binding {host} accepts connections on every interface: name the host clients will "
+                        "use with --allow-host NAME (or bind one address, e.g. 127.0.0.1)")
+    check_tls(certfile, keyfile)
     app = build_app(db, host, port, read_token(token_file), extra_hosts)
     uvicorn.run(app, host=host, port=port, ssl_certfile=str(certfile), ssl_keyfile=str(keyfile),
                 log_level="warning", timeout_graceful_shutdown=2)

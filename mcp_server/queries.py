@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.causes import all_steps
+from store.causes import all_steps, find_stalls
 from store.db import Store
 from store.errors import UserError
-from store.report import LAYERS, resolve_window, session_row, session_state, slow_calls, utc
+from store.listing import STALLS_ANALYSED
+from store.report import LAYERS, analyse_step, resolve_window, session_row, session_state, slow_calls, utc
 from store.rules import slow_call_rule, stall_rule
 
 MAX_LIMIT = 500
+SLOWEST_REQUESTS = 5  # per device and op in io_latency
+WORST_SECONDS = 5  # one-second windows per device and op in io_latency
 
 
 def _limit(n: int) -> int:
@@ -89,18 +92,21 @@ def capabilities(store: Store, session_id: int | None) -> dict:
     }
 
 
-def not_recorded(store: Store, session_id: int, layer: str, table: str, what: str) -> str:
-    """The note for a layer with no rows: is the table missing, or was the layer not attached?"""
+def not_recorded(store: Store, session_id: int, layer: str, table: str, what: str) -> dict:
+    """`note` for a layer with no rows (is the table missing, or was the layer not attached?) and, in
+    `not_recorded_because`, the capability rows that say why. Their probe, target and detail can hold
+    text from the traced system (library paths, executable names), so they stay out of the note, which
+    is the recorder's own words, and are marked as data with the rest of the result."""
     status = layer_status(store, session_id, layer)
     if not has_table(store, table):
         base = f"{what} are not recorded by this version of stall-recorder (no {table} table in this database)"
     elif not status["observed"]:
         base = f"{what}: the {layer} layer was not observed in session {session_id}"
     else:
-        return f"{what}: the {layer} layer was observed and recorded none in this window"
-    reasons = "; ".join(f"{r['status']}: {r['probe']}" + (f" ({r['detail']})" if r["detail"] else "")
-                        for r in status["not_attached"][:3])
-    return base + (f"; capability: {reasons}" if reasons else "") + ". Nothing here is estimated."
+        return {"note": f"{what}: the {layer} layer was observed and recorded none in this window"}
+    because = status["not_attached"][:3]
+    return {"note": base + (" (why: not_recorded_because)" if because else "") + ". Nothing here is estimated.",
+            "not_recorded_because": because}
 
 
 def steps(store: Store, session_id: int | None, limit: int) -> dict:
@@ -118,17 +124,40 @@ def steps(store: Store, session_id: int | None, limit: int) -> dict:
             "inferred": bool(r["inferred"])} for r in rows]
     if out:
         return {"session_id": sid, "threshold": stall_rule(store).threshold(), "steps": out}
-    note = not_recorded(store, sid, "markers", "step_mark", "training steps (recorder.step markers)")
-    return {"session_id": sid, "steps": [], "note": note + " Use top_stalls for the slowest CUDA calls and "
-            "explain_stall with a window instead."}
+    why = not_recorded(store, sid, "markers", "step_mark", "training steps (recorder.step markers)")
+    why["note"] += " Use top_stalls for the slowest CUDA calls and explain_stall with a window instead."
+    return {"session_id": sid, "steps": [], **why}
+
+
+def stalled_steps(store: Store, session: dict, start: int, end: int, limit: int) -> tuple[list[dict], int]:
+    """The stalled steps starting in [start, end), worst first, each with the primary cause the step
+    report gives it (store.report.analyse_step), and how many stalled steps the window holds."""
+    stalls = find_stalls(store, session["id"], start, end)
+    out = []
+    for r in stalls[:limit]:
+        a = analyse_step(store, session, r)
+        p = a["primary_cause"] or {}
+        out.append({
+            "step": r["step"], "step_mark_id": r["step_mark_id"], "pid": a["thread"]["pid"],
+            "tid": a["thread"]["tid"], "thread_name": a["thread"]["name"], "ts_ns": r["ts"], "utc": a["utc"],
+            "dur_ns": r["dur"], "baseline_dur_ns": r["baseline_dur"], "excess_dur_ns": r["excess_dur"],
+            "ratio_to_baseline": r["ratio"], "cause": p.get("kind", "unexplained"),
+            "summary": p.get("summary", "no recorded wait explains it"), "python_line": p.get("python"),
+            "device": p.get("device") or p.get("event_device"),
+        })
+    return out, len(stalls)
 
 
 def top_stalls(store: Store, session_id: int | None, window: str | None, limit: int) -> dict:
     session, start, end = window_of(store, session_id, window)
+    steps, stalled = stalled_steps(store, session, start, end, _limit(limit))
     calls = slow_calls(store, session["id"], start, end, _limit(limit))
     off = session["wall_offset_ns"]
-    return {
+    out = {
         **_window_out(session, start, end),
+        "step_threshold": stall_rule(store).threshold(),
+        "stalled_steps_in_window": stalled,
+        "steps": steps,
         "threshold": slow_call_rule(store).threshold(),
         "stalls": [{
             "cuda_call_id": c["id"], "api": c["api"], "ts_ns": c["ts"], "utc": utc(c["ts"] + off),
@@ -138,6 +167,13 @@ def top_stalls(store: Store, session_id: int | None, window: str | None, limit: 
             "thread_name": c["thread_name"], "cause": c["cause"]["kind"], "summary": c["cause"]["summary"],
         } for c in calls],
     }
+    if not steps and not has_steps_recorded(store, session["id"]):
+        out["note"] = "no training steps recorded (recorder.step markers or inferred steps): stalls are CUDA calls only"
+    return out
+
+
+def has_steps_recorded(store: Store, session_id: int) -> bool:
+    return store.one("SELECT 1 AS x FROM step_mark WHERE session_id = ? LIMIT 1", (session_id,)) is not None
 
 
 def nvme_events(store: Store, session_id: int | None, window: str | None, controller: str | None,
@@ -149,18 +185,26 @@ def nvme_events(store: Store, session_id: int | None, window: str | None, contro
         " ORDER BY e.ts LIMIT ?",
         (session["id"], start, end, controller, controller, _limit(limit) + 1))
     off = session["wall_offset_ns"]
+    hit: dict[int, list[int]] = {}
+    if rows:
+        for r in store.query(
+                "SELECT event_id, block_request_id FROM block_request_device_event WHERE session_id = ?"
+                " AND event_table = 'nvme_event' AND ts >= ? AND ts < ? ORDER BY block_request_id",
+                (session["id"], start, end)):
+            hit.setdefault(r["event_id"], []).append(r["block_request_id"])
     events = [{"nvme_event_id": r["id"], "kernel_log_id": r["kernel_log_id"], "ts_ns": r["ts"],
                "utc": utc(r["ts"] + off), "kind": r["kind"], "controller": r["controller"], "tag": r["tag"],
                "qid": r["qid"], "command_id": r["command_id"], "opcode": r["opcode"], "req_op": r["req_op"],
-               "size_bytes": r["size_bytes"], "status": r["status"], "action": r["action"], "text": r["text"]}
+               "size_bytes": r["size_bytes"], "status": r["status"], "action": r["action"], "text": r["text"],
+               "block_request_ids": hit.get(r["id"], [])[:50]}
               for r in rows]
     status = layer_status(store, session["id"], "kmsg")
     return {
         **_window_out(session, start, end), "kernel_log_observed": status["observed"],
         "events": events[:_limit(limit)], "truncated": len(events) > _limit(limit),
-        "note": "what a timeout hit (the block request and the step behind it) needs the block request "
-                "layer, which this version does not record; a timeout line means the command was issued "
-                "about nvme_core.io_timeout (30 s by default) before ts_ns",
+        "note": "block_request_ids: the block requests in flight on the controller when the event came "
+                "(evidence(kind='block_request', id=...) for each, with the step behind it); a timeout line "
+                "means the command was issued about nvme_core.io_timeout (30 s by default) before ts_ns",
     }
 
 
@@ -181,31 +225,137 @@ def kernel_log(store: Store, session_id: int | None, window: str | None, subsyst
     out = {**_window_out(session, start, end), "kernel_log_observed": status["observed"],
            "records": records[:_limit(limit)], "truncated": len(records) > _limit(limit)}
     if not status["observed"] and not records:
-        out["note"] = not_recorded(store, session["id"], "kmsg", "kernel_log", "kernel log records")
+        out.update(not_recorded(store, session["id"], "kmsg", "kernel_log", "kernel log records"))
     return out
 
 
+# block_latency (store/views/0003_io.sql) restricted to requests that start in [:a, :b): the same
+# exact nearest-rank percentiles over the same columns.
+_BLOCK_LATENCY_IN_WINDOW = """
+WITH q AS (
+  SELECT device, op, dur, queued_dur, device_dur, size_bytes,
+         cume_dist() OVER (PARTITION BY device, op ORDER BY dur) AS cd,
+         cume_dist() OVER (PARTITION BY device, op ORDER BY queued_dur) AS cq,
+         cume_dist() OVER (PARTITION BY device, op ORDER BY device_dur) AS cv
+  FROM block_request WHERE session_id = :s AND ts >= :a AND ts < :b
+)
+SELECT device, op, count(*) AS requests, sum(size_bytes) AS bytes,
+       min(dur) FILTER (WHERE cd >= 0.5) AS p50_dur,
+       min(dur) FILTER (WHERE cd >= 0.99) AS p99_dur,
+       min(dur) FILTER (WHERE cd >= 0.999) AS p999_dur,
+       max(dur) AS max_dur,
+       min(queued_dur) FILTER (WHERE cq >= 0.99) AS p99_queued_dur,
+       max(queued_dur) AS max_queued_dur,
+       min(device_dur) FILTER (WHERE cv >= 0.99) AS p99_device_dur,
+       max(device_dur) AS max_device_dur
+FROM q GROUP BY device, op ORDER BY max_dur DESC"""
+
+
 def io_latency(store: Store, session_id: int | None, window: str | None) -> dict:
+    """Per device and op: exact p50/p99/p999/max latency of the block requests that started in the
+    window, its slowest requests (with their rank among the session's requests of that device and op,
+    from block_request_percentile) and its worst one-second windows (block_latency_window)."""
     session, start, end = window_of(store, session_id, window)
     sid = session["id"]
+    off = session["wall_offset_ns"]
+    first_s = max(0, (start - session["started_ts"]) // 1_000_000_000)
+    last_s = (end - session["started_ts"]) // 1_000_000_000
+    devices = []
+    for d in store.query(_BLOCK_LATENCY_IN_WINDOW, {"s": sid, "a": start, "b": end}):
+        slowest = store.query(
+            "SELECT id, ts, dur, queued_dur, device_dur, size_bytes, sector, rwbs, error, io_tag, pid, tid,"
+            " process_name, thread_name, percentile, requests FROM block_request_percentile"
+            " WHERE session_id = ? AND device = ? AND op = ? AND ts >= ? AND ts < ? ORDER BY dur DESC LIMIT ?",
+            (sid, d["device"], d["op"], start, end, SLOWEST_REQUESTS))
+        seconds = store.query(
+            "SELECT window_s, requests, p50_dur, p99_dur, p999_dur, max_dur FROM block_latency_window"
+            " WHERE session_id = ? AND device = ? AND op = ? AND window_s >= ? AND window_s <= ?"
+            " ORDER BY max_dur DESC LIMIT ?", (sid, d["device"], d["op"], first_s, last_s, WORST_SECONDS))
+        devices.append({
+            "device": d["device"], "op": d["op"], "requests": d["requests"], "bytes": d["bytes"],
+            "p50_dur_ns": d["p50_dur"], "p99_dur_ns": d["p99_dur"], "p999_dur_ns": d["p999_dur"],
+            "max_dur_ns": d["max_dur"], "p99_queued_dur_ns": d["p99_queued_dur"],
+            "max_queued_dur_ns": d["max_queued_dur"], "p99_device_dur_ns": d["p99_device_dur"],
+            "max_device_dur_ns": d["max_device_dur"],
+            "slowest_requests": [{
+                "block_request_id": r["id"], "ts_ns": r["ts"], "utc": utc(r["ts"] + off), "dur_ns": r["dur"],
+                "queued_dur_ns": r["queued_dur"], "device_dur_ns": r["device_dur"], "size_bytes": r["size_bytes"],
+                "sector": r["sector"], "rwbs": r["rwbs"], "error": r["error"], "io_tag": r["io_tag"],
+                "pid": r["pid"], "tid": r["tid"], "process_name": r["process_name"],
+                "thread_name": r["thread_name"], "session_percentile": r["percentile"],
+                "session_requests": r["requests"]} for r in slowest],
+            "worst_seconds": [{
+                "window_s": w["window_s"], "requests": w["requests"], "p50_dur_ns": w["p50_dur"],
+                "p99_dur_ns": w["p99_dur"], "p999_dur_ns": w["p999_dur"], "max_dur_ns": w["max_dur"]}
+                for w in seconds],
+        })
     errors = store.query(
         "SELECT dev, count(*) AS errors FROM block_error WHERE session_id = ? AND ts >= ? AND ts < ?"
         " GROUP BY dev ORDER BY errors DESC", (sid, start, end))
-    return {
-        **_window_out(session, start, end), "devices": [],
-        "note": not_recorded(store, sid, "block", "block_request", "block I/O request latencies"),
+    out = {
+        **_window_out(session, start, end),
+        "percentiles": "exact nearest-rank over the requests that started in the window (as block_latency); "
+                       "window_s: whole seconds since the session start",
+        "devices": devices,
         "block_errors_from_kernel_log": [{"dev": r["dev"], "errors": r["errors"]} for r in errors],
     }
+    if not devices:
+        out.update(not_recorded(store, sid, "block", "block_request", "block I/O request latencies"))
+    return out
 
 
-def python_lines(store: Store, session_id: int | None, window: str | None) -> dict:
+# python_lines (store/views/0002_python.sql) restricted to CUDA calls that start in [:a, :b).
+_PYTHON_LINES_IN_WINDOW = """
+SELECT p.filename AS python_file, p.line AS python_lineno, p.qualname AS python_function,
+       p.text AS python_line, sum(x.calls) AS calls, sum(x.dur) AS dur, max(x.max_dur) AS max_dur
+FROM (
+    SELECT python_stack_id, count(*) AS calls, sum(dur) AS dur, max(dur) AS max_dur
+    FROM cuda_call WHERE python_stack_id IS NOT NULL AND session_id = :s AND ts >= :a AND ts < :b
+    GROUP BY python_stack_id
+) x
+JOIN python_call_site p ON p.stack_id = x.python_stack_id
+GROUP BY p.filename, p.line, p.qualname
+ORDER BY dur DESC LIMIT :n"""
+
+
+def python_lines(store: Store, session_id: int | None, window: str | None, limit: int = 20) -> dict:
+    """Python call sites ranked two ways: by the time above baseline of the stalled steps whose
+    primary cause the step report attributes to them (as `recorder top`), and by the time spent
+    inside the CUDA calls made from them (the python_lines view)."""
     session, start, end = window_of(store, session_id, window)
-    note = not_recorded(store, session["id"], "python", "python_stack", "Python source lines")
-    if has_table(store, "python_stack"):
-        stacks = store.one("SELECT count(*) AS n FROM python_stack")["n"]
-        note = (f"Python stacks are stored ({stacks} rows in python_stack, see schema://tables) but this "
-                "server does not aggregate them by file:line yet: query them with run_sql. " + note)
-    return {**_window_out(session, start, end), "lines": [], "note": note}
+    sid = session["id"]
+    stalls = find_stalls(store, sid, start, end)
+    by_line: dict[str, dict] = {}
+    for r in stalls[:STALLS_ANALYSED]:
+        p = analyse_step(store, session, r)["primary_cause"] or {}
+        line = p.get("python")
+        if line is None:
+            continue
+        e = by_line.setdefault(line, {"python_line": line, "stalls": 0, "excess_dur_ns": 0, "causes": {},
+                                      "steps": []})
+        e["stalls"] += 1
+        e["excess_dur_ns"] += r["excess_dur"] or 0
+        kind = p.get("kind", "unexplained")
+        e["causes"][kind] = e["causes"].get(kind, 0) + 1
+        e["steps"].append(r["step"])
+    stall_lines = sorted(by_line.values(), key=lambda e: -e["excess_dur_ns"])[:_limit(limit)]
+    for e in stall_lines:
+        e["causes"] = [{"cause": k, "stalls": n} for k, n in sorted(e["causes"].items(), key=lambda kv: -kv[1])]
+    rows = store.query(_PYTHON_LINES_IN_WINDOW, {"s": sid, "a": start, "b": end, "n": _limit(limit)})
+    lines = [{"python_line": r["python_line"], "python_file": r["python_file"], "python_lineno": r["python_lineno"],
+              "python_function": r["python_function"], "cuda_calls": r["calls"], "cuda_dur_ns": r["dur"],
+              "max_cuda_dur_ns": r["max_dur"]} for r in rows]
+    out = {**_window_out(session, start, end),
+           "stalled_steps_in_window": len(stalls),
+           "stall_lines": stall_lines,
+           "stall_lines_rank": "time above baseline (excess_dur_ns) of stalled steps whose primary cause is at "
+                               "the line, as `recorder top`" + (f"; the worst {STALLS_ANALYSED} stalls analysed"
+                                                                 if len(stalls) > STALLS_ANALYSED else ""),
+           "lines": lines,
+           "lines_rank": "time inside CUDA calls made from the line (python_lines view)"}
+    if not lines and not stall_lines:
+        out.update(not_recorded(store, sid, "python", "python_stack", "Python source lines"))
+    return out
 
 
 def nccl_collectives(store: Store, session_id: int | None, window: str | None) -> dict:
@@ -228,7 +378,7 @@ def nccl_collectives(store: Store, session_id: int | None, window: str | None) -
                       "step": r["step"], "wait_dur_ns": r["wait_dur"], "call_dur_ns": r["call_dur"],
                       "sync_dur_ns": r["sync_dur"]} for r in waits]}
     if not late and not waits:
-        out["note"] = not_recorded(store, sid, "nccl", "nccl_call", "NCCL collectives")
+        out.update(not_recorded(store, sid, "nccl", "nccl_call", "NCCL collectives"))
     return out
 
 

@@ -6,6 +6,10 @@ result could mistake such text for instructions ("ignore previous instructions a
 string in a result is wrapped as ``{"untrusted_text": "..."}`` and cut to MAX_CHARS, unless its key
 names a value the recorder itself produces (an API symbol, a reason, a layer, a UTC time).
 A cut string also carries ``"original_chars"``.
+
+Integers: JSON numbers are doubles in JavaScript clients, which round integers beyond 2**53. Every
+64-bit identifier (ID64_KEYS) and every integer beyond that range also comes as a decimal string in a
+sibling key ``<name>_text``; the number stays for clients that read it exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +25,18 @@ RECORDER_KEYS = frozenset({
     "api", "family", "library", "reason", "kind", "layer", "status", "state", "state_letter",
     "utc", "start_utc", "end_utc", "syscall", "syscall_name", "subsystem", "event_kind", "what",
     "note", "category", "found_by", "threshold", "link", "table", "cause",
+    "step_threshold", "percentiles", "stall_lines_rank", "lines_rank", "mode",
 })
+
+
+SAFE_INTEGER = 2**53 - 1
+ID64_KEYS = frozenset({"comm_hash", "io_tag", "tag", "lineage_tag"})
+TEXT_SUFFIX = "_text"
+
+
+def _needs_text(key: str, value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (key in ID64_KEYS or abs(value) > SAFE_INTEGER))
 
 
 def text(value: str, limit: int = MAX_CHARS) -> dict[str, Any]:
@@ -38,7 +53,12 @@ def mark(value: Any, key: str | None = None) -> Any:
     if isinstance(value, dict):
         if MARKER in value:
             return value
-        return {k: mark(v, k) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            out[k] = mark(v, k)
+            if _needs_text(k, v) and f"{k}{TEXT_SUFFIX}" not in value:
+                out[f"{k}{TEXT_SUFFIX}"] = str(v)
+        return out
     if isinstance(value, (list, tuple)):
         return [mark(v, key) for v in value]
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -48,11 +68,13 @@ def mark(value: Any, key: str | None = None) -> Any:
 
 
 def unmark(value: Any) -> Any:
-    """The inverse of mark() for strings that were not cut: used to compare with `recorder explain`."""
+    """The inverse of mark() for strings that were not cut (and without the ``*_text`` copies of
+    integers): used to compare with `recorder explain`."""
     if isinstance(value, dict):
         if MARKER in value and set(value) == {MARKER}:
             return value[MARKER]
-        return {k: unmark(v) for k, v in value.items()}
+        return {k: unmark(v) for k, v in value.items()
+                if not (k.endswith(TEXT_SUFFIX) and str(value.get(k[:-len(TEXT_SUFFIX)])) == v)}
     if isinstance(value, list):
         return [unmark(v) for v in value]
     return value

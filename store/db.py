@@ -12,12 +12,15 @@ import fcntl
 import itertools
 import os
 import queue
+import shutil
 import sqlite3
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import sqlite_utils
 
@@ -138,7 +141,84 @@ def lock_holder(db: Path) -> int | None:
     return None
 
 
+def sqlite_uri(path: Path, **params: str) -> str:
+    """A `file:` URI for `path` with every character SQLite's URI parser treats specially
+    ('?', '#', '%') escaped, so the file opened is the one named."""
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"file:{quote(str(path.absolute()))}" + (f"?{query}" if query else "")
+
+
+def being_written(db: Path) -> bool:
+    """Whether a process holds the recording's lock, checked without creating the lock file."""
+    try:
+        f = lock_path(db).open("rb")
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def _has_pending_log(db: Path) -> bool:
+    """A write-ahead log or rollback journal with content: pages not yet in the main file."""
+    for suffix in ("-wal", "-journal"):
+        try:
+            if os.stat(f"{db}{suffix}").st_size > 0:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _connect_readonly(path: Path) -> tuple[sqlite3.Connection, tempfile.TemporaryDirectory | None]:
+    """A read-only connection that creates nothing next to the recording and works for a user
+    who cannot write its folder (recordings are made as root and read by users).
+
+    A complete recording (no writer, no log content, no -shm) is opened `immutable`: no locks, no
+    -wal/-shm files. A recording still being written, or one whose log holds pages, is opened `mode=ro`,
+    which reads the log through the writer's -shm; when that is refused (the -shm cannot be made
+    or opened by this user), the main file and its log are copied to a private folder and the
+    copy is read, so no recorded page is skipped.
+    """
+    # a -shm file means a connection may be open (or was, and died): a writer that holds no lock
+    # could checkpoint into the main file under an immutable reader, so only a quiet file is immutable
+    if not being_written(path) and not _has_pending_log(path) and not os.path.exists(f"{path}-shm"):
+        return sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True,
+                               check_same_thread=False), None
+    conn = sqlite3.connect(sqlite_uri(path, mode="ro"), uri=True, check_same_thread=False)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn, None
+    except sqlite3.OperationalError as e:
+        conn.close()
+        if "readonly" not in str(e) and "unable to open" not in str(e):
+            raise
+    snapshot = tempfile.TemporaryDirectory(prefix="stall-recorder-")
+    copy = Path(snapshot.name) / "recording.db"
+    try:
+        shutil.copyfile(path, copy)
+        for suffix in ("-wal", "-journal"):
+            if os.path.exists(f"{path}{suffix}"):
+                shutil.copyfile(f"{path}{suffix}", f"{copy}{suffix}")
+    except OSError as e:
+        snapshot.cleanup()
+        raise StoreError(f"cannot read {path} or its log ({e.strerror}): run as a user that can, "
+                         "or pass another --db") from None
+    return sqlite3.connect(sqlite_uri(copy, mode="ro"), uri=True, check_same_thread=False), snapshot
+
+
 def _check_file(path: Path) -> None:
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StoreError(f"cannot reach {path} ({e.strerror}): run as a user that can read it and its "
+                         "folders, or pass another --db") from None
     if path.is_dir():
         raise StoreError(f"{path} is a directory: pass a database file path with --db")
     if not path.exists():
@@ -173,12 +253,16 @@ class Store:
     conn: sqlite3.Connection
     readonly: bool
     db: sqlite_utils.Database = field(init=False)
+    snapshot: tempfile.TemporaryDirectory | None = None  # a private copy read instead of `path`
 
     def __post_init__(self) -> None:
         self.db = sqlite_utils.Database(self.conn)
 
     def close(self) -> None:
         self.conn.close()
+        if self.snapshot is not None:
+            self.snapshot.cleanup()
+            self.snapshot = None
 
     def __enter__(self) -> Store:
         return self
@@ -230,9 +314,11 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
             raise StoreError(f"cannot write in {parent}: pass a writable --db path")
     elif not readonly and not os.access(path, os.W_OK):
         raise StoreError(f"cannot write {path}: run with permission to write it or pass another --db")
+    snapshot = None
+    conn = None
     try:
         if readonly:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            conn, snapshot = _connect_readonly(path)
         else:
             conn = sqlite3.connect(path, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout = 5000")
@@ -240,25 +326,30 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     except sqlite3.DatabaseError as e:
+        if conn is not None:
+            conn.close()
+        if snapshot is not None:
+            snapshot.cleanup()
         raise StoreError(f"{path} is not a usable SQLite database ({e}): pass another --db") from None
+    store = Store(path, conn, readonly, snapshot)
     if app_id != APPLICATION_ID and (tables or not create):
-        conn.close()
+        store.close()
         raise StoreError(
             f"{path} was not written by stall-recorder: pass a recording made by 'recorder' with --db"
         )
     if version > SCHEMA_VERSION:
-        conn.close()
+        store.close()
         raise StoreError(
             f"{path} has schema v{version}, newer than this recorder's v{SCHEMA_VERSION}: "
             "upgrade stall-recorder to read it"
         )
-    store = Store(path, conn, readonly)
     if readonly:
         if version < SCHEMA_VERSION:
-            conn.close()
+            store.close()
             raise StoreError(
-                f"{path} has schema v{version}, older than v{SCHEMA_VERSION}: open it once with "
-                "'recorder migrate --db PATH' (writes) to upgrade"
+                f"{path} has schema v{version}, older than v{SCHEMA_VERSION}: read it with the "
+                f"stall-recorder version that recorded it, or upgrade it in place (as a user who can write "
+                f"it) with 'recorder verify-checkpoints --db {path}', which opens it for writing and migrates it"
             )
         _views_to(conn, temp=True)
         return store

@@ -67,7 +67,11 @@ def test_layers_not_recorded_say_so_instead_of_numbers(db):
                       ("nccl_collectives", "collectives")):
         out = results[name].structured_content
         assert out[key] == [] and ("not recorded" in out["note"] or "not observed" in out["note"]), name
-    assert "no libnccl mapped" in results["nccl_collectives"].structured_content["note"]
+    nccl = results["nccl_collectives"].structured_content
+    assert "no libnccl mapped" not in nccl["note"]  # trace text stays out of the recorder's own words
+    assert nccl["not_recorded_because"] == [{"probe": {"untrusted_text": "ncclAllReduce"},
+                                             "target": {"untrusted_text": ""}, "status": "absent",
+                                             "detail": {"untrusted_text": "no libnccl mapped by the targets"}}]
     layers = {x["layer"]: x["observed"] for x in results["capabilities"].structured_content["layers"]}
     assert layers["sched"] and layers["cuda"] and not layers["nccl"] and not layers["block"]
 

@@ -52,8 +52,14 @@ async def exercise(client: Client) -> tuple[list[str], dict]:
         result = await c.call_tool("explain_stall", {})
         assert not result.is_error
         for name, args in (("capabilities", {}), ("top_stalls", {}), ("kernel_log", {}), ("list_steps", {}),
-                           ("run_sql", {"sql": "SELECT 1"})):
-            assert not (await c.call_tool(name, args)).is_error, name
+                           ("python_lines", {}), ("io_latency", {}), ("nccl_collectives", {}),
+                           ("evidence", {"kind": "cuda_call", "id": "8"}),
+                           ("run_sql", {"sql": "SELECT 9007199254740993"})):
+            r = await c.call_tool(name, args)
+            assert not r.is_error, name
+            assert r.structured_content is not None, name
+        sql = await c.call_tool("run_sql", {"sql": "SELECT 9007199254740993"})
+        assert sql.structured_content["rows"] == [[{"integer": 9007199254740993, "text": "9007199254740993"}]]
         return names, result.structured_content
 
 
@@ -165,14 +171,40 @@ def test_https_without_or_with_a_wrong_token_is_401(tls, https_server):
         evil_origin = http.post(https_server, json=INIT, headers={**HEADERS, "Authorization": f"Bearer {token}",
                                                                   "Origin": "https://evil.example"})
     assert none.status_code == 401 and none.headers["www-authenticate"].startswith("Bearer")
+    assert "bearer token required" in none.json()["error_description"]
+    assert "bearer token required" in none.headers["www-authenticate"]
+    assert "resource_metadata" not in none.headers["www-authenticate"]  # no OAuth to discover
     assert wrong.status_code == 401
     assert evil_host.status_code == 421
     assert evil_origin.status_code == 403
 
 
+def test_https_advertises_no_oauth_and_a_client_without_the_token_is_told_to_send_it(tls, https_server):
+    """No authorization server exists, so none is advertised: a client that finds no token gets
+    "bearer token required", not a failed OAuth dynamic client registration."""
+    base = https_server.rsplit("/mcp", 1)[0]
+    token = tls["token"].read_text().strip()
+    with httpx2.Client(verify=tls_context(tls)) as http:
+        for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                     "/.well-known/oauth-authorization-server", "/register"):
+            assert http.get(base + path).status_code == 401, path
+            assert http.get(base + path, headers={"Authorization": f"Bearer {token}"}).status_code == 404, path
+
+    async def no_token() -> str:
+        http = httpx2.AsyncClient(verify=tls_context(tls))
+        try:
+            async with Client(streamable_http_client(https_server, http_client=http)) as c:
+                await c.list_tools()
+        except BaseException as e:  # noqa: BLE001 - an exception group from the transport's task group
+            return repr(e)
+        return "connected"
+    outcome = anyio.run(no_token)
+    assert outcome != "connected" and "registration" not in outcome.lower(), outcome
+
+
 def test_https_server_starts_without_sdk_deprecation_warnings(db):
-    """Unset, `validate_token_resource` makes the SDK print a warning at every start, and 3.0 will turn
-    it on by default, which would refuse our tokens (they name no resource): it is set explicitly."""
+    """The token is checked by the server's own middleware, not the SDK's OAuth resource-server
+    support (whose unset `validate_token_resource` warns at every start): no deprecation warning."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", MCPDeprecationWarning)
         build_app(db, "127.0.0.1", free_port(), "t0k3n-" + "a" * 40)
@@ -191,9 +223,24 @@ def test_http_refuses_to_start_without_a_usable_token(db, tls):
     r = subprocess.run([*RECORDER, *common, "--http", "127.0.0.1:8765", "--token-file", str(loose)],
                        capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert r.returncode == 2 and "chmod 600" in r.stderr
-    r = subprocess.run([*RECORDER, *common, "--http", "0.0.0.0:8765", "--token-file", str(tls["token"])],
-                       capture_output=True, text=True, cwd=ROOT, timeout=30)
-    assert r.returncode == 2 and "--allow-host" in r.stderr
+    for address in ("0.0.0.0:8765", "0:8765", "000.000.000.000:8765", "[::0]:8765", "[::]:8765",
+                    "[0:0:0:0:0:0:0:0]:8765"):
+        r = subprocess.run([*RECORDER, *common, "--http", address, "--token-file", str(tls["token"])],
+                           capture_output=True, text=True, cwd=ROOT, timeout=30)
+        assert r.returncode == 2 and "--allow-host" in r.stderr, (address, r.stderr)
+
+
+def test_http_refuses_a_bad_certificate_or_key_in_one_line(db, tls, tmp_path):
+    other = tmp_path / "other-key.pem"
+    subprocess.run(["openssl", "genrsa", "-out", str(other), "2048"], check=True, capture_output=True)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    for cert, key in ((junk, tls["key"]), (tls["cert"], junk), (tls["cert"], other), (tls["key"], tls["cert"])):
+        r = subprocess.run([*RECORDER, "mcp", "--db", str(db), "--http", f"127.0.0.1:{free_port()}", "--certfile",
+                            str(cert), "--keyfile", str(key), "--token-file", str(tls["token"])],
+                           capture_output=True, text=True, cwd=ROOT, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and "--certfile" in r.stderr, r.stderr
 
 
 # -- a second, independent client -----------------------------------------------------------------
