@@ -35,6 +35,8 @@ EXAMPLES = {
     "top": "recorder top\n  recorder top --limit 10 --json",
     "verify-checkpoints": ("recorder verify-checkpoints                 # the latest session\n"
                            "  recorder verify-checkpoints --db run.db --session 3 --json"),
+    "export": ("recorder export --parquet /shared/run42/parquet   # ./stall.db, by node and session\n"
+               "  recorder export --parquet /shared/run42/parquet --db node-03.db"),
     "demo": ("recorder demo --no-gpu --list\n"
              "  recorder demo --no-gpu nvme-timeout-checkpoint\n"
              "  recorder demo --no-gpu nccl-straggler --db /tmp/straggler.db --json"),
@@ -129,6 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", nargs="?", help="scenario name (see --list)")
     p.add_argument("--db", type=Path, help="database to write (default demo-SCENARIO.db; a new session is added)")
     p.add_argument("-j", "--json", action="store_true", help="print the report as JSON")
+
+    p = _sub(subs, "export", "write a recording in a format other tools read (Parquet for DuckDB, Spark, Trino)")
+    _db_arg(p)
+    p.add_argument("--session", type=int, help="only this session (default: every session)")
+    p.add_argument("--parquet", type=Path, metavar="DIR",
+                   help="write each table and the key views as Parquet under DIR/TABLE/node=HOST/session=ID/")
+
+    from recorder.cluster_cli import add_parser as add_cluster_parser
+
+    add_cluster_parser(subs)
 
     mcp_help = "serve a recording to MCP clients (Claude Code, Cursor): stdio, or HTTPS with --http"
     p = subs.add_parser("mcp", help=mcp_help, description=mcp_help,
@@ -313,6 +325,24 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    if not args.parquet:
+        raise UserError("say what to write: recorder export --parquet DIR [--db PATH]")
+    from store.parquet_export import export_parquet
+
+    result = export_parquet(args.db, args.parquet, args.session)
+    print(f"exported {args.db} (sessions {', '.join(map(str, result['sessions']))}, node "
+          f"{', '.join(result['nodes'])}) into {result['out']}: {len(result['rows'])} tables and views, "
+          f"{sum(result['rows'].values())} rows")
+    return 0
+
+
+def cmd_cluster(args) -> int:
+    from recorder.cluster_cli import cmd_cluster as run
+
+    return run(args)
+
+
 def cmd_mcp(args) -> int:
     if args.http:
         from mcp_server.https import serve_https
@@ -331,6 +361,7 @@ COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
     "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
     "verify-checkpoints": cmd_verify_checkpoints,
+    "export": cmd_export, "cluster": cmd_cluster,
     "mcp": cmd_mcp,
 }
 
