@@ -596,7 +596,7 @@ def render_explain(r: dict) -> str:
         shown = ", ".join(map(str, r["unrecorded_ranks"][:16])) + (" ..." if len(r["unrecorded_ranks"]) > 16 else "")
         lines.append(f"Not recorded: {len(r['unrecorded_ranks'])} rank(s) of the communicator have no recording "
                      f"here ({shown})")
-    if c and c["on_time_spread_ns"] is not None and r["late_ranks"]:
+    if c and c["on_time_spread_ns"] is not None and r["late_ranks"] and c["ranks_entered"] - len(r["late_ranks"]) > 1:
         lines.append(f"Other ranks: {c['ranks_entered'] - len(r['late_ranks'])} entered within "
                      f"{_ms(c['on_time_spread_ns'])} of each other")
     for n in r["notes"]:
