@@ -52,24 +52,44 @@ RELATIONS = {
     "comm": "rec INTEGER, process_id BIGINT, pid BIGINT, handle BIGINT, comm_hash BIGINT, rank INTEGER,"
             " nranks INTEGER",
     "coll": "rec INTEGER, process_id BIGINT, thread_id BIGINT, handle BIGINT, api VARCHAR, ts BIGINT, dur BIGINT,"
-            " stream BIGINT",
-    "sync": "rec INTEGER, thread_id BIGINT, stream BIGINT, ts BIGINT, dur BIGINT",
+            " stream BIGINT, sync_end BIGINT",
     "mark": "rec INTEGER, process_id BIGINT, step BIGINT, ts BIGINT, inferred INTEGER, exit_ts BIGINT",
 }
 
-# The SQLite side: one query per relation, per session.
+# The SQLite side: one query per relation, per session, its columns named a0, a1, ... in the order
+# of RELATIONS (after rec).
 SQLITE_QUERIES = {
-    "comm": "SELECT k.process_id, p.pid, k.handle, k.comm_hash, k.rank, k.nranks FROM nccl_comm k"
+    "comm": "SELECT k.process_id a0, p.pid a1, k.handle a2, k.comm_hash a3, k.rank a4, k.nranks a5 FROM nccl_comm k"
             " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?",
-    "coll": "SELECT t.process_id, c.thread_id, c.handle, a.name, c.ts, c.dur, c.stream FROM nccl_call c"
-            " JOIN nccl_api a ON a.id = c.api_id JOIN thread t ON t.id = c.thread_id"
+    # sync_end: the end of the first stream synchronisation on the same thread and stream after the
+    # call returned and before the thread's next collective, found through the (thread_id, ts) indexes
+    "coll": "SELECT t.process_id a0, c.thread_id a1, c.handle a2, a.name a3, c.ts a4, c.dur a5, c.stream a6,"
+            " (SELECT s.ts + s.dur FROM cuda_call s WHERE s.thread_id = c.thread_id AND s.ts >= c.ts + c.dur"
+            "   AND s.ts < coalesce((SELECT min(n.ts) FROM nccl_call n WHERE n.thread_id = c.thread_id"
+            "                        AND n.ts > c.ts AND n.api_id IN ({collectives})), 9223372036854775807)"
+            "   AND s.stream = c.stream AND s.api_id IN ({syncs}) ORDER BY s.ts LIMIT 1) a7"
+            " FROM nccl_call c JOIN nccl_api a ON a.id = c.api_id JOIN thread t ON t.id = c.thread_id"
             " WHERE c.session_id = ? AND a.kind = 'collective'",
-    "sync": "SELECT c.thread_id, c.stream, c.ts, c.dur FROM cuda_call c WHERE c.session_id = ? AND c.api_id IN"
-            f" (SELECT id FROM cuda_api WHERE family IN {SYNC_FAMILIES!r})",
-    "mark": "SELECT t.process_id, m.step, min(m.ts), max(m.inferred), max(coalesce(t.exit_ts, p.exit_ts))"
+    "mark": "SELECT t.process_id a0, m.step a1, min(m.ts) a2, max(m.inferred) a3,"
+            " max(coalesce(t.exit_ts, p.exit_ts)) a4"
             " FROM step_mark m JOIN thread t ON t.id = m.thread_id LEFT JOIN process p ON p.id = t.process_id"
             " WHERE m.session_id = ? GROUP BY t.process_id, m.step",
 }
+
+
+def _columns(relation: str) -> list[tuple[str, str]]:
+    return [tuple(c.split()) for c in RELATIONS[relation].split(",")]
+
+
+def _as_csv(relation: str, conn: sqlite3.Connection) -> str:
+    """The relation's query returning its rows as one CSV text: SQLite formats them in C and Arrow
+    parses them in C, instead of a Python tuple per row (millions of rows for a large job)."""
+    n = len(_columns(relation)) - 1
+    line = " || ',' || ".join(f"coalesce(a{i}, '')" for i in range(n))
+    ids = {"collectives": "SELECT id FROM nccl_api WHERE kind = 'collective'",
+           "syncs": f"SELECT id FROM cuda_api WHERE family IN {SYNC_FAMILIES!r}"}
+    lists = {k: ",".join(str(r[0]) for r in conn.execute(sql)) or "-1" for k, sql in ids.items()}
+    return f"SELECT group_concat({line}, char(10)) FROM ({SQLITE_QUERIES[relation].format(**lists)})"
 
 
 @dataclass
@@ -125,6 +145,7 @@ class Cluster:
     def __init__(self, paths: list[str | os.PathLike]) -> None:
         duckdb = _duckdb()
         self.con = duckdb.connect(":memory:")
+        self.con.execute("SET enable_progress_bar = false")
         self.recordings: list[Recording] = []
         self.notes: list[str] = []
         dbs, exports = find_inputs(paths)
@@ -139,9 +160,13 @@ class Cluster:
 
     # -- loading ----------------------------------------------------------------------------------
     def _load_sqlite(self, dbs: list[Path]) -> None:
-        import pyarrow as pa
+        import io
 
-        columns: dict[str, list[list]] = {name: [] for name in SQLITE_QUERIES}
+        import pyarrow as pa
+        from pyarrow import csv
+
+        parts: dict[str, list] = {name: [] for name in SQLITE_QUERIES}
+        types = {"INTEGER": pa.int64(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
         for path in dbs:
             try:
                 conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -155,24 +180,27 @@ class Cluster:
                     self.recordings.append(Recording(rec, host, sid, str(path), str(path), off))
                     self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                      (rec, host, sid, str(path), str(path), off, started, stopped, boot))
-                    for name, sql in SQLITE_QUERIES.items():
-                        rows = conn.execute(sql, (sid,)).fetchall()
-                        if rows:
-                            columns[name].append([[rec] * len(rows), *map(list, zip(*rows, strict=True))])
+                    for name in SQLITE_QUERIES:
+                        text = conn.execute(_as_csv(name, conn), (sid,)).fetchone()[0]
+                        if not text:
+                            continue
+                        cols = _columns(name)[1:]
+                        table = csv.read_csv(
+                            io.BytesIO(text.encode()),
+                            read_options=csv.ReadOptions(column_names=[c for c, _ in cols]),
+                            convert_options=csv.ConvertOptions(column_types={c: types[t] for c, t in cols},
+                                                               strings_can_be_null=True))
+                        parts[name].append(table.add_column(0, "rec", pa.array([rec] * len(table), pa.int64())))
             except sqlite3.OperationalError as e:
                 raise UserError(f"{path} cannot be read as a recording ({e}): open it once with a recorder "
                                 "of this version") from None
             finally:
                 conn.close()
-        for name, parts in columns.items():
-            if not parts:
-                continue
-            names = [c.split()[0] for c in RELATIONS[name].split(",")]
-            table = pa.table({n: pa.array([v for part in parts for v in part[i]], type=_arrow_type(RELATIONS[name], i))
-                              for i, n in enumerate(names)})
-            self.con.register("_arrow_in", table)
-            self.con.execute(f"INSERT INTO {name} SELECT * FROM _arrow_in")
-            self.con.unregister("_arrow_in")
+        for name, tables in parts.items():
+            if tables:
+                self.con.register("_arrow_in", pa.concat_tables(tables))
+                self.con.execute(f"INSERT INTO {name} SELECT * FROM _arrow_in")
+                self.con.unregister("_arrow_in")
 
     def _load_parquet(self, folder: Path) -> None:
         def scan(table: str) -> str:
@@ -201,16 +229,24 @@ class Cluster:
             f" FROM {scan('nccl_comm')} x {j} JOIN {scan('process')} p ON p.node = x.node AND p.session = x.session"
             f" AND p.id = x.process_id")
         self.con.execute(
-            f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle, a.name, x.ts, x.dur, x.stream"
+            f"CREATE OR REPLACE TEMP TABLE _coll AS SELECT k.rec, t.process_id, x.thread_id, x.handle,"
+            f" a.name AS api, x.ts, x.dur, x.stream, x.ts + x.dur AS end_ts,"
+            f" lead(x.ts) OVER (PARTITION BY k.rec, x.thread_id ORDER BY x.ts) AS next_ts"
             f" FROM {scan('nccl_call')} x {j}"
             f" JOIN {scan('nccl_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
             f" JOIN {scan('thread')} t ON t.node = x.node AND t.session = x.session AND t.id = x.thread_id"
             f" WHERE a.kind = 'collective'")
-        if (folder / "cuda_call").is_dir():
-            self.con.execute(
-                f"INSERT INTO sync SELECT k.rec, x.thread_id, x.stream, x.ts, x.dur FROM {scan('cuda_call')} x {j}"
-                f" JOIN {scan('cuda_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
-                f" WHERE a.family IN {SYNC_FAMILIES!r}")
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _sync AS SELECT k.rec, x.thread_id, x.stream, x.ts, x.dur"
+            f" FROM {scan('cuda_call')} x {j}"
+            f" JOIN {scan('cuda_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
+            f" WHERE a.family IN {SYNC_FAMILIES!r}" if (folder / "cuda_call").is_dir() else
+            "CREATE OR REPLACE TEMP TABLE _sync (rec INTEGER, thread_id BIGINT, stream BIGINT, ts BIGINT, dur BIGINT)")
+        self.con.execute(
+            "INSERT INTO coll SELECT c.rec, c.process_id, c.thread_id, c.handle, c.api, c.ts, c.dur, c.stream,"
+            " CASE WHEN y.ts IS NOT NULL AND (c.next_ts IS NULL OR y.ts < c.next_ts) THEN y.ts + y.dur END"
+            " FROM _coll c ASOF LEFT JOIN _sync y"
+            " ON c.rec = y.rec AND c.thread_id = y.thread_id AND c.stream = y.stream AND c.end_ts <= y.ts")
         if (folder / "step_mark").is_dir():
             self.con.execute(
                 f"INSERT INTO mark SELECT k.rec, t.process_id, x.step, min(x.ts), max(x.inferred),"
@@ -235,15 +271,11 @@ class Cluster:
         CREATE TABLE c AS
         WITH x AS (
             SELECT x.rec, x.process_id, k.pid, k.comm_hash, k.rank, k.nranks, x.thread_id, x.api, x.ts, x.dur,
-                   x.stream, x.ts + x.dur AS end_ts,
-                   lead(x.ts) OVER (PARTITION BY x.rec, x.thread_id ORDER BY x.ts) AS next_ts
+                   x.ts + x.dur AS end_ts, x.sync_end
             FROM coll x JOIN comm k ON k.rec = x.rec AND k.process_id = x.process_id AND k.handle = x.handle
-        ), s AS (
+        ), y AS (
             SELECT x.*, m.step FROM x ASOF LEFT JOIN mark m
                 ON x.rec = m.rec AND x.process_id = m.process_id AND x.ts >= m.ts
-        ), y AS (
-            SELECT s.*, y.ts AS sync_ts, y.dur AS sync_dur FROM s ASOF LEFT JOIN sync y
-                ON s.rec = y.rec AND s.thread_id = y.thread_id AND s.stream = y.stream AND s.end_ts <= y.ts
         )
         SELECT y.rec, y.process_id, y.pid, y.comm_hash, y.rank, y.nranks, y.thread_id, y.api, y.step,
                {step_key.replace('x.', 'y.')} AS kstep,
@@ -251,26 +283,30 @@ class Cluster:
                                   ORDER BY y.ts) AS k,
                y.ts + r.wall_offset_ns AS w_ts, y.dur,
                y.end_ts + r.wall_offset_ns AS w_end,
-               CASE WHEN y.sync_ts IS NOT NULL AND (y.next_ts IS NULL OR y.sync_ts < y.next_ts)
-                    THEN y.sync_ts + y.sync_dur + r.wall_offset_ns END AS w_sync_end
+               y.sync_end + r.wall_offset_ns AS w_sync_end
         FROM y JOIN rec r ON r.rec = y.rec
         """)
         self.clock = self._align()
 
     def _refine(self, anchor: str) -> tuple[dict[int, int], dict]:
-        """Per-recording corrections that line up `anchor` (the moment ranks leave a collective)."""
+        """Per-recording corrections that line up `anchor` (the moment ranks leave a collective).
+        Ranks of one recording share its clock, so each recording takes part with one value per
+        collective (the median over its ranks) and its extremes for the spread."""
         q = self.con.execute
         q("CREATE OR REPLACE TEMP TABLE corr AS SELECT rec, CAST(0 AS BIGINT) AS corr FROM rec")
-        shared = q(f"""SELECT count(*) FROM (SELECT comm_hash, kstep, k FROM c WHERE {anchor} IS NOT NULL
-                       GROUP BY ALL HAVING count(DISTINCT rec) > 1)""").fetchone()[0]
+        q(f"""CREATE OR REPLACE TEMP TABLE per_rec AS
+              WITH x AS (SELECT rec, comm_hash, kstep, k, quantile_disc({anchor}, 0.5) AS t, min({anchor}) AS lo,
+                                max({anchor}) AS hi, min(w_ts) AS elo, max(w_ts) AS ehi
+                         FROM c WHERE {anchor} IS NOT NULL GROUP BY rec, comm_hash, kstep, k)
+              SELECT * FROM x QUALIFY count(*) OVER (PARTITION BY comm_hash, kstep, k) > 1""")
+        shared = q("SELECT count(*) FROM (SELECT DISTINCT comm_hash, kstep, k FROM per_rec)").fetchone()[0]
         if shared:
             for _ in range(ITERATIONS):
-                q(f"""
+                q("""
                 CREATE OR REPLACE TEMP TABLE corr AS
-                WITH a AS (SELECT c.rec, c.comm_hash, c.kstep, c.k, c.{anchor} + corr.corr AS t
-                           FROM c JOIN corr USING (rec) WHERE c.{anchor} IS NOT NULL),
-                g AS (SELECT comm_hash, kstep, k, quantile_disc(t, 0.5) AS mt FROM a GROUP BY ALL
-                      HAVING count(DISTINCT rec) > 1),
+                WITH a AS (SELECT p.rec, p.comm_hash, p.kstep, p.k, p.t + corr.corr AS t
+                           FROM per_rec p JOIN corr USING (rec)),
+                g AS (SELECT comm_hash, kstep, k, quantile_disc(t, 0.5) AS mt FROM a GROUP BY ALL),
                 d AS (SELECT a.rec, quantile_disc(g.mt - a.t, 0.5) AS delta FROM a JOIN g USING (comm_hash, kstep, k)
                       GROUP BY a.rec)
                 SELECT corr.rec, corr.corr + coalesce(d.delta, 0) AS corr FROM corr LEFT JOIN d USING (rec)
@@ -278,11 +314,10 @@ class Cluster:
             # the corrections are relative: keep the recordings' median where the wall clocks put it
             mid = q("SELECT quantile_disc(corr, 0.5) FROM corr").fetchone()[0] or 0
             q(f"UPDATE corr SET corr = corr - {int(mid)}")
-        spread = q(f"""
-            WITH a AS (SELECT c.comm_hash, c.kstep, c.k, c.rec, c.{anchor} + corr.corr AS t, c.w_ts + corr.corr AS e
-                       FROM c JOIN corr USING (rec) WHERE c.{anchor} IS NOT NULL),
-            g AS (SELECT max(t) - min(t) AS spread, max(e) - min(e) AS arrivals FROM a GROUP BY comm_hash, kstep, k
-                  HAVING count(DISTINCT rec) > 1)
+        spread = q("""
+            WITH g AS (SELECT max(p.hi + corr.corr) - min(p.lo + corr.corr) AS spread,
+                              max(p.ehi + corr.corr) - min(p.elo + corr.corr) AS arrivals
+                       FROM per_rec p JOIN corr USING (rec) GROUP BY p.comm_hash, p.kstep, p.k)
             SELECT quantile_disc(spread, 0.5), quantile_disc(spread, 0.95), count(*), quantile_disc(arrivals, 0.5)
             FROM g""").fetchone()
         corr = dict(q("SELECT rec, corr FROM corr").fetchall())
@@ -501,6 +536,7 @@ def rank_explanation(rec: Recording, process_id: int, step: int) -> dict:
                 "summary": f"the recording of {rec.node} is not here: run 'recorder explain --step {step} --session "
                            f"{rec.session_id}' on {rec.node} (or pass its database)"}
     with open_store(rec.db, readonly=True) as store:
+        _materialise_nccl(store)
         pid = store.one("SELECT pid FROM process WHERE id = ?", (process_id,))
         pid = pid["pid"] if pid else None
         try:
@@ -531,11 +567,36 @@ def rank_explanation(rec: Recording, process_id: int, step: int) -> dict:
     return out
 
 
-def _arrow_type(spec: str, i: int):
-    import pyarrow as pa
+# The session-wide NCCL views a step's breakdown joins (window functions over every collective of
+# the recording, so SQLite recomputes them in full for each of the ~20 queries of one step), with the
+# columns they are looked up by: computed once per connection as indexed temporary tables.
+MATERIALISED = {
+    "nccl_collective": ("id", "comm_hash, seq, rank"),
+    "nccl_collective_wait": ("nccl_call_id",),
+    "nccl_straggler": ("comm_hash, seq",),
+}
 
-    kind = spec.split(",")[i].split()[1]
-    return {"INTEGER": pa.int64(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}[kind]
+
+def _materialise_nccl(store) -> None:
+    """Replace this read-only connection's temporary NCCL views by tables of the same rows. A
+    recording of one node holds every collective of its 8 ranks: without this, explaining one rank's
+    step re-reads all of them ~20 times. Left as views if anything differs from what is expected."""
+    conn = store.conn
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_temp_master WHERE type = 'view'")}
+    if not set(MATERIALISED) <= names or conn.execute("SELECT count(*) FROM nccl_call").fetchone()[0] < 1000:
+        return
+    try:
+        conn.execute("SAVEPOINT materialise")
+        for name, keys in MATERIALISED.items():  # in dependency order: wait and straggler read the collectives
+            conn.execute(f"CREATE TEMP TABLE _m_{name} AS SELECT * FROM {name}")
+            conn.execute(f"DROP VIEW temp.{name}")
+            conn.execute(f"ALTER TABLE temp._m_{name} RENAME TO {name}")
+            for i, cols in enumerate(keys):
+                conn.execute(f"CREATE INDEX temp.{name}_k{i} ON {name} ({cols})")
+        conn.execute("RELEASE materialise")
+    except sqlite3.Error:
+        conn.execute("ROLLBACK TO materialise")
+        conn.execute("RELEASE materialise")
 
 
 def _ms(ns: float | int | None) -> str:

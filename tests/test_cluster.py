@@ -215,3 +215,28 @@ def test_mcp_cluster_explain_is_the_cli_json(job, monkeypatch):
     got = untrusted.unmark(r.structured_content)
     assert got == explain_json(job, "--step", STEP)
     assert r.structured_content["late_ranks"][0]["node"] == {"untrusted_text": "node-02"}
+
+
+def test_materialised_nccl_views_give_the_report_the_same_rows(tmp_path):
+    """A node's recording with 8 ranks and 1,040 collectives: the late rank's explanation reads the
+    NCCL views from indexed temporary tables; every analysis must equal the one over the views."""
+    from store.causes import lookup_steps
+    from store.cluster import _materialise_nccl
+    from store.db import open_store
+    from store.report import analyse_step, session_row
+
+    (db,) = write_cluster(tmp_path, ClusterSpec(nodes=1, steps=130, late_rank=3, stall_step=80_100))
+    results = []
+    for materialise in (False, True):
+        with open_store(db, readonly=True) as store:
+            if materialise:
+                _materialise_nccl(store)
+                kinds = dict(store.conn.execute("SELECT name, type FROM sqlite_temp_master WHERE name IN"
+                                                " ('nccl_collective', 'nccl_straggler', 'nccl_collective_wait')"))
+                assert set(kinds.values()) == {"table"}, kinds
+            session = session_row(store, 1)
+            rows = lookup_steps(store, 1, 80_100) + lookup_steps(store, 1, 80_050)
+            results.append([analyse_step(store, session, r) for r in rows])
+    assert results[0] == results[1]
+    causes = {a["primary_cause"]["kind"] for a in results[0] if a["primary_cause"]}
+    assert {"nvme_timeout", "nccl_straggler"} <= causes  # the late rank, and the ranks that waited for it
