@@ -160,42 +160,22 @@ class Cluster:
 
     # -- loading ----------------------------------------------------------------------------------
     def _load_sqlite(self, dbs: list[Path]) -> None:
-        import io
+        from concurrent.futures import ThreadPoolExecutor
 
         import pyarrow as pa
-        from pyarrow import csv
 
+        # sqlite3 releases the GIL while SQLite runs a query: one thread per core reads the files
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            read = list(pool.map(_read_sqlite, dbs))
         parts: dict[str, list] = {name: [] for name in SQLITE_QUERIES}
-        types = {"INTEGER": pa.int64(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
-        for path in dbs:
-            try:
-                conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-                sessions = conn.execute("SELECT id, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id"
-                                        " FROM session ORDER BY id").fetchall()
-            except sqlite3.DatabaseError as e:
-                raise UserError(f"{path} is not a stall-recorder recording ({e}): pass the nodes' recordings") from None
-            try:
-                for sid, host, off, started, stopped, boot in sessions:
-                    rec = len(self.recordings)
-                    self.recordings.append(Recording(rec, host, sid, str(path), str(path), off))
-                    self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                     (rec, host, sid, str(path), str(path), off, started, stopped, boot))
-                    for name in SQLITE_QUERIES:
-                        text = conn.execute(_as_csv(name, conn), (sid,)).fetchone()[0]
-                        if not text:
-                            continue
-                        cols = _columns(name)[1:]
-                        table = csv.read_csv(
-                            io.BytesIO(text.encode()),
-                            read_options=csv.ReadOptions(column_names=[c for c, _ in cols]),
-                            convert_options=csv.ConvertOptions(column_types={c: types[t] for c, t in cols},
-                                                               strings_can_be_null=True))
-                        parts[name].append(table.add_column(0, "rec", pa.array([rec] * len(table), pa.int64())))
-            except sqlite3.OperationalError as e:
-                raise UserError(f"{path} cannot be read as a recording ({e}): open it once with a recorder "
-                                "of this version") from None
-            finally:
-                conn.close()
+        for path, sessions in zip(dbs, read, strict=True):
+            for (sid, host, off, started, stopped, boot), tables in sessions:
+                rec = len(self.recordings)
+                self.recordings.append(Recording(rec, host, sid, str(path), str(path), off))
+                self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (rec, host, sid, str(path), str(path), off, started, stopped, boot))
+                for name, table in tables.items():
+                    parts[name].append(table.add_column(0, "rec", pa.array([rec] * len(table), pa.int64())))
         for name, tables in parts.items():
             if tables:
                 self.con.register("_arrow_in", pa.concat_tables(tables))
@@ -523,6 +503,42 @@ class Cluster:
                                    "others up; the step was slow on every rank (explain a node with "
                                    f"'recorder explain --step {number}')")
         return result
+
+
+def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
+    """The sessions of one recording, each with its relations as Arrow tables (rec not yet set)."""
+    import io
+
+    import pyarrow as pa
+    from pyarrow import csv
+
+    types = {"INTEGER": pa.int64(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        sessions = conn.execute("SELECT id, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id"
+                                " FROM session ORDER BY id").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"{path} is not a stall-recorder recording ({e}): pass the nodes' recordings") from None
+    out = []
+    try:
+        for session in sessions:
+            tables = {}
+            for name in SQLITE_QUERIES:
+                text = conn.execute(_as_csv(name, conn), (session[0],)).fetchone()[0]
+                if not text:
+                    continue
+                cols = _columns(name)[1:]
+                tables[name] = csv.read_csv(
+                    io.BytesIO(text.encode()), read_options=csv.ReadOptions(column_names=[c for c, _ in cols]),
+                    convert_options=csv.ConvertOptions(column_types={c: types[t] for c, t in cols},
+                                                       strings_can_be_null=True))
+            out.append((session, tables))
+    except sqlite3.OperationalError as e:
+        raise UserError(f"{path} cannot be read as a recording ({e}): open it once with a recorder "
+                        "of this version") from None
+    finally:
+        conn.close()
+    return out
 
 
 def rank_explanation(rec: Recording, process_id: int, step: int) -> dict:
