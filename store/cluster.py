@@ -134,6 +134,8 @@ def find_inputs(paths: list[str | os.PathLike]) -> tuple[list[Path], list[Path]]
             dbs.append(p)
         else:
             raise UserError(f"no recording at {p}: pass SQLite recordings, folders of them, or Parquet exports")
+    dbs = list(dict.fromkeys(p.resolve() for p in dbs))  # a file named twice (and in its folder) counts once
+    exports = list(dict.fromkeys(p.resolve() for p in exports))
     if not dbs and not exports:
         raise UserError("name the recordings: recorder cluster explain NODE1.db NODE2.db ... (or a folder)")
     return dbs, exports
@@ -432,7 +434,7 @@ class Cluster:
                 " ORDER BY missing DESC, late DESC LIMIT 1", (number,)).fetchone()
         recs = {r.rec: r for r in self.recordings}
         result: dict = {
-            "step": number, "stall": bool(row and row["slow"]), "summary": row,
+            "step": number, "stall": bool(row and row["slow"]), "step_stats": row,
             "recordings": self._recordings(), "clock": clock, "notes": list(self.notes),
             "collective": None, "late_ranks": [], "hung_ranks": [], "unrecorded_ranks": [], "verdict": None,
         }
@@ -459,8 +461,7 @@ class Cluster:
         usual = q("SELECT quantile_disc(l, 0.5) FROM (SELECT max(lateness) AS l FROM arrival"
                   " GROUP BY comm_hash, kstep, k)").fetchone()[0] or 0
         result["collective"]["usual_arrival_spread_ns"] = usual
-        threshold = max(LATE_SHARE * max_late, LATE_MIN_NS, USUAL_SPREAD * usual,
-                        SKEW_WARN * residual if residual else 0)
+        threshold = max(LATE_SHARE * max_late, LATE_MIN_NS, USUAL_SPREAD * usual, SKEW_REFUSE * residual)
         late = [a for a in arrivals if a[5] >= threshold]
         on_time = [a for a in arrivals if a[5] < threshold]
         if on_time:
@@ -647,7 +648,7 @@ def render_explain(r: dict) -> str:
              f"Recordings: {len(r['recordings'])} ({len(hosts)} node{'s' if len(hosts) != 1 else ''}, "
              f"{ranks} rank{'s' if ranks != 1 else ''})",
              render_clock(r["clock"])]
-    s = r["summary"] or {}
+    s = r["step_stats"] or {}
     head = f"Step {r['step']}: "
     if s.get("dur_ns") is not None:
         head += f"{_ms(s['dur_ns'])} (median over {s['ranks']} ranks)"
@@ -670,7 +671,7 @@ def render_explain(r: dict) -> str:
                      f"never entered the collective; its last step is {x['last_step']}")
         lines += _explanation_lines(x["explanation"])
     if r["unrecorded_ranks"]:
-        shown = ", ".join(map(str, r["unrecorded_ranks"][:16])) + (" ..." if len(r["unrecorded_ranks"]) > 16 else "")
+        shown = _ranges(r["unrecorded_ranks"])
         lines.append(f"Not recorded: {len(r['unrecorded_ranks'])} rank(s) of the communicator have no recording "
                      f"here ({shown})")
     if c and c["on_time_spread_ns"] is not None and r["late_ranks"] and c["ranks_entered"] - len(r["late_ranks"]) > 1:
@@ -679,6 +680,17 @@ def render_explain(r: dict) -> str:
     for n in r["notes"]:
         lines.append(f"Note: {n}")
     return "\n".join(lines)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """0-3, 8, 10-12: a list of ranks as ranges."""
+    out: list[str] = []
+    for r in ranks:
+        if out and r == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = out[-1].split("-")[0] + f"-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
 
 
 def _explanation_lines(e: dict | None) -> list[str]:

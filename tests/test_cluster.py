@@ -240,3 +240,27 @@ def test_materialised_nccl_views_give_the_report_the_same_rows(tmp_path):
     assert results[0] == results[1]
     causes = {a["primary_cause"]["kind"] for a in results[0] if a["primary_cause"]}
     assert {"nvme_timeout", "nccl_straggler"} <= causes  # the late rank, and the ranks that waited for it
+
+
+def test_nodes_without_a_recording_are_listed_and_the_late_rank_still_named(job):
+    report = explain_json(job / "node-00.db", job / "node-02.db", job / "node-03.db", job / "node-02.db")
+    assert [r["node"] for r in report["recordings"]] == ["node-00", "node-02", "node-03"]  # named twice: once
+    assert report["unrecorded_ranks"] == list(range(8, 16))
+    assert [r["rank"] for r in report["late_ranks"]] == [LATE]
+    text = run_recorder("cluster", "explain", str(job / "node-00.db"), str(job / "node-02.db"), check=True).stdout
+    assert "Not recorded: 16 rank(s) of the communicator have no recording here (8-15, 24-31)" in text
+
+
+def test_parquet_export_whose_source_is_elsewhere_says_where_to_look(job, tmp_path):
+    out = tmp_path / "pq"
+    moved = tmp_path / "elsewhere" / "node-02.db"
+    moved.parent.mkdir()
+    shutil.copy(job / "node-02.db", moved)
+    for db in [job / "node-00.db", job / "node-01.db", moved, job / "node-03.db"]:
+        run_recorder("export", "--parquet", str(out), "--db", str(db), check=True)
+    moved.unlink()
+    report = explain_json(out)
+    (late,) = report["late_ranks"]
+    assert (late["rank"], late["node"], late["db"]) == (LATE, "node-02", str(moved))
+    assert late["explanation"]["available"] is False
+    assert f"recorder explain --step {STEP} --session 1' on node-02" in late["explanation"]["summary"]
