@@ -52,7 +52,8 @@ RELATIONS = {
     "comm": "rec INTEGER, process_id BIGINT, pid BIGINT, handle BIGINT, comm_hash BIGINT, rank INTEGER,"
             " nranks INTEGER",
     "coll": "rec INTEGER, process_id BIGINT, thread_id BIGINT, handle BIGINT, api VARCHAR, ts BIGINT, dur BIGINT,"
-            " stream BIGINT, sync_end BIGINT",
+            " stream BIGINT",
+    "sync": "rec INTEGER, thread_id BIGINT, stream BIGINT, ts BIGINT, dur BIGINT",
     "mark": "rec INTEGER, process_id BIGINT, step BIGINT, ts BIGINT, inferred INTEGER, exit_ts BIGINT",
 }
 
@@ -61,19 +62,16 @@ RELATIONS = {
 SQLITE_QUERIES = {
     "comm": "SELECT k.process_id a0, p.pid a1, k.handle a2, k.comm_hash a3, k.rank a4, k.nranks a5 FROM nccl_comm k"
             " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?",
-    # sync_end: the end of the first stream synchronisation on the same thread and stream after the
-    # call returned and before the thread's next collective, found through the (thread_id, ts) indexes
-    "coll": "SELECT t.process_id a0, c.thread_id a1, c.handle a2, a.name a3, c.ts a4, c.dur a5, c.stream a6,"
-            " (SELECT s.ts + s.dur FROM cuda_call s WHERE s.thread_id = c.thread_id AND s.ts >= c.ts + c.dur"
-            "   AND s.ts < coalesce((SELECT min(n.ts) FROM nccl_call n WHERE n.thread_id = c.thread_id"
-            "                        AND n.ts > c.ts AND n.api_id IN ({collectives})), 9223372036854775807)"
-            "   AND s.stream = c.stream AND s.api_id IN ({syncs}) ORDER BY s.ts LIMIT 1) a7"
+    # plain scans, no per-row lookups: a recording that did not stop cleanly has no indexes
+    "coll": "SELECT t.process_id a0, c.thread_id a1, c.handle a2, a.name a3, c.ts a4, c.dur a5, c.stream a6"
             " FROM nccl_call c JOIN nccl_api a ON a.id = c.api_id JOIN thread t ON t.id = c.thread_id"
             " WHERE c.session_id = ? AND a.kind = 'collective'",
-    "mark": "SELECT t.process_id a0, m.step a1, min(m.ts) a2, max(m.inferred) a3,"
-            " max(coalesce(t.exit_ts, p.exit_ts)) a4"
+    "sync": "SELECT c.thread_id a0, c.stream a1, c.ts a2, c.dur a3 FROM cuda_call c"
+            " WHERE c.session_id = ? AND c.api_id IN ({syncs})",
+    # one row per mark; a step marked by several threads of a process is grouped in DuckDB (cheaper)
+    "mark": "SELECT t.process_id a0, m.step a1, m.ts a2, m.inferred a3, coalesce(t.exit_ts, p.exit_ts) a4"
             " FROM step_mark m JOIN thread t ON t.id = m.thread_id LEFT JOIN process p ON p.id = t.process_id"
-            " WHERE m.session_id = ? GROUP BY t.process_id, m.step",
+            " WHERE m.session_id = ?",
 }
 
 
@@ -86,8 +84,7 @@ def _as_csv(relation: str, conn: sqlite3.Connection) -> str:
     parses them in C, instead of a Python tuple per row (millions of rows for a large job)."""
     n = len(_columns(relation)) - 1
     line = " || ',' || ".join(f"coalesce(a{i}, '')" for i in range(n))
-    ids = {"collectives": "SELECT id FROM nccl_api WHERE kind = 'collective'",
-           "syncs": f"SELECT id FROM cuda_api WHERE family IN {SYNC_FAMILIES!r}"}
+    ids = {"syncs": f"SELECT id FROM cuda_api WHERE family IN {SYNC_FAMILIES!r}"}
     lists = {k: ",".join(str(r[0]) for r in conn.execute(sql)) or "-1" for k, sql in ids.items()}
     return f"SELECT group_concat({line}, char(10)) FROM ({SQLITE_QUERIES[relation].format(**lists)})"
 
@@ -181,7 +178,9 @@ class Cluster:
         for name, tables in parts.items():
             if tables:
                 self.con.register("_arrow_in", pa.concat_tables(tables))
-                self.con.execute(f"INSERT INTO {name} SELECT * FROM _arrow_in")
+                self.con.execute(f"INSERT INTO {name} SELECT * FROM _arrow_in" if name != "mark" else
+                                 "INSERT INTO mark SELECT rec, process_id, step, min(ts), max(inferred), max(exit_ts)"
+                                 " FROM _arrow_in GROUP BY rec, process_id, step")
                 self.con.unregister("_arrow_in")
 
     def _load_parquet(self, folder: Path) -> None:
@@ -211,24 +210,16 @@ class Cluster:
             f" FROM {scan('nccl_comm')} x {j} JOIN {scan('process')} p ON p.node = x.node AND p.session = x.session"
             f" AND p.id = x.process_id")
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _coll AS SELECT k.rec, t.process_id, x.thread_id, x.handle,"
-            f" a.name AS api, x.ts, x.dur, x.stream, x.ts + x.dur AS end_ts,"
-            f" lead(x.ts) OVER (PARTITION BY k.rec, x.thread_id ORDER BY x.ts) AS next_ts"
+            f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle, a.name, x.ts, x.dur, x.stream"
             f" FROM {scan('nccl_call')} x {j}"
             f" JOIN {scan('nccl_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
             f" JOIN {scan('thread')} t ON t.node = x.node AND t.session = x.session AND t.id = x.thread_id"
             f" WHERE a.kind = 'collective'")
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _sync AS SELECT k.rec, x.thread_id, x.stream, x.ts, x.dur"
-            f" FROM {scan('cuda_call')} x {j}"
-            f" JOIN {scan('cuda_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
-            f" WHERE a.family IN {SYNC_FAMILIES!r}" if (folder / "cuda_call").is_dir() else
-            "CREATE OR REPLACE TEMP TABLE _sync (rec INTEGER, thread_id BIGINT, stream BIGINT, ts BIGINT, dur BIGINT)")
-        self.con.execute(
-            "INSERT INTO coll SELECT c.rec, c.process_id, c.thread_id, c.handle, c.api, c.ts, c.dur, c.stream,"
-            " CASE WHEN y.ts IS NOT NULL AND (c.next_ts IS NULL OR y.ts < c.next_ts) THEN y.ts + y.dur END"
-            " FROM _coll c ASOF LEFT JOIN _sync y"
-            " ON c.rec = y.rec AND c.thread_id = y.thread_id AND c.stream = y.stream AND c.end_ts <= y.ts")
+        if (folder / "cuda_call").is_dir():
+            self.con.execute(
+                f"INSERT INTO sync SELECT k.rec, x.thread_id, x.stream, x.ts, x.dur FROM {scan('cuda_call')} x {j}"
+                f" JOIN {scan('cuda_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
+                f" WHERE a.family IN {SYNC_FAMILIES!r}")
         if (folder / "step_mark").is_dir():
             self.con.execute(
                 f"INSERT INTO mark SELECT k.rec, t.process_id, x.step, min(x.ts), max(x.inferred),"
@@ -253,11 +244,19 @@ class Cluster:
         CREATE TABLE c AS
         WITH x AS (
             SELECT x.rec, x.process_id, k.pid, k.comm_hash, k.rank, k.nranks, x.thread_id, x.api, x.ts, x.dur,
-                   x.ts + x.dur AS end_ts, x.sync_end
+                   x.stream, x.ts + x.dur AS end_ts,
+                   lead(x.ts) OVER (PARTITION BY x.rec, x.thread_id ORDER BY x.ts) AS next_ts
             FROM coll x JOIN comm k ON k.rec = x.rec AND k.process_id = x.process_id AND k.handle = x.handle
-        ), y AS (
+        ), s AS (
             SELECT x.*, m.step FROM x ASOF LEFT JOIN mark m
                 ON x.rec = m.rec AND x.process_id = m.process_id AND x.ts >= m.ts
+        ), y AS (
+            -- the first stream synchronisation on the thread and stream after the call returned, and
+            -- before the thread's next collective: where an enqueueing call's rank waits
+            SELECT s.*, CASE WHEN y.ts IS NOT NULL AND (s.next_ts IS NULL OR y.ts < s.next_ts)
+                             THEN y.ts + y.dur END AS sync_end
+            FROM s ASOF LEFT JOIN sync y
+                ON s.rec = y.rec AND s.thread_id = y.thread_id AND s.stream = y.stream AND s.end_ts <= y.ts
         )
         SELECT y.rec, y.process_id, y.pid, y.comm_hash, y.rank, y.nranks, y.thread_id, y.api, y.step,
                {step_key.replace('x.', 'y.')} AS kstep,
