@@ -336,8 +336,9 @@ class Cluster:
         anchors = {"w_end": "the return of each collective call", "w_sync_end":
                    "the end of the stream synchronisation after each collective"}
         return {
-            "method": "wall-clock offsets" + (f", refined on {info['collectives']} collectives seen by more than "
-                                              f"one recording" if info["collectives"] else ""),
+            "method": ("one recording: one clock, nothing to align" if len(self.recordings) == 1 else
+                       "wall-clock offsets" + (f", refined on {info['collectives']} collectives seen by more than "
+                                               f"one recording" if info["collectives"] else "")),
             "anchor": anchors.get(info["anchor"]) if info["anchor"] else None,
             "residual_skew_ns": info["residual_ns"], "residual_skew_p95_ns": info["residual_p95_ns"],
             "corrections": [{"node": r.node, "db": r.source, "session": r.session_id, "correction_ns": corr[r.rec]}

@@ -264,3 +264,12 @@ def test_parquet_export_whose_source_is_elsewhere_says_where_to_look(job, tmp_pa
     assert (late["rank"], late["node"], late["db"]) == (LATE, "node-02", str(moved))
     assert late["explanation"]["available"] is False
     assert f"recorder explain --step {STEP} --session 1' on node-02" in late["explanation"]["summary"]
+
+
+def test_one_recording_of_several_ranks_is_explained_without_alignment(tmp_path):
+    """One recorder following every rank of a node: one file, one clock."""
+    write_cluster(tmp_path, ClusterSpec(nodes=1, late_rank=5))
+    report = explain_json(tmp_path / "node-00.db")
+    assert report["clock"]["method"] == "one recording: one clock, nothing to align"
+    assert [(r["rank"], r["node"]) for r in report["late_ranks"]] == [(5, "node-00")]
+    assert report["late_ranks"][0]["explanation"]["kind"] == "nvme_timeout"
