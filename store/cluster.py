@@ -163,25 +163,23 @@ class Cluster:
 
         import pyarrow as pa
 
-        # sqlite3 releases the GIL while SQLite runs a query: one thread per core reads the files
+        # sqlite3 releases the GIL while SQLite runs a query: one thread per core reads the files; each
+        # file's rows go into DuckDB as they come, so only a few files' Arrow tables are held at once
         with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            read = list(pool.map(_read_sqlite, dbs))
-        parts: dict[str, list] = {name: [] for name in SQLITE_QUERIES}
-        for path, sessions in zip(dbs, read, strict=True):
-            for (sid, host, off, started, stopped, boot), tables in sessions:
-                rec = len(self.recordings)
-                self.recordings.append(Recording(rec, host, sid, str(path), str(path), off))
-                self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (rec, host, sid, str(path), str(path), off, started, stopped, boot))
-                for name, table in tables.items():
-                    parts[name].append(table.add_column(0, "rec", pa.array([rec] * len(table), pa.int64())))
-        for name, tables in parts.items():
-            if tables:
-                self.con.register("_arrow_in", pa.concat_tables(tables))
-                self.con.execute(f"INSERT INTO {name} SELECT * FROM _arrow_in" if name != "mark" else
-                                 "INSERT INTO mark SELECT rec, process_id, step, min(ts), max(inferred), max(exit_ts)"
-                                 " FROM _arrow_in GROUP BY rec, process_id, step")
-                self.con.unregister("_arrow_in")
+            for path, sessions in zip(dbs, pool.map(_read_sqlite, dbs), strict=True):
+                for (sid, host, off, started, stopped, boot), tables in sessions:
+                    rec = len(self.recordings)
+                    self.recordings.append(Recording(rec, host, sid, str(path), str(path), off))
+                    self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                     (rec, host, sid, str(path), str(path), off, started, stopped, boot))
+                    for name, table in tables.items():
+                        self.con.register("_arrow_in", table.add_column(0, "rec", pa.array([rec] * len(table),
+                                                                                            pa.int64())))
+                        self.con.execute(
+                            f"INSERT INTO {name} SELECT * FROM _arrow_in" if name != "mark" else
+                            "INSERT INTO mark SELECT rec, process_id, step, min(ts), max(inferred), max(exit_ts)"
+                            " FROM _arrow_in GROUP BY rec, process_id, step")
+                        self.con.unregister("_arrow_in")
 
     def _load_parquet(self, folder: Path) -> None:
         def scan(table: str) -> str:
@@ -267,7 +265,9 @@ class Cluster:
                y.sync_end + r.wall_offset_ns AS w_sync_end
         FROM y JOIN rec r ON r.rec = y.rec
         """)
+        q("DROP TABLE coll; DROP TABLE sync")  # in c now; memory for the next steps
         self.clock = self._align()
+        q("DROP TABLE c")  # arrival holds its columns
 
     def _refine(self, anchor: str) -> tuple[dict[int, int], dict]:
         """Per-recording corrections that line up `anchor` (the moment ranks leave a collective).
