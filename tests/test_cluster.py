@@ -273,3 +273,25 @@ def test_one_recording_of_several_ranks_is_explained_without_alignment(tmp_path)
     assert report["clock"]["method"] == "one recording: one clock, nothing to align"
     assert [(r["rank"], r["node"]) for r in report["late_ranks"]] == [(5, "node-00")]
     assert report["late_ranks"][0]["explanation"]["kind"] == "nvme_timeout"
+
+
+def test_mcp_cluster_explain_over_stdio_reads_the_operators_recordings(job, tmp_path):
+    """`recorder mcp` as a client starts it: the recordings come from $STALL_RECORDER_CLUSTER."""
+    from mcp import Client, StdioServerParameters
+
+    from mcp_server import untrusted
+
+    pq = tmp_path / "pq"
+    for db in sorted(job.glob("*.db")):
+        run_recorder("export", "--parquet", str(pq), "--db", str(db), check=True)
+    env = {**os.environ, "STALL_RECORDER_CLUSTER": f"{pq}"}
+    params = StdioServerParameters(command=sys.executable, cwd=str(ROOT), env=env,
+                                   args=["-m", "recorder", "mcp", "--db", str(job / "node-01.db")])
+
+    async def go():
+        async with Client(params) as c:
+            return await c.call_tool("cluster_explain", {})
+    r = anyio.run(go)
+    assert not r.is_error, r.content
+    got = untrusted.unmark(r.structured_content)
+    assert_rank17(got, str(job / "node-02.db"))  # from the Parquet export, explained from the SQLite file
