@@ -9,8 +9,10 @@ Conventions, checked by the models:
   (declared below where the field is known, added as an extra field elsewhere);
 - ``note`` appears only when there is something to say.
 
-explain_stall's report is the dict of store.report.explain (the same as `recorder explain --json`),
-kept open here (``extra="allow"``) until the report has its own model.
+explain_stall's report is `store.models.StallReport` (the same as `recorder explain --json`; JSON Schema
+in docs/report-schema.json), built and checked by store.report.explain. It is kept open here
+(``extra="allow"``) because the text in it recorded from the traced machine is sent marked as data,
+which turns those strings into ``UntrustedText`` objects.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from mcp_server import models, queries, readonly_sql, untrusted
+from mcp_server.cluster_tool import register_cluster_tool
 from mcp_server.schema import schema_text
 from store.db import Store, open_store
 from store.errors import UserError
@@ -175,6 +176,8 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
                                                                                     sql_time_limit_s))
         except UserError as e:
             raise ToolError(str(e)) from None
+
+    register_cluster_tool(server, db)
 
     @server.resource("schema://tables", name="schema", mime_type="text/markdown",
                      description="Every table and view of the recording, with one documented line per column")

@@ -39,6 +39,7 @@ EXAMPLES = {
                "  recorder export --db run.db --step 412 --perfetto step412.pftrace\n"
                "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
                "  recorder export --db run.db --datasette-metadata metadata.json; datasette run.db -m metadata.json\n"
+               "  recorder export --parquet /shared/run42/parquet --db node-03.db   # every session, by node\n"
                "open a trace in ui.perfetto.dev (it is loaded in the browser, not uploaded)"),
     "report": ("recorder report --html stall.html             # the latest session\n"
                "  recorder report --db run.db --session 3 --html session3.html"),
@@ -131,13 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
     p = _sub(subs, "export", "write a recording in another format: a Perfetto timeline (--perfetto), "
-                             "Datasette metadata (--datasette-metadata)")
+                             "Datasette metadata (--datasette-metadata), Parquet for DuckDB, Spark, Trino (--parquet)")
     _db_arg(p)
-    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("--session", type=int,
+                   help="session id (default: the latest; for --parquet, every session)")
     p.add_argument("--perfetto", type=Path, metavar="FILE",
                    help="a Perfetto trace: tracks per thread and disk, counters, flows for the causal links")
     p.add_argument("--datasette-metadata", type=Path, metavar="FILE",
                    help="metadata.json for 'datasette DB -m FILE': descriptions, units, canned queries")
+    p.add_argument("--parquet", type=Path, metavar="DIR",
+                   help="write each table and the key views as Parquet under DIR/TABLE/node=HOST/session=ID/")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--window", metavar="A..B",
                    help="only A..B: seconds after the session start (5..12.5) or UTC times")
@@ -157,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", nargs="?", help="scenario name (see --list)")
     p.add_argument("--db", type=Path, help="database to write (default demo-SCENARIO.db; a new session is added)")
     p.add_argument("-j", "--json", action="store_true", help="print the report as JSON")
+
+    from recorder.cluster_cli import add_parser as add_cluster_parser
+
+    add_cluster_parser(subs)
 
     mcp_help = "serve a recording to MCP clients (Claude Code, Cursor): stdio, or HTTPS with --http"
     p = subs.add_parser("mcp", help=mcp_help, description=mcp_help,
@@ -313,11 +321,17 @@ def cmd_verify_checkpoints(args) -> int:
 def cmd_export(args) -> int:
     from store.db import open_store
 
-    if not (args.perfetto or args.datasette_metadata):
-        raise UserError("say what to write: recorder export --perfetto FILE or --datasette-metadata FILE")
+    if not (args.perfetto or args.datasette_metadata or args.parquet):
+        raise UserError("say what to write: recorder export --perfetto FILE, --datasette-metadata FILE or "
+                        "--parquet DIR")
     if (args.window or args.step is not None) and not args.perfetto:
         raise UserError("--window and --step choose what --perfetto FILE exports: add --perfetto FILE")
     written = []
+    if args.parquet:
+        from store.parquet_export import export_parquet
+
+        result = export_parquet(args.db, args.parquet, args.session)
+        written.append({"format": "parquet", **result})
     with open_store(args.db, readonly=True) as store:
         if args.perfetto:
             from store.export_perfetto import export_perfetto
@@ -333,7 +347,11 @@ def cmd_export(args) -> int:
         print(json.dumps(written, indent=1))
         return 0
     for w in written:
-        if w["format"] == "perfetto":
+        if w["format"] == "parquet":
+            print(f"exported {args.db} (sessions {', '.join(map(str, w['sessions']))}, node "
+                  f"{', '.join(w['nodes'])}) into {w['out']}: {len(w['rows'])} tables and views, "
+                  f"{sum(w['rows'].values())} rows")
+        elif w["format"] == "perfetto":
             print(f"wrote {w['file']} ({w['bytes'] / 1e6:.1f} MB): session {w['session_id']}, {w['tracks']} tracks, "
                   f"{w['slices']} slices, {w['instants']} instants, {w['counter_values']} counter values, "
                   f"{w['flows']} causal flows; open it in ui.perfetto.dev")
@@ -389,6 +407,12 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_cluster(args) -> int:
+    from recorder.cluster_cli import cmd_cluster as run
+
+    return run(args)
+
+
 def cmd_mcp(args) -> int:
     if args.http:
         from mcp_server.https import serve_https
@@ -406,7 +430,7 @@ def cmd_mcp(args) -> int:
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
     "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
-    "export": cmd_export, "report": cmd_report,
+    "export": cmd_export, "report": cmd_report, "cluster": cmd_cluster,
     "verify-checkpoints": cmd_verify_checkpoints,
     "mcp": cmd_mcp,
 }

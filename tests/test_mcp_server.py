@@ -18,7 +18,7 @@ from mcp_server.server import build_server
 from store.errors import StoreError
 
 TOOLS = {"list_sessions", "capabilities", "list_steps", "explain_stall", "top_stalls", "python_lines",
-         "io_latency", "nvme_events", "kernel_log", "nccl_collectives", "evidence", "run_sql"}
+         "cluster_explain", "io_latency", "nvme_events", "kernel_log", "nccl_collectives", "evidence", "run_sql"}
 CALLS = [("list_sessions", {}), ("capabilities", {}), ("list_steps", {}), ("explain_stall", {}),
          ("top_stalls", {}), ("python_lines", {}), ("io_latency", {}), ("nvme_events", {}), ("kernel_log", {}),
          ("nccl_collectives", {}), ("evidence", {"kind": "cuda_call", "id": 8}),

@@ -65,8 +65,11 @@ SELECT
     a.name AS api, a.kind,
     t.process_id, p.pid,
     k.comm_hash, k.rank, k.nranks,
-    (SELECT st.step FROM step st
-      WHERE st.process_id = t.process_id AND st.ts <= c.ts ORDER BY st.ts DESC LIMIT 1) AS step
+    -- the process's latest step mark at the call, through the (thread_id, ts) index of each of its
+    -- threads (the step view here would scan every mark of the session per call)
+    (SELECT m.step FROM step_mark m
+      WHERE m.thread_id IN (SELECT x.id FROM thread x WHERE x.process_id = t.process_id) AND m.ts <= c.ts
+      ORDER BY m.ts DESC LIMIT 1) AS step
 FROM nccl_call c
 JOIN nccl_api a ON a.id = c.api_id
 JOIN thread t ON t.id = c.thread_id

@@ -1,0 +1,731 @@
+"""`recorder cluster`: one step explained across the ranks of a multi-host job.
+
+Real jobs span hosts and each host records itself (one SQLite file per node, possibly several
+ranks each). This module reads many recordings without copying them into one file, lines their
+ranks up through the NCCL communicator (`nccl_comm.comm_hash` is equal on every rank) and the step
+numbers the ranks mark, names the rank(s) that entered the step's collective late (or never),
+and asks each late rank's own recording why (`store.report.explain`).
+
+The engine is DuckDB, embedded: the few columns the alignment needs (communicators, collective
+calls, stream synchronisations, step marks) are read from each SQLite file with Python's sqlite3
+into Arrow tables, or straight from a Parquet export (`recorder export --parquet`, hive folders
+node=/session=), and every cross-rank query runs in DuckDB. No DuckDB extension is loaded, so
+nothing is downloaded.
+
+Clocks. Each host has its own CLOCK_MONOTONIC. A row's wall time is ts + the session's
+wall_offset_ns (taken from the host's realtime clock, so as good as its NTP/PTP sync). That is
+then refined with the collectives themselves: every rank leaves a collective at nearly the same
+moment (it completes when the last rank arrives), so each recording gets the correction that
+lines its ranks' exits up with the other recordings' (the median over all its collectives). What
+is left, the spread of exits after correction, is reported as the residual skew, and lateness
+smaller than a few times it is not attributed to anyone.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.errors import UserError
+
+NS = 1_000_000_000
+NEIGHBOURS = 10  # steps on each side for a cluster step's baseline, as for one recording
+STALL_RATIO = 1.5  # as store.causes: a stall is 1.5x the rolling median ...
+STALL_MIN_EXCESS = 1_000_000  # ... and 1 ms more
+LATE_SHARE = 0.5  # a rank is late when it entered at least half as late as the latest one ...
+LATE_MIN_NS = 1_000_000  # ... and at least 1 ms after the first rank ...
+USUAL_SPREAD = 2.0  # ... and twice the usual spread of arrivals
+SKEW_REFUSE = 2.0  # lateness below this many residual skews: no rank is named
+SKEW_WARN = 5.0  # below this many: named, with a warning
+EXPLAINED = 8  # late or hung ranks whose own recordings are asked why
+NAMED = 64  # late ranks listed by name
+ITERATIONS = 4  # rounds of the collective-based clock refinement
+SYNC_FAMILIES = ("cudaStreamSynchronize", "cuStreamSynchronize")
+
+# What each input relation holds (the same columns from SQLite files and from Parquet exports).
+RELATIONS = {
+    "rec": "rec INTEGER, node VARCHAR, session_id BIGINT, source VARCHAR, db VARCHAR, wall_offset_ns BIGINT,"
+           " started_ts BIGINT, stopped_ts BIGINT, boot_id VARCHAR",
+    "comm": "rec INTEGER, process_id BIGINT, pid BIGINT, handle BIGINT, comm_hash BIGINT, rank INTEGER,"
+            " nranks INTEGER",
+    "coll": "rec INTEGER, process_id BIGINT, thread_id BIGINT, handle BIGINT, api VARCHAR, ts BIGINT, dur BIGINT,"
+            " stream BIGINT",
+    "sync": "rec INTEGER, thread_id BIGINT, stream BIGINT, ts BIGINT, dur BIGINT",
+    "mark": "rec INTEGER, process_id BIGINT, step BIGINT, ts BIGINT, inferred INTEGER, exit_ts BIGINT",
+}
+
+# The SQLite side: one query per relation, per session, its columns named a0, a1, ... in the order
+# of RELATIONS (after rec).
+SQLITE_QUERIES = {
+    "comm": "SELECT k.process_id a0, p.pid a1, k.handle a2, k.comm_hash a3, k.rank a4, k.nranks a5 FROM nccl_comm k"
+            " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?",
+    # plain scans, no per-row lookups: a recording that did not stop cleanly has no indexes
+    "coll": "SELECT t.process_id a0, c.thread_id a1, c.handle a2, a.name a3, c.ts a4, c.dur a5, c.stream a6"
+            " FROM nccl_call c JOIN nccl_api a ON a.id = c.api_id JOIN thread t ON t.id = c.thread_id"
+            " WHERE c.session_id = ? AND a.kind = 'collective'",
+    "sync": "SELECT c.thread_id a0, c.stream a1, c.ts a2, c.dur a3 FROM cuda_call c"
+            " WHERE c.session_id = ? AND c.api_id IN ({syncs})",
+    # one row per mark; a step marked by several threads of a process is grouped in DuckDB (cheaper)
+    "mark": "SELECT t.process_id a0, m.step a1, m.ts a2, m.inferred a3, coalesce(t.exit_ts, p.exit_ts) a4"
+            " FROM step_mark m JOIN thread t ON t.id = m.thread_id LEFT JOIN process p ON p.id = t.process_id"
+            " WHERE m.session_id = ?",
+}
+
+
+def _columns(relation: str) -> list[tuple[str, str]]:
+    return [tuple(c.split()) for c in RELATIONS[relation].split(",")]
+
+
+def _as_csv(relation: str, conn: sqlite3.Connection) -> str:
+    """The relation's query returning its rows as one CSV text: SQLite formats them in C and Arrow
+    parses them in C, instead of a Python tuple per row (millions of rows for a large job)."""
+    n = len(_columns(relation)) - 1
+    line = " || ',' || ".join(f"coalesce(a{i}, '')" for i in range(n))
+    ids = {"syncs": f"SELECT id FROM cuda_api WHERE family IN {SYNC_FAMILIES!r}"}
+    lists = {k: ",".join(str(r[0]) for r in conn.execute(sql)) or "-1" for k, sql in ids.items()}
+    return f"SELECT group_concat({line}, char(10)) FROM ({SQLITE_QUERIES[relation].format(**lists)})"
+
+
+@dataclass
+class Recording:
+    rec: int
+    node: str
+    session_id: int
+    source: str  # the file or Parquet folder it was read from
+    db: str | None  # the SQLite recording, where its own explanation is read
+    wall_offset_ns: int
+
+
+def _duckdb():
+    try:
+        import duckdb
+        import pyarrow  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"recorder cluster needs {e.name}: reinstall stall-recorder (pip install -e .)") from None
+    return duckdb
+
+
+def _is_parquet_export(path: Path) -> bool:
+    return (path / "session").is_dir() and (path / "nccl_call").is_dir()
+
+
+def find_inputs(paths: list[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """SQLite recordings and Parquet exports named by PATHS: files, folders of *.db files, exports."""
+    dbs: list[Path] = []
+    exports: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            if _is_parquet_export(p):
+                exports.append(p)
+                continue
+            found = sorted(x for x in p.iterdir() if x.suffix in (".db", ".sqlite") and x.is_file())
+            if not found:
+                raise UserError(f"{p} holds no *.db recording and is no Parquet export: pass recordings "
+                                "(one per node) or folders of them")
+            dbs += found
+        elif p.is_file():
+            dbs.append(p)
+        else:
+            raise UserError(f"no recording at {p}: pass SQLite recordings, folders of them, or Parquet exports")
+    dbs = list(dict.fromkeys(p.resolve() for p in dbs))  # a file named twice (and in its folder) counts once
+    exports = list(dict.fromkeys(p.resolve() for p in exports))
+    if not dbs and not exports:
+        raise UserError("name the recordings: recorder cluster explain NODE1.db NODE2.db ... (or a folder)")
+    return dbs, exports
+
+
+class Cluster:
+    """Many recordings loaded into one in-memory DuckDB database (only the alignment columns)."""
+
+    def __init__(self, paths: list[str | os.PathLike]) -> None:
+        duckdb = _duckdb()
+        self.con = duckdb.connect(":memory:")
+        self.con.execute("SET enable_progress_bar = false")
+        self.recordings: list[Recording] = []
+        self.notes: list[str] = []
+        dbs, exports = find_inputs(paths)
+        for name, cols in RELATIONS.items():
+            self.con.execute(f"CREATE TABLE {name} ({cols})")
+        self._load_sqlite(dbs)
+        for folder in exports:
+            self._load_parquet(folder)
+        if not self.recordings:
+            raise UserError("none of the recordings holds a session: record each node with 'recorder start'")
+        self._prepare()
+
+    # -- loading ----------------------------------------------------------------------------------
+    def _load_sqlite(self, dbs: list[Path]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import pyarrow as pa
+
+        # sqlite3 releases the GIL while SQLite runs a query: one thread per core reads the files; each
+        # file's rows go into DuckDB as they come, so only a few files' Arrow tables are held at once
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            for path, sessions in zip(dbs, pool.map(_read_sqlite, dbs), strict=True):
+                for (sid, host, off, started, stopped, boot), tables in sessions:
+                    rec = len(self.recordings)
+                    self.recordings.append(Recording(rec, host, sid, str(path), str(path), off))
+                    self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                     (rec, host, sid, str(path), str(path), off, started, stopped, boot))
+                    for name, table in tables.items():
+                        self.con.register("_arrow_in", table.add_column(0, "rec", pa.array([rec] * len(table),
+                                                                                            pa.int64())))
+                        self.con.execute(
+                            f"INSERT INTO {name} SELECT * FROM _arrow_in" if name != "mark" else
+                            "INSERT INTO mark SELECT rec, process_id, step, min(ts), max(inferred), max(exit_ts)"
+                            " FROM _arrow_in GROUP BY rec, process_id, step")
+                        self.con.unregister("_arrow_in")
+
+    def _load_parquet(self, folder: Path) -> None:
+        def scan(table: str) -> str:
+            pattern = str(folder / table / "**" / "*.parquet").replace("'", "''")
+            return f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
+
+        base = len(self.recordings)
+        sessions = self.con.execute(
+            f"SELECT node, session, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id, source_db"
+            f" FROM {scan('session')} ORDER BY node, session").fetchall()
+        keys = []
+        for i, (node, session, host, off, started, stopped, boot, source_db) in enumerate(sessions):
+            rec = base + i
+            db = source_db if source_db and Path(source_db).is_file() else None
+            self.recordings.append(Recording(rec, host, int(session), source_db or str(folder), db, off))
+            self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (rec, host, int(session), str(folder), source_db, off, started, stopped, boot))
+            keys.append((str(node), int(session), rec))
+        if not keys:
+            return
+        self.con.execute("CREATE OR REPLACE TEMP TABLE _keys (node VARCHAR, session BIGINT, rec INTEGER)")
+        self.con.executemany("INSERT INTO _keys VALUES (?, ?, ?)", keys)
+        j = "JOIN _keys k ON k.node = CAST(x.node AS VARCHAR) AND k.session = x.session"
+        self.con.execute(
+            f"INSERT INTO comm SELECT k.rec, x.process_id, p.pid, x.handle, x.comm_hash, x.rank, x.nranks"
+            f" FROM {scan('nccl_comm')} x {j} JOIN {scan('process')} p ON p.node = x.node AND p.session = x.session"
+            f" AND p.id = x.process_id")
+        self.con.execute(
+            f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle, a.name, x.ts, x.dur, x.stream"
+            f" FROM {scan('nccl_call')} x {j}"
+            f" JOIN {scan('nccl_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
+            f" JOIN {scan('thread')} t ON t.node = x.node AND t.session = x.session AND t.id = x.thread_id"
+            f" WHERE a.kind = 'collective'")
+        if (folder / "cuda_call").is_dir():
+            self.con.execute(
+                f"INSERT INTO sync SELECT k.rec, x.thread_id, x.stream, x.ts, x.dur FROM {scan('cuda_call')} x {j}"
+                f" JOIN {scan('cuda_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
+                f" WHERE a.family IN {SYNC_FAMILIES!r}")
+        if (folder / "step_mark").is_dir():
+            self.con.execute(
+                f"INSERT INTO mark SELECT k.rec, t.process_id, x.step, min(x.ts), max(x.inferred),"
+                f" max(coalesce(t.exit_ts, p.exit_ts)) FROM {scan('step_mark')} x {j}"
+                f" JOIN {scan('thread')} t ON t.node = x.node AND t.session = x.session AND t.id = x.thread_id"
+                f" LEFT JOIN {scan('process')} p ON p.node = x.node AND p.session = x.session AND p.id = t.process_id"
+                f" GROUP BY k.rec, t.process_id, x.step")
+
+    # -- alignment --------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        q = self.con.execute
+        inferred = q("SELECT count(*) FROM mark WHERE inferred = 1").fetchone()[0]
+        # The k-th collective of a step on a communicator is the same operation on every rank; step
+        # numbers come from the script, so a recording that began late still lines up. Inferred
+        # steps are numbered per recording: then the call order on the communicator is the key.
+        self.by_step = inferred == 0 and q("SELECT count(*) FROM mark").fetchone()[0] > 0
+        if inferred:
+            self.notes.append("some steps are inferred, not marked: collectives are matched by their order on "
+                              "the communicator (every recording must have started before the first one)")
+        step_key = "coalesce(x.step, -1)" if self.by_step else "-1"
+        q(f"""
+        CREATE TABLE c AS
+        WITH x AS (
+            SELECT x.rec, x.process_id, k.pid, k.comm_hash, k.rank, k.nranks, x.thread_id, x.api, x.ts, x.dur,
+                   x.stream, x.ts + x.dur AS end_ts,
+                   lead(x.ts) OVER (PARTITION BY x.rec, x.thread_id ORDER BY x.ts) AS next_ts
+            FROM coll x JOIN comm k ON k.rec = x.rec AND k.process_id = x.process_id AND k.handle = x.handle
+        ), s AS (
+            SELECT x.*, m.step FROM x ASOF LEFT JOIN mark m
+                ON x.rec = m.rec AND x.process_id = m.process_id AND x.ts >= m.ts
+        ), y AS (
+            -- the first stream synchronisation on the thread and stream after the call returned, and
+            -- before the thread's next collective: where an enqueueing call's rank waits
+            SELECT s.*, CASE WHEN y.ts IS NOT NULL AND (s.next_ts IS NULL OR y.ts < s.next_ts)
+                             THEN y.ts + y.dur END AS sync_end
+            FROM s ASOF LEFT JOIN sync y
+                ON s.rec = y.rec AND s.thread_id = y.thread_id AND s.stream = y.stream AND s.end_ts <= y.ts
+        )
+        SELECT y.rec, y.process_id, y.pid, y.comm_hash, y.rank, y.nranks, y.thread_id, y.api, y.step,
+               {step_key.replace('x.', 'y.')} AS kstep,
+               row_number() OVER (PARTITION BY y.rec, y.process_id, y.comm_hash, {step_key.replace('x.', 'y.')}
+                                  ORDER BY y.ts) AS k,
+               y.ts + r.wall_offset_ns AS w_ts, y.dur,
+               y.end_ts + r.wall_offset_ns AS w_end,
+               y.sync_end + r.wall_offset_ns AS w_sync_end
+        FROM y JOIN rec r ON r.rec = y.rec
+        """)
+        q("DROP TABLE coll; DROP TABLE sync")  # in c now; memory for the next steps
+        self.clock = self._align()
+        q("DROP TABLE c")  # arrival holds its columns
+
+    def _refine(self, anchor: str) -> tuple[dict[int, int], dict]:
+        """Per-recording corrections that line up `anchor` (the moment ranks leave a collective).
+        Ranks of one recording share its clock, so each recording takes part with one value per
+        collective (the median over its ranks) and its extremes for the spread."""
+        q = self.con.execute
+        q("CREATE OR REPLACE TEMP TABLE corr AS SELECT rec, CAST(0 AS BIGINT) AS corr FROM rec")
+        q(f"""CREATE OR REPLACE TEMP TABLE per_rec AS
+              WITH x AS (SELECT rec, comm_hash, kstep, k, quantile_disc({anchor}, 0.5) AS t, min({anchor}) AS lo,
+                                max({anchor}) AS hi, min(w_ts) AS elo, max(w_ts) AS ehi
+                         FROM c WHERE {anchor} IS NOT NULL GROUP BY rec, comm_hash, kstep, k)
+              SELECT * FROM x QUALIFY count(*) OVER (PARTITION BY comm_hash, kstep, k) > 1""")
+        shared = q("SELECT count(*) FROM (SELECT DISTINCT comm_hash, kstep, k FROM per_rec)").fetchone()[0]
+        if shared:
+            for _ in range(ITERATIONS):
+                q("""
+                CREATE OR REPLACE TEMP TABLE corr AS
+                WITH a AS (SELECT p.rec, p.comm_hash, p.kstep, p.k, p.t + corr.corr AS t
+                           FROM per_rec p JOIN corr USING (rec)),
+                g AS (SELECT comm_hash, kstep, k, quantile_disc(t, 0.5) AS mt FROM a GROUP BY ALL),
+                d AS (SELECT a.rec, quantile_disc(g.mt - a.t, 0.5) AS delta FROM a JOIN g USING (comm_hash, kstep, k)
+                      GROUP BY a.rec)
+                SELECT corr.rec, corr.corr + coalesce(d.delta, 0) AS corr FROM corr LEFT JOIN d USING (rec)
+                """)
+            # the corrections are relative: keep the recordings' median where the wall clocks put it
+            mid = q("SELECT quantile_disc(corr, 0.5) FROM corr").fetchone()[0] or 0
+            q(f"UPDATE corr SET corr = corr - {int(mid)}")
+        spread = q("""
+            WITH g AS (SELECT max(p.hi + corr.corr) - min(p.lo + corr.corr) AS spread,
+                              max(p.ehi + corr.corr) - min(p.elo + corr.corr) AS arrivals
+                       FROM per_rec p JOIN corr USING (rec) GROUP BY p.comm_hash, p.kstep, p.k)
+            SELECT quantile_disc(spread, 0.5), quantile_disc(spread, 0.95), count(*), quantile_disc(arrivals, 0.5)
+            FROM g""").fetchone()
+        corr = dict(q("SELECT rec, corr FROM corr").fetchall())
+        return corr, {"anchor": anchor, "residual_ns": spread[0], "residual_p95_ns": spread[1],
+                      "collectives": spread[2] or 0, "shared": shared, "arrival_spread_ns": spread[3]}
+
+    def _align(self) -> dict:
+        best = None
+        for anchor in ("w_end", "w_sync_end"):
+            corr, info = self._refine(anchor)
+            if info["collectives"] == 0:
+                continue
+            # A call that returns as soon as it is enqueued (NCCL on a GPU) leaves when it arrived: its
+            # return lines up the arrivals, not the exits, and would hide the late rank
+            if anchor == "w_end" and info["residual_ns"] * 2 > (info["arrival_spread_ns"] or 0):
+                continue
+            if best is None or info["residual_ns"] < best[1]["residual_ns"]:
+                best = (corr, info)
+        if best is None:
+            corr, info = {r.rec: 0 for r in self.recordings}, {"anchor": None, "residual_ns": None,
+                                                               "residual_p95_ns": None, "collectives": 0}
+            if len(self.recordings) > 1:
+                self.notes.append("no collective is seen by more than one recording: clocks are aligned by the "
+                                  "hosts' wall clocks only, and the residual skew is unknown")
+        else:
+            corr, info = best
+        self.con.execute("CREATE OR REPLACE TEMP TABLE corr (rec INTEGER, corr BIGINT)")
+        self.con.executemany("INSERT INTO corr VALUES (?, ?)", list(corr.items()))
+        self.con.execute("""
+            CREATE OR REPLACE TABLE arrival AS
+            SELECT c.*, c.w_ts + corr.corr AS e_ts,
+                   c.w_ts + corr.corr - min(c.w_ts + corr.corr) OVER (PARTITION BY comm_hash, kstep, k) AS lateness,
+                   count(*) OVER (PARTITION BY comm_hash, kstep, k) AS ranks_seen
+            FROM c JOIN corr USING (rec)""")
+        anchors = {"w_end": "the return of each collective call", "w_sync_end":
+                   "the end of the stream synchronisation after each collective"}
+        return {
+            "method": ("one recording: one clock, nothing to align" if len(self.recordings) == 1 else
+                       "wall-clock offsets" + (f", refined on {info['collectives']} collectives seen by more than "
+                                               f"one recording" if info["collectives"] else "")),
+            "anchor": anchors.get(info["anchor"]) if info["anchor"] else None,
+            "residual_skew_ns": info["residual_ns"], "residual_skew_p95_ns": info["residual_p95_ns"],
+            "corrections": [{"node": r.node, "db": r.source, "session": r.session_id, "correction_ns": corr[r.rec]}
+                            for r in self.recordings],
+        }
+
+    # -- steps --------------------------------------------------------------------------------------
+    def step_table(self) -> list[dict]:
+        """Every step of the job: ranks seen, median duration over the ranks, the latest arrival, and
+        the ranks of the communicator that never entered one of its collectives."""
+        rows = self.con.execute("""
+            WITH d AS (SELECT m.rec, m.process_id, m.step, m.ts,
+                              lead(m.ts) OVER (PARTITION BY m.rec, m.process_id ORDER BY m.ts) AS next_ts,
+                              coalesce(m.exit_ts, r.stopped_ts) AS stop_ts
+                       FROM mark m JOIN rec r USING (rec)),
+            s AS (SELECT step, count(*) AS ranks,
+                         quantile_disc(coalesce(next_ts, stop_ts) - ts, 0.5) AS dur,
+                         max(coalesce(next_ts, stop_ts) - ts) AS max_dur, count(next_ts) AS complete
+                  FROM d GROUP BY step),
+            members AS (SELECT comm_hash, count(DISTINCT rank) AS n FROM comm GROUP BY comm_hash),
+            keys AS (SELECT a.step, a.comm_hash, a.kstep, a.k, max(a.lateness) AS lateness,
+                            arg_max(a.rank, a.lateness) AS late_rank, arg_max(a.rec, a.lateness) AS late_rec,
+                            min(a.api) AS api, m.n - count(*) AS missing
+                     FROM arrival a JOIN members m USING (comm_hash) WHERE a.step IS NOT NULL
+                     GROUP BY a.step, a.comm_hash, a.kstep, a.k, m.n),
+            l AS (SELECT step, max(lateness) AS lateness, arg_max(late_rank, lateness) AS late_rank,
+                         arg_max(late_rec, lateness) AS late_rec, arg_max(api, lateness) AS api,
+                         max(missing) AS missing
+                  FROM keys GROUP BY step)
+            SELECT s.step, s.ranks, s.dur, s.max_dur, s.complete, l.lateness, l.late_rank, l.late_rec, l.api,
+                   coalesce(l.missing, 0)
+            FROM s LEFT JOIN l USING (step) ORDER BY s.step""").fetchall()
+        out = []
+        durs = [r[2] if r[4] == r[1] else None for r in rows]  # baselines from complete steps only
+        for i, (step, ranks, dur, max_dur, complete, lateness, late_rank, late_rec, api, missing) in enumerate(rows):
+            near = [d for d in durs[max(0, i - NEIGHBOURS):i] + durs[i + 1:i + 1 + NEIGHBOURS] if d is not None]
+            base = int(statistics.median(near)) if len(near) >= 3 else None
+            slow = bool(dur is not None and base and dur >= STALL_RATIO * base and dur - base >= STALL_MIN_EXCESS)
+            rec = self.recordings[late_rec] if late_rec is not None else None
+            out.append({"step": step, "ranks": ranks, "dur_ns": dur, "max_dur_ns": max_dur, "baseline_dur_ns": base,
+                        "ratio": round(dur / base, 2) if dur is not None and base else None, "slow": slow,
+                        "complete": complete == ranks, "lateness_ns": lateness, "late_rank": late_rank,
+                        "late_node": rec.node if rec else None, "late_db": rec.source if rec else None,
+                        "collective": api, "ranks_missing": missing})
+        return out
+
+    def steps(self, slow_only: bool = False, limit: int = 0) -> dict:
+        table = self.step_table()
+        rows = [r for r in table if r["slow"] or not slow_only]
+        rows = rows[:limit] if limit else rows
+        return {"recordings": self._recordings(), "clock": self.clock, "notes": self.notes, "steps": rows,
+                "count": len(rows), "stalls": sum(1 for r in table if r["slow"])}
+
+    def _recordings(self) -> list[dict]:
+        ranks = dict(self.con.execute("SELECT rec, list(DISTINCT rank ORDER BY rank) FROM comm GROUP BY rec")
+                     .fetchall())
+        return [{"node": r.node, "db": r.source, "session": r.session_id, "ranks": ranks.get(r.rec, [])}
+                for r in self.recordings]
+
+    # -- explain ----------------------------------------------------------------------------------
+    def choose_step(self, step: int | None, worst: bool) -> tuple[int, dict | None]:
+        table = self.step_table()
+        if not table:
+            raise UserError("no recording marks steps: the cluster view lines ranks up by step "
+                            "(recorder.step(n) in the script, or steps inferred by the recorder)")
+        by_step = {r["step"]: r for r in table}
+        if step is not None:
+            if step not in by_step:
+                raise UserError(f"no rank marked step {step}: the recorded steps run "
+                                f"{table[0]['step']}..{table[-1]['step']} ('recorder cluster steps' lists them)")
+            return step, by_step[step]
+        # a collective some recorded rank never entered (a hang) first, then the worst stall, else the
+        # step with the latest arrival
+        hung = [r for r in table if r["ranks_missing"]]
+        stalled = [r for r in table if r["slow"]]
+        if hung:
+            pick = max(hung, key=lambda r: (r["ranks_missing"], r["step"]))
+        elif stalled:
+            pick = max(stalled, key=lambda r: (r["dur_ns"] - r["baseline_dur_ns"], r["lateness_ns"] or 0))
+        else:
+            pick = max(table, key=lambda r: r["lateness_ns"] or 0)
+        return pick["step"], pick
+
+    def explain(self, step: int | None = None, worst: bool = False) -> dict:
+        number, row = self.choose_step(step, worst)
+        q = self.con.execute
+        clock = self.clock
+        residual = clock["residual_skew_ns"] or 0
+        # the collective of the step with the latest arrival
+        key = q("SELECT a.comm_hash, a.kstep, a.k, min(a.api), max(a.lateness) AS late,"
+                " (SELECT count(DISTINCT m.rank) FROM comm m WHERE m.comm_hash = a.comm_hash) - count(*) AS missing"
+                " FROM arrival a WHERE a.step = ? GROUP BY a.comm_hash, a.kstep, a.k"
+                " ORDER BY missing DESC, late DESC LIMIT 1", (number,)).fetchone()
+        recs = {r.rec: r for r in self.recordings}
+        result: dict = {
+            "step": number, "stall": bool(row and row["slow"]), "step_stats": row,
+            "recordings": self._recordings(), "clock": clock, "notes": list(self.notes),
+            "collective": None, "late_ranks": [], "hung_ranks": [], "unrecorded_ranks": [], "verdict": None,
+        }
+        if key is None:
+            result["verdict"] = "no_collective"
+            result["notes"].append(f"no rank recorded a collective in step {number}: nothing to line the ranks up "
+                                   "on; explain each node with 'recorder explain --step'")
+            return result
+        comm_hash, kstep, k, api, max_late, _ = key
+        arrivals = q("SELECT rec, rank, pid, process_id, e_ts, lateness, dur FROM arrival"
+                     " WHERE comm_hash = ? AND kstep = ? AND k = ? ORDER BY lateness DESC",
+                     (comm_hash, kstep, k)).fetchall()
+        nranks = q("SELECT max(nranks) FROM comm WHERE comm_hash = ?", (comm_hash,)).fetchone()[0]
+        members = q("SELECT rec, rank, pid, process_id FROM comm WHERE comm_hash = ? ORDER BY rank",
+                    (comm_hash,)).fetchall()
+        entered = {a[1] for a in arrivals}
+        result["collective"] = {
+            "comm_hash": f"{comm_hash & (2**64 - 1):#018x}", "api": api, "index_in_step": k, "nranks": nranks,
+            "ranks_entered": len(arrivals), "ranks_recorded": len({m[1] for m in members}),
+            "max_lateness_ns": max_late,
+            "on_time_spread_ns": None,
+        }
+        # late: well beyond how far apart ranks usually arrive (the median over the job's collectives)
+        usual = q("SELECT quantile_disc(l, 0.5) FROM (SELECT max(lateness) AS l FROM arrival"
+                  " GROUP BY comm_hash, kstep, k)").fetchone()[0] or 0
+        result["collective"]["usual_arrival_spread_ns"] = usual
+        threshold = max(LATE_SHARE * max_late, LATE_MIN_NS, USUAL_SPREAD * usual, SKEW_REFUSE * residual)
+        late = [a for a in arrivals if a[5] >= threshold]
+        on_time = [a for a in arrivals if a[5] < threshold]
+        if on_time:
+            result["collective"]["on_time_spread_ns"] = max(a[5] for a in on_time) - min(a[5] for a in on_time)
+        if residual and max_late < SKEW_REFUSE * residual:
+            result["verdict"] = "clock_skew_too_large"
+            result["notes"].append(
+                f"cannot say who was late: after alignment the ranks still leave a collective {_ms(residual)} apart "
+                f"(median), more than half of the {_ms(max_late)} between the first and the last arrival; check the "
+                "hosts' time sync (chronyc tracking) or record longer so more collectives refine the clocks")
+            late = []
+        elif residual and max_late < SKEW_WARN * residual:
+            result["notes"].append(f"the lateness ({_ms(max_late)}) is less than {SKEW_WARN:.0f}x the residual clock "
+                                   f"skew ({_ms(residual)}): the late rank is named with little margin")
+        for a in late[:NAMED]:
+            rec = recs[a[0]]
+            item = {"rank": a[1], "node": rec.node, "db": rec.source, "session": rec.session_id, "pid": a[2],
+                    "lateness_ns": a[5], "entered_utc": _utc(a[4]), "explanation": None}
+            if len(result["late_ranks"]) < EXPLAINED:
+                item["explanation"] = rank_explanation(rec, a[3], number)
+            result["late_ranks"].append(item)
+        # ranks of the communicator with a recording that never entered this collective (a hang)
+        for m_rec, m_rank, m_pid, m_proc in members:
+            if m_rank in entered:
+                continue
+            rec = recs[m_rec]
+            last = q("SELECT max(step) FROM mark WHERE rec = ? AND process_id = ?", (m_rec, m_proc)).fetchone()[0]
+            item = {"rank": m_rank, "node": rec.node, "db": rec.source, "session": rec.session_id, "pid": m_pid,
+                    "last_step": last, "explanation": None}
+            if len(result["hung_ranks"]) < EXPLAINED and last is not None:
+                item["explanation"] = rank_explanation(rec, m_proc, min(last, number))
+            result["hung_ranks"].append(item)
+        if nranks:
+            result["unrecorded_ranks"] = sorted(set(range(nranks)) - {m[1] for m in members})
+        if result["verdict"] is None:
+            result["verdict"] = ("hung" if result["hung_ranks"] else "late" if result["late_ranks"]
+                                 else "no_late_rank")
+        if result["verdict"] == "no_late_rank":
+            result["notes"].append(f"every rank entered {api} within {_ms(max_late)} of the first: no rank held the "
+                                   "others up; the step was slow on every rank (explain a node with "
+                                   f"'recorder explain --step {number}')")
+        return result
+
+
+def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
+    """The sessions of one recording, each with its relations as Arrow tables (rec not yet set)."""
+    import io
+
+    import pyarrow as pa
+    from pyarrow import csv
+
+    types = {"INTEGER": pa.int64(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        sessions = conn.execute("SELECT id, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id"
+                                " FROM session ORDER BY id").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"{path} is not a stall-recorder recording ({e}): pass the nodes' recordings") from None
+    out = []
+    try:
+        for session in sessions:
+            tables = {}
+            for name in SQLITE_QUERIES:
+                text = conn.execute(_as_csv(name, conn), (session[0],)).fetchone()[0]
+                if not text:
+                    continue
+                cols = _columns(name)[1:]
+                tables[name] = csv.read_csv(
+                    io.BytesIO(text.encode()), read_options=csv.ReadOptions(column_names=[c for c, _ in cols]),
+                    convert_options=csv.ConvertOptions(column_types={c: types[t] for c, t in cols},
+                                                       strings_can_be_null=True))
+            out.append((session, tables))
+    except sqlite3.OperationalError as e:
+        raise UserError(f"{path} cannot be read as a recording ({e}): open it once with a recorder "
+                        "of this version") from None
+    finally:
+        conn.close()
+    return out
+
+
+def rank_explanation(rec: Recording, process_id: int, step: int) -> dict:
+    """Why one rank was slow in `step`, from its own recording (the per-recording report)."""
+    from store.causes import lookup_steps
+    from store.db import open_store
+    from store.report import analyse_step, explain, session_row
+
+    if rec.db is None or not Path(rec.db).is_file():
+        return {"available": False,
+                "summary": f"the recording of {rec.node} is not here: run 'recorder explain --step {step} --session "
+                           f"{rec.session_id}' on {rec.node} (or pass its database)"}
+    with open_store(rec.db, readonly=True) as store:
+        _materialise_nccl(store)
+        pid = store.one("SELECT pid FROM process WHERE id = ?", (process_id,))
+        pid = pid["pid"] if pid else None
+        try:
+            rows = lookup_steps(store, rec.session_id, step)
+            mine = [r for r in rows if r["process_id"] == process_id]
+            if not mine:
+                return {"available": False, "summary": f"rank process {pid} marked no step {step} in {rec.db}"}
+            if len(rows) == len(mine):  # the recording's only rank: its own report, as 'recorder explain' gives it
+                report = explain(store, rec.session_id, step=step)
+                cause, symptom, stall = report["primary_cause"], report["symptom"], report["stall"]
+                dur = report["step"]["dur_ns"]
+            else:  # several ranks in one recording: the report's analysis of this rank's row only
+                a = analyse_step(store, session_row(store, rec.session_id), mine[0])
+                cause, stall, dur = a["primary_cause"], a["slow"], a["dur_ns"]
+                symptom = (f"step {step} took {_ms(dur)}, {a['ratio']}x its median of {_ms(a['baseline_dur_ns'])}"
+                           if a["baseline_dur_ns"] else f"step {step} took {_ms(dur)}")
+                if not a["complete"]:
+                    symptom += " (still running when the recording stopped)"
+        except UserError as e:
+            return {"available": False, "summary": str(e)}
+    out = {"available": True, "step_dur_ns": dur, "stall": stall, "symptom": symptom,
+           "summary": cause["summary"] if cause else "no recorded wait explains it", "kind": None, "device": None,
+           "python": None, "kernel_path": [], "utc": None}
+    if cause:
+        out.update(kind=cause.get("kind"), device=cause.get("device"), python=cause.get("python"),
+                   kernel_path=cause.get("kernel_path") or [], utc=cause.get("utc"),
+                   next_actions=cause.get("next_actions") or [])
+    return out
+
+
+# The session-wide NCCL views a step's breakdown joins (window functions over every collective of
+# the recording, so SQLite recomputes them in full for each of the ~20 queries of one step), with the
+# columns they are looked up by: computed once per connection as indexed temporary tables.
+MATERIALISED = {
+    "nccl_collective": ("id", "comm_hash, seq, rank"),
+    "nccl_collective_wait": ("nccl_call_id",),
+    "nccl_straggler": ("comm_hash, seq",),
+}
+
+
+def _materialise_nccl(store) -> None:
+    """Replace this read-only connection's temporary NCCL views by tables of the same rows. A
+    recording of one node holds every collective of its 8 ranks: without this, explaining one rank's
+    step re-reads all of them ~20 times. Left as views if anything differs from what is expected."""
+    conn = store.conn
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_temp_master WHERE type = 'view'")}
+    if not set(MATERIALISED) <= names or conn.execute("SELECT count(*) FROM nccl_call").fetchone()[0] < 1000:
+        return
+    try:
+        conn.execute("SAVEPOINT materialise")
+        for name, keys in MATERIALISED.items():  # in dependency order: wait and straggler read the collectives
+            conn.execute(f"CREATE TEMP TABLE _m_{name} AS SELECT * FROM {name}")
+            conn.execute(f"DROP VIEW temp.{name}")
+            conn.execute(f"ALTER TABLE temp._m_{name} RENAME TO {name}")
+            for i, cols in enumerate(keys):
+                conn.execute(f"CREATE INDEX temp.{name}_k{i} ON {name} ({cols})")
+        conn.execute("RELEASE materialise")
+    except sqlite3.Error:
+        conn.execute("ROLLBACK TO materialise")
+        conn.execute("RELEASE materialise")
+
+
+def _ms(ns: float | int | None) -> str:
+    from store.report import ms
+
+    return ms(ns)
+
+
+def _utc(ns: int) -> str:
+    from store.report import utc
+
+    return utc(ns)
+
+
+# -- text -----------------------------------------------------------------------------------------
+def render_clock(clock: dict) -> str:
+    text = "Clocks: " + clock["method"]
+    if clock["anchor"]:
+        text += f" (anchor: {clock['anchor']})"
+    if clock["residual_skew_ns"] is not None:
+        text += (f"; residual skew {_ms(clock['residual_skew_ns'])} (p95 {_ms(clock['residual_skew_p95_ns'])})")
+    big = max(clock["corrections"], key=lambda c: abs(c["correction_ns"]), default=None)
+    if big and big["correction_ns"]:
+        text += f"; largest correction {_ms(abs(big['correction_ns']))} ({big['node']})"
+    return text
+
+
+def render_explain(r: dict) -> str:
+    hosts = {x["node"] for x in r["recordings"]}
+    ranks = sum(len(x["ranks"]) for x in r["recordings"])
+    lines = ["Cluster stall report",
+             f"Recordings: {len(r['recordings'])} ({len(hosts)} node{'s' if len(hosts) != 1 else ''}, "
+             f"{ranks} rank{'s' if ranks != 1 else ''})",
+             render_clock(r["clock"])]
+    s = r["step_stats"] or {}
+    head = f"Step {r['step']}: "
+    if s.get("dur_ns") is not None:
+        head += f"{_ms(s['dur_ns'])} (median over {s['ranks']} ranks)"
+        if s.get("baseline_dur_ns"):
+            head += f", {s['ratio']}x the median of its neighbouring steps ({_ms(s['baseline_dur_ns'])})"
+    else:
+        head += f"still running on {s.get('ranks', '?')} ranks when the recordings stopped"
+    lines.append(head + ("" if r["stall"] else ": not a stall"))
+    c = r["collective"]
+    if c:
+        lines.append(f"Collective: {c['api']} #{c['index_in_step']} of the step on communicator {c['comm_hash']}: "
+                     f"{c['ranks_entered']} of {c['nranks']} ranks entered ({c['ranks_recorded']} recorded); "
+                     f"last arrival {_ms(c['max_lateness_ns'])} after the first")
+    for x in r["late_ranks"]:
+        lines.append(f"Late: rank {x['rank']} on {x['node']} ({x['db']}, session {x['session']}, pid {x['pid']}) "
+                     f"entered {_ms(x['lateness_ns'])} after the first rank")
+        lines += _explanation_lines(x["explanation"])
+    for x in r["hung_ranks"]:
+        lines.append(f"Hung: rank {x['rank']} on {x['node']} ({x['db']}, session {x['session']}, pid {x['pid']}) "
+                     f"never entered the collective; its last step is {x['last_step']}")
+        lines += _explanation_lines(x["explanation"])
+    if r["unrecorded_ranks"]:
+        shown = _ranges(r["unrecorded_ranks"])
+        lines.append(f"Not recorded: {len(r['unrecorded_ranks'])} rank(s) of the communicator have no recording "
+                     f"here ({shown})")
+    if c and c["on_time_spread_ns"] is not None and r["late_ranks"] and c["ranks_entered"] - len(r["late_ranks"]) > 1:
+        lines.append(f"Other ranks: {c['ranks_entered'] - len(r['late_ranks'])} entered within "
+                     f"{_ms(c['on_time_spread_ns'])} of each other")
+    for n in r["notes"]:
+        lines.append(f"Note: {n}")
+    return "\n".join(lines)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """0-3, 8, 10-12: a list of ranks as ranges."""
+    out: list[str] = []
+    for r in ranks:
+        if out and r == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = out[-1].split("-")[0] + f"-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
+
+
+def _explanation_lines(e: dict | None) -> list[str]:
+    if not e:
+        return []
+    if not e["available"]:
+        return [f"  Why: {e['summary']}"]
+    out = [f"  Why: {e['summary']}"]
+    if e.get("python"):
+        out.append(f"  Python: {e['python']}")
+    if e.get("kernel_path"):
+        out.append("  Kernel path: " + " -> ".join(e["kernel_path"]))
+    out.append(f"  Its step: {e['symptom']}")
+    return out
+
+
+def render_steps(r: dict) -> str:
+    lines = [render_clock(r["clock"]),
+             f"{'STEP':>8} {'RANKS':>6} {'DUR':>9} {'BASELINE':>9} {'RATIO':>6}  {'LATEST ARRIVAL':>14}  LATE RANK"]
+    for s in r["steps"]:
+        late = (f"rank {s['late_rank']} on {s['late_node']}" if s["late_rank"] is not None and s["lateness_ns"]
+                else "")
+        ratio = s["ratio"] if s["ratio"] is not None else ""
+        lines.append(f"{s['step']:>8} {s['ranks']:>6} {_ms(s['dur_ns']):>9} {_ms(s['baseline_dur_ns']):>9} "
+                     f"{ratio:>6}{'!' if s['slow'] else ' '} {_ms(s['lateness_ns']):>14}  {late}")
+    lines.append(f"{r['count']} steps, {r['stalls']} stalled (! 1.5x the rolling median and 1 ms more; "
+                 "latest arrival: the last rank into the step's collective, after the first)")
+    for n in r["notes"]:
+        lines.append(f"Note: {n}")
+    return "\n".join(lines)
+
+
+def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst: bool = False) -> dict:
+    return Cluster(paths).explain(step, worst)
+
+
+def steps_paths(paths: list[str | os.PathLike], slow_only: bool = False, limit: int = 0) -> dict:
+    return Cluster(paths).steps(slow_only, limit)

@@ -1,0 +1,132 @@
+"""`recorder export --parquet DIR`: a recording as Parquet, one folder per table, hive-partitioned
+by node and session (DIR/TABLE/node=HOST/session=ID/part-0.parquet), so DuckDB, Spark, Trino or
+ClickHouse read the recordings of a whole fleet as one data set. Columns keep the SQLite names;
+the schema is in docs/cluster.md.
+
+Rows are read with Python's sqlite3 and written with pyarrow; nothing else is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+from urllib.parse import quote
+
+from store.errors import UserError
+
+BATCH = 200_000  # rows per Arrow batch
+# The views a fleet query needs most, exported next to the tables (their SQL runs once per session).
+VIEWS = ("thread_info", "step_all", "nccl_collective", "python_call_site", "block_latency")
+SKIP = {"sqlite_stat1"}
+PARTITION_COLUMNS = ("node", "session")
+DECLARED = {"INTEGER": "int64", "INT": "int64", "REAL": "float64", "TEXT": "string", "BLOB": "binary"}
+
+
+def _arrow_type(declared: str):
+    import pyarrow as pa
+
+    return {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "binary": pa.binary()}.get(
+        DECLARED.get(declared.upper().split("(")[0].strip(), ""))
+
+
+def _column(values: list, declared: str):
+    """One Arrow column: the declared type when SQLite has one, else what the values are."""
+    import pyarrow as pa
+
+    kind = _arrow_type(declared)
+    if kind is not None:
+        try:
+            return pa.array(values, type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass  # SQLite stores what it is given: fall back to what the values are
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return pa.array([None if v is None else str(v) for v in values], type=pa.string())
+
+
+def _declared_types(conn: sqlite3.Connection, name: str) -> dict[str, str]:
+    return {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({name})")}
+
+
+def export_parquet(db: str | os.PathLike, out: str | os.PathLike, session_id: int | None = None) -> dict:
+    """Every table (and the views in VIEWS) of every session of `db` (or one session) into `out`."""
+    from store.db import open_store
+
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise UserError("recorder export --parquet needs pyarrow: reinstall stall-recorder "
+                        "(pip install -e .)") from None
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file: pass a folder for --parquet (it is created if missing)")
+    db = Path(db).resolve()
+    with open_store(db, readonly=True) as store:
+        conn = store.conn
+        sessions = conn.execute("SELECT id, hostname FROM session" + (" WHERE id = ?" if session_id else "")
+                                + " ORDER BY id", (session_id,) if session_id else ()).fetchall()
+        if not sessions:
+            raise UserError(f"{db} holds no session {session_id or ''}".strip() + ": pass another --db or --session")
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+                  if r[0] not in SKIP and not r[0].startswith("sqlite_")]
+        views = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'")}
+        written: dict[str, int] = {}
+        for sid, host in sessions:
+            part = Path(f"node={quote(host, safe='')}") / f"session={sid}"
+            for name in tables + [v for v in VIEWS if v in views]:
+                types = _declared_types(conn, name)
+                clash = set(types) & set(PARTITION_COLUMNS)
+                if clash:
+                    raise UserError(f"{name} has a column named {sorted(clash)[0]}, which the partition folders use")
+                folder = out / name / part
+                if folder.exists():  # a new export of this node's session replaces the old one
+                    shutil.rmtree(folder)
+                cols = ", ".join(f'"{c}"' for c in types)
+                if "session_id" in types:
+                    sql, params = f'SELECT {cols} FROM "{name}" WHERE session_id = ?', (sid,)
+                elif name == "session":
+                    sql, params = f'SELECT {cols} FROM "{name}" WHERE id = ?', (sid,)
+                else:  # a lookup table (API names, strings, stack frames): whole, in every session
+                    sql, params = f'SELECT {cols} FROM "{name}"', ()
+                # a view's columns have no declared type: its rows go in one batch, typed by their values
+                n = _write_typed(conn, sql, params, folder, types,
+                                 {"source_db": str(db)} if name == "session" else None,
+                                 BATCH if name in tables else None)
+                written[name] = written.get(name, 0) + n
+    return {"db": str(db), "out": str(out.resolve()), "sessions": [s[0] for s in sessions],
+            "nodes": sorted({s[1] for s in sessions}), "rows": written}
+
+
+def _write_typed(conn: sqlite3.Connection, sql: str, params: tuple, folder: Path, types: dict[str, str],
+                 extra: dict | None, batch_rows: int | None) -> int:
+    """Rows of `sql` into folder/part-0.parquet, typed by the declared column types where SQLite has
+    them; returns the row count (no rows still writes a file, with the columns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cur = conn.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    declared = [types.get(n, "") for n in names]
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = None
+    total = 0
+    while True:
+        rows = cur.fetchmany(batch_rows) if batch_rows else cur.fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
+        arrays = [_column(list(c), declared[i]) for i, c in enumerate(cols)]
+        if extra:
+            arrays += [pa.array([v] * len(rows), type=pa.string()) for v in extra.values()]
+        batch = pa.table(arrays, names=names + list(extra or {}))
+        if writer is None:
+            writer = pq.ParquetWriter(folder / "part-0.parquet", batch.schema, compression="zstd")
+        elif batch.schema != writer.schema:
+            batch = batch.cast(writer.schema)
+        writer.write_table(batch)
+        total += len(rows)
+        if not batch_rows or len(rows) < batch_rows:
+            break
+    writer.close()
+    return total
