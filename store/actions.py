@@ -68,6 +68,26 @@ STEP_ACTIONS: dict[str, list[Action]] = {
         "or taskset -cp <other cpus> {contender_pid}",
         "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
     ],
+    "cpu_contention_same_process": [
+        "The training thread waited behind {contender_name}, threads of its own process: more runnable "
+        "threads than CPUs ({cpu_count} online). Lower the intra-op threads (torch.set_num_threads, "
+        "OMP_NUM_THREADS, MKL_NUM_THREADS) so that they and the data loader's workers fit the CPUs",
+        "See the process's threads and where they ran: ps -L -o tid,psr,pcpu,comm -p {contender_pid}",
+        "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
+    ],
+    "cpu_contention_job": [
+        "The training thread waited behind {contender_name} (pid {contender_pid}), a process of the recorded "
+        "job itself (a data-loader worker or a helper it started), not a foreign task",
+        "Give the job's processes fewer CPUs than they compete for: fewer DataLoader workers (num_workers), "
+        "or pin the workers to CPUs other than the training threads' (taskset -cp <other cpus> "
+        "{contender_pid}; worker_init_fn)",
+        "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
+    ],
+    "cpu_contention_recorder": [
+        "The recorder itself (pid {contender_pid}) took the CPU from the training thread: run it on CPUs the "
+        "job does not use (taskset -c <other cpus> recorder ...), as its own cost should never be a cause",
+        "Measure what it costs on this job: benchmarks/bench_training_job.py; and report the figures",
+    ],
     "memory_reclaim": [
         "Compare the job's memory use with its cgroup limit (memory.max, memory.current, memory.events)",
         "Lower the data loader's memory (fewer workers, smaller prefetch) or raise the limit",

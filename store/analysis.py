@@ -393,13 +393,19 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
         top = cand.get("contender") or {}
         everyone = cand.get("contenders") or []
         facts.update(contender_pid=top.get("contender_pid"), contender_name=top.get("contender_name"),
+                     contender_relation=top.get("contender_relation"),
                      cpus=top.get("cpus"), preemptions=sum(c["preemptions"] or 0 for c in everyone),
-                     contenders=[{"name": c["contender_name"], "pids": c["pids"], "cpus": c["cpus"],
+                     contenders=[{"name": c["contender_name"], "relation": c["contender_relation"],
+                                  "pids": c["pids"], "cpus": c["cpus"],
                                   "cpu_wait_dur_ns": c["dur"], "preemptions": c["preemptions"],
                                   "delayed_wakeups": c["delayed_wakeups"]} for c in everyone])
 
         def who(c: dict) -> str:
             pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
+            threads = f"{c['threads']} threads" if c["threads"] > 1 else "a thread"
+            pids += {"same_process": f", {threads} of its own process",
+                     "job": ", a process of the recorded job",
+                     "recorder": ", the recorder itself"}.get(c["contender_relation"], "")
             return f"{c['contender_name']} ({pids}; {ms(c['dur'])})"
 
         pre = facts["preemptions"]
@@ -465,8 +471,13 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                "link_address": facts.get("pci_address") or "<pci address>",
                "request_ts": request.get("ts"), "request_end": request.get("ts", 0) + request.get("dur", 0),
                "tid": names.get("tid"), "thread_name": names.get("thread_name"),
-               "oom_kill": kills[0]["detail"] if kills else None, "peer_host": peer.split(":")[0]}
-    facts["next_actions"] = fill(STEP_ACTIONS, kind, context)
+               "oom_kill": kills[0]["detail"] if kills else None, "peer_host": peer.split(":")[0],
+               "cpu_count": (store.one("SELECT cpu_count FROM session WHERE id = ?", (step["session_id"],))
+                             or {}).get("cpu_count", "?") if kind == "cpu_contention" else None}
+    # CPU contention from the job's own threads and processes, or from the recorder, is fixed elsewhere
+    # than contention from another task
+    actions_of = f"{kind}_{facts['contender_relation']}" if facts.get("contender_relation") else kind
+    facts["next_actions"] = fill(STEP_ACTIONS, actions_of if actions_of in STEP_ACTIONS else kind, context)
     facts["kernel_path"] = path
     return facts
 

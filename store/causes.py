@@ -114,11 +114,12 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
     if waits:
         # every task that held the CPU counts: three copies of a hog split the wait between them
         contenders = store.query(
-            "SELECT contender_name, group_concat(DISTINCT contender_pid) AS pids, count(DISTINCT contender_pid) AS n,"
+            "SELECT contender_name, contender_relation, group_concat(DISTINCT contender_pid) AS pids,"
+            " count(DISTINCT contender_pid) AS n, count(DISTINCT contender_tid) AS threads,"
             " min(contender_pid) AS contender_pid, group_concat(DISTINCT contended_cpu) AS cpus,"
             " sum(reason = 'preempted') AS preemptions, sum(reason != 'preempted') AS delayed_wakeups,"
             " sum(runq_dur) AS dur, min(ts) AS first_ts FROM step_offcpu WHERE step_mark_id = ? AND runq_dur > 0"
-            " AND contender_name IS NOT NULL GROUP BY contender_name ORDER BY dur DESC", (sid,))
+            " AND contender_name IS NOT NULL GROUP BY contender_name, contender_relation ORDER BY dur DESC", (sid,))
         out.append({"dur_ns": sum(r["dur_ns"] for r in waits), "excess_dur_ns": sum(r["excess_dur_ns"] for r in waits),
                     "detail": None, "kind": "cpu_contention", "contender": contenders[0] if contenders else None,
                     "contenders": contenders})

@@ -64,6 +64,7 @@ class CallCause(Part):
     summary: str
     contender_pid: int | None = None
     contender_name: str | None = None
+    contender_relation: str | None = None
     cpus: str | None = None
     cpu_wait_dur_ns: int | None = None
     cpu_wait_share_of_call: Num | None = None
@@ -189,6 +190,8 @@ class Percentile(Part):
 
 class Contender(Part):
     name: str | None
+    relation: str | None = Field(None, description="'recorder', 'same_process', 'job' or 'other' "
+                                                   "(step_offcpu.contender_relation)")
     pids: str | None
     cpus: str | None
     cpu_wait_dur_ns: int | None
@@ -227,6 +230,7 @@ class PrimaryCause(Part):
     percentile: Percentile | None = None
     contender_pid: int | None = None
     contender_name: str | None = None
+    contender_relation: str | None = None
     cpus: str | None = None
     preemptions: int | None = None
     contenders: list[Contender] | None = None

@@ -102,14 +102,29 @@ SELECT
     min(st.end_ts, o.ts + o.dur) - o.ts
       - max(0, min(st.end_ts, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS blocked_dur, -- of which blocked
     coalesce(o.contender_pid, o.next_pid) AS contender_pid,  -- process that held the CPU meanwhile
-    coalesce(o.contender_name, o.next_process_name, o.next_name) AS contender_name,
+    -- its process's name; a thread of the stalled thread's own process by its own name (a pool's
+    -- worker, a loader thread), since the process's name is the stalled thread's too
+    CASE WHEN ct.process_id = me.process_id THEN coalesce(ct.name, o.contender_name, o.next_name)
+         ELSE coalesce(o.contender_name, o.next_process_name, o.next_name) END AS contender_name,
     coalesce(o.contender_tid, o.next_tid) AS contender_tid,
+    -- what the task that held the CPU is to the stalled thread: 'recorder' (the recording process
+    -- itself), 'same_process' (a sibling thread: more runnable threads than CPUs), 'job' (another
+    -- recorded process, e.g. a data-loader worker) or 'other' (a task outside the recording)
+    CASE
+        WHEN coalesce(o.contender_pid, o.next_pid) = ss.recorder_pid THEN 'recorder'
+        WHEN ct.process_id = me.process_id THEN 'same_process'
+        WHEN ct.traced = 1 THEN 'job'
+        ELSE 'other'
+    END AS contender_relation,
     o.in_cpu AS contended_cpu,                               -- CPU it waited for
     o.waker_pid, o.waker_name,                               -- who woke it
     oi.python_stack_id                                       -- Python stack when it blocked, if captured
 FROM step st
 JOIN offcpu o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts
-JOIN offcpu_interval oi ON oi.id = o.id;
+JOIN offcpu_interval oi ON oi.id = o.id
+JOIN session ss ON ss.id = st.session_id
+JOIN thread me ON me.id = st.thread_id
+LEFT JOIN thread ct ON ct.id = coalesce(oi.contender_thread_id, oi.next_thread_id);
 
 -- view: step_cuda_call
 -- Causal link: a step -> the slow CUDA calls of its thread inside it (slow_cuda_call), with the
