@@ -103,7 +103,7 @@ def build_in_namespace(tracefs: Path) -> dict:
                         str(tracefs)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"child failed (rc {r.returncode}): {r.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return {**json.loads(lines[-1][len("RESULT "):]), "stderr": r.stderr}
 
 
 def test_series_formats_are_the_ones_the_recorder_reads():
@@ -139,7 +139,9 @@ def test_a_drifted_format_breaks_the_build(tmp_path):
     formats["block/block_rq_complete"] = (TRACEFS / "events/block/block_rq_complete/format").read_text()
     result = build_in_namespace(fake_tracefs(tmp_path, formats))
     assert "HAVE_TPF_block_block_rq_complete_io_tag" not in result["defines"]
-    assert "io_tag" in result.get("error", ""), result
+    assert "Failed to compile" in result.get("error", ""), result
+    assert re.search(r"no member named 'io_tag' in 'struct tracepoint__nvme__nvme_timeout'", result["stderr"]), \
+        result["stderr"][-2000:]
 
 
 def test_series_detection_reads_the_format_or_the_config(tmp_path):

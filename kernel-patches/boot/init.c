@@ -30,7 +30,7 @@
  *
  * It also runs the series' selftests (/selftests/ in the initramfs), checks
  * dma:dma_map_latency, requires that the kernel log has no lockdep report,
- * warning or BUG, dumps every event's tracefs `format`, and prints one line
+ * warning or BUG (after the induced reset, one known 6.12 report aside), dumps every event's tracefs `format`, and prints one line
  * "stall-recorder boot test: PASS" or "... FAIL" that the script greps.
  */
 #define _GNU_SOURCE
@@ -528,7 +528,22 @@ static void run_selftests(void)
 
 static char klog[1 << 20];
 
-static void check_kernel_log(void)
+/*
+ * 6.12's lockdep models a queue freeze as a lock, and nvme_dev_disable()
+ * starts the freeze in the timeout work that the reset work later ends:
+ * lockdep reports that work item as leaking a lock.  Upstream fixed this
+ * after 6.12 with a non-owner freeze for NVMe; it is not the series', so
+ * after the induced reset exactly that report is shown but not counted.
+ */
+static int known_after_reset(const char *hit)
+{
+	return !strncmp(hit, "BUG: workqueue leaked atomic, lock or RCU", 41) &&
+	       strstr(hit, "workfn=blk_mq_timeout_work") &&
+	       strstr(hit, "nvme_start_freeze") &&
+	       strstr(hit, "workfn=blk_mq_timeout_work") - hit < 200;
+}
+
+static void check_kernel_log(int after_reset)
 {
 	static const char * const bad[] = {
 		"WARNING:", "BUG:", "possible circular locking",
@@ -544,14 +559,25 @@ static void check_kernel_log(void)
 	if (len < 0)
 		die("klogctl");
 	klog[len] = '\0';
-	check(strstr(klog, "Lock dependency validator") != NULL ||
-	      access("/proc/lockdep", F_OK) == 0, "lockdep is active");
+	if (!after_reset)
+		check(strstr(klog, "Lock dependency validator") != NULL ||
+		      access("/proc/lockdep", F_OK) == 0, "lockdep is active");
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		char *hit = strstr(klog, bad[i]);
+		int found = 0, known = 0;
+		char *hit;
 
-		check(!hit, "kernel log has no \"%s\"", bad[i]);
-		if (hit)
+		for (hit = strstr(klog, bad[i]); hit; hit = strstr(hit + 1, bad[i])) {
+			if (after_reset && known_after_reset(hit)) {
+				known++;
+				printf("after the induced reset, known 6.12 report (not counted):\n%.300s\n", hit);
+				continue;
+			}
+			found++;
 			printf("%.600s\n", hit);
+		}
+		check(!found, "kernel log %s has no \"%s\"%s",
+		      after_reset ? "after the NVMe reset" : "before the NVMe reset",
+		      bad[i], known ? " other than the known one" : "");
 	}
 }
 
@@ -673,6 +699,9 @@ int main(void)
 	/* D: io_tag_write saw the tagged writes; an untagged write is ignored. */
 	write_data("/mnt/plain", 4096, 0);
 
+	/* lock checking over everything above, before the induced reset */
+	check_kernel_log(0);
+
 	/*
 	 * E: a request whose completion is lost, handled by nvme_timeout().
 	 * Last, because after the controller reset it provokes, qemu's NVMe
@@ -742,7 +771,7 @@ int main(void)
 		check(maps > 0, "dma_map_latency fired (%d maps)", maps);
 		check(bounced > 0, "swiotlb=force: bounced maps reported (%d)", bounced);
 	}
-	check_kernel_log();
+	check_kernel_log(1);
 
 	printf("=== trace: nvme_timeout ===\n");
 	print_lines("nvme_timeout:");
