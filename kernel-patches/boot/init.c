@@ -621,6 +621,11 @@ int main(void)
 		die("mount /sys");
 	if (mount("tracefs", TRACEFS, "tracefs", 0, NULL) && errno != EBUSY)
 		die("mount tracefs");
+	/*
+	 * Kernel messages stay in the log (read with klogctl below) but off
+	 * the console, where they would interleave with what the script parses.
+	 */
+	klogctl(8 /* SYSLOG_ACTION_CONSOLE_LEVEL */, NULL, 1);
 	printf("cpus online: %ld\n", sysconf(_SC_NPROCESSORS_ONLN));
 
 	wait_for("/dev/nvme0n1");
