@@ -416,26 +416,22 @@ static __always_inline void block_done(u32 dev, u64 sector, u32 nr_sector, s32 e
     block_inflight.delete(&k);
 }
 
-#ifdef HAVE_TP_block_block_ai_rq_complete
-/* the patch series' completion event: same place as block_rq_complete, plus the lineage tag */
-TRACEPOINT_PROBE(block, block_ai_rq_complete)
-{
-    block_done(args->dev, args->sector, args->nr_sector, args->error, args->io_tag, 1);
-    return 0;
-}
-#else
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
+#ifdef HAVE_TPF_block_block_rq_complete_io_tag
+    /* the patch series appends the request's I/O tag (0: untagged) */
+    block_done(args->dev, args->sector, args->nr_sector, args->error, args->io_tag, 1);
+#else
     block_done(args->dev, args->sector, args->nr_sector, args->error, 0, 0);
+#endif
     return 0;
 }
-#endif
 
-#ifdef HAVE_TP_nvme_nvme_ai_timeout
+#ifdef HAVE_TP_nvme_nvme_timeout
 BPF_RINGBUF_OUTPUT(nvme_ai_events, 16);
 
 /* the patch series' NVMe timeout decisions: rare, all recorded */
-TRACEPOINT_PROBE(nvme, nvme_ai_timeout)
+TRACEPOINT_PROBE(nvme, nvme_timeout)
 {
     struct nvme_ai_event *e = nvme_ai_events.ringbuf_reserve(sizeof(*e));
     if (!e) {
@@ -450,8 +446,7 @@ TRACEPOINT_PROBE(nvme, nvme_ai_timeout)
     e->qid = args->qid;
     e->rq_tag = args->rq_tag;
     e->nr_bytes = args->nr_bytes;
-    e->req_pid = args->pid;
-    e->req_tid = args->tid;
+    /* the request's submitter is not in the event: req_pid/req_tid stay 0 */
     e->cid = args->cid;
     e->opcode = args->opcode;
     e->action = args->action;

@@ -3,7 +3,7 @@
  * dma_map_phys (dma_map_page on older kernels) fires for every mapping on the machine, so it is
  * recorded only in target threads' context, and in MODE_ALL one mapping in DMA_MAP_SAMPLE.
  * SWIOTLB bounces and IOMMU faults are rare and say something about the device whoever caused
- * them: all are recorded. dma_ai_map_latency (patch series) adds latency and bounce per mapping.
+ * them: all are recorded. dma_map_latency (patch series) adds latency and bounce per mapping.
  */
 BPF_RINGBUF_OUTPUT(dma_events, 64);
 
@@ -110,8 +110,8 @@ TRACEPOINT_PROBE(iommu, io_page_fault)
 }
 #endif
 
-#ifdef HAVE_TP_dma_dma_ai_map_latency
-TRACEPOINT_PROBE(dma, dma_ai_map_latency)
+#ifdef HAVE_TP_dma_dma_map_latency
+TRACEPOINT_PROBE(dma, dma_map_latency)
 {
     if (!dma_wanted(bpf_get_current_pid_tgid()))
         return 0;

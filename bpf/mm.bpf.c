@@ -6,7 +6,7 @@
  * - balance_dirty_pages: each pause a target thread is put to sleep for dirtying pages faster
  *   than the disk writes them back;
  * - oom:mark_victim: every OOM victim (the kernel's choice, rare: not filtered);
- * - writeback:ai_checkpoint_write (patch series): write extents of opted-in files by targets.
+ * - io_tag:io_tag_write (patch series): write extents of targets' threads that set an I/O tag.
  * Each part is compiled only when its tracepoint exists (HAVE_TP_* from recorder/probes.py).
  */
 BPF_RINGBUF_OUTPUT(mm_events, 64);
@@ -127,8 +127,8 @@ TRACEPOINT_PROBE(oom, mark_victim)
 }
 #endif
 
-#ifdef HAVE_TP_writeback_ai_checkpoint_write
-TRACEPOINT_PROBE(writeback, ai_checkpoint_write)
+#ifdef HAVE_TP_io_tag_io_tag_write
+TRACEPOINT_PROBE(io_tag, io_tag_write)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))

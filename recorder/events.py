@@ -227,7 +227,7 @@ BLOCK = Layout(
         ("complete_ts", "u64"),
         ("sector", "u64"),
         ("cgroup_id", "u64"),  # cgroup v2 id of the submitter
-        ("io_tag", "u64"),  # lineage tag from block_ai_rq_complete, 0 without the patch series
+        ("io_tag", "u64"),  # I/O tag from block_rq_complete (patch series), 0 without it
         ("stack_ts", "u64"),  # key (ts) of the submitter's Python stack record, 0: none (kernel thread)
         ("dev", "u32"),  # whole-disk dev_t, kernel encoding (major << 20 | minor)
         ("nr_bytes", "u32"),
@@ -322,8 +322,8 @@ TCP = Layout(
 DMA = Layout(
     "dma_event",
     (
-        ("ts", "u64"),  # start: for dma_ai_map_latency ts - latency
-        ("dur", "u64"),  # mapping latency (dma_ai_map_latency), else 0
+        ("ts", "u64"),  # start: for dma_map_latency ts - latency
+        ("dur", "u64"),  # mapping latency (dma_map_latency), else 0
         ("addr", "u64"),  # physical address (map), I/O virtual address (iommu fault), dev_addr (bounce)
         ("dma_addr", "u64"),
         ("size", "u64"),
@@ -358,7 +358,7 @@ NVME_AI = Layout(
         ("pad", "u16"),
         ("disk", "char32"),
     ),
-    "nvme:nvme_ai_timeout from the patch series: one NVMe timeout decision",
+    "nvme:nvme_timeout from the patch series: one NVMe timeout decision",
 )
 
 CHECKPOINT = Layout(
@@ -375,7 +375,7 @@ CHECKPOINT = Layout(
         ("pad", "u32"),
         ("name", "char32"),  # last path component, cut at 31 bytes
     ),
-    "writeback:ai_checkpoint_write from the patch series: one write extent of an opted-in file",
+    "io_tag:io_tag_write from the patch series: one write extent of a thread with an I/O tag",
 )
 
 LAYOUTS = (*LAYOUTS, BLOCK, RECLAIM, DIRTY, OOM, TCP, DMA, NVME_AI, CHECKPOINT)
@@ -389,7 +389,7 @@ CONSTANTS.update({
     "BLOCK_FLAG_INTENT": 2,  # submitter found from its I/O intent (bio queued later by a kworker)
     "BLOCK_FLAG_ERROR": 4,  # block_rq_error fired for it
     "BLOCK_FLAG_FRONT_MERGE": 8,  # its first sector came from a front-merged bio
-    "BLOCK_FLAG_AI": 16,  # completed through block_ai_rq_complete (io_tag valid)
+    "BLOCK_FLAG_AI": 16,  # block_rq_complete had the io_tag field (io_tag valid)
     "BLOCK_FLAG_SPLIT": 32,  # a part of a bio the block layer split (block_split)
     "BLOCK_FLAG_PARTIAL": 64,  # completed in several block_rq_complete calls (summed into one row)
     "RECLAIM_DIRECT": 0,

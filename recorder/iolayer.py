@@ -37,16 +37,22 @@ OPTIONAL_TRACEPOINTS: dict[str, tuple[str, ...]] = {
         "block:block_rq_insert", "block:block_rq_requeue", "block:block_rq_error",
         "block:block_bio_backmerge", "block:block_bio_frontmerge", "block:block_rq_merge", "block:block_split",
         "iomap:iomap_iter_dstmap", "ext4:ext4_ext_map_blocks_exit", "ext4:ext4_es_lookup_extent_exit",
-        "block:block_ai_rq_complete", "nvme:nvme_ai_timeout",
+        "nvme:nvme_timeout",
     ),
     "mm": (
         "vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end",
         "vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end",
-        "writeback:balance_dirty_pages", "oom:mark_victim", "writeback:ai_checkpoint_write",
+        "writeback:balance_dirty_pages", "oom:mark_victim", "io_tag:io_tag_write",
     ),
     "net": ("tcp:tcp_retransmit_skb",),
     "dma": ("dma:dma_map_phys", "dma:dma_map_page", "swiotlb:swiotlb_bounced", "iommu:io_page_fault",
-            "dma:dma_ai_map_latency"),
+            "dma:dma_map_latency"),
+}
+
+# Fields read when the tracepoint's format has them (HAVE_TPF_<system>_<name>_<field>): the patch
+# series appends io_tag to block_rq_complete.
+OPTIONAL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "block": (("block:block_rq_complete", "io_tag"),),
 }
 
 # Present in some kernels, not recorded yet: listed so `capability` says so.

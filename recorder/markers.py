@@ -25,7 +25,12 @@ Defined behaviour at the edges:
   scope was entered;
 - every thread has its own scope stack; markers are safe from any number of threads;
 - checkpoint(path) works whether or not the path exists or later disappears: it marks the writing
-  thread's interval, it does not touch the file.
+  thread's interval, it does not touch the file;
+- on a kernel with the I/O tag series (kernel-patches/), a lineage scope also sets the thread's
+  kernel I/O tag (prctl PR_SET_IO_TAG) to the scope's tag, so the block I/O it causes, writeback of
+  the pages it dirties included, completes with that tag; leaving the scope restores the enclosing
+  scope's tag, or the tag the thread had before its first scope. One prctl per entry and exit; the
+  kernel is checked once per process, and on any other kernel nothing is called.
 """
 
 from __future__ import annotations
@@ -41,6 +46,12 @@ except ImportError:  # built without a C compiler: markers become no-ops
     _native = None
 
 MAX_LABEL_BYTES = 4096
+# The series' prctl numbers (the next free ones in 6.12). Later kernels give 74/75 to other
+# operations, so they are only called once the series is known to be there (kernel_io_tags()).
+PR_SET_IO_TAG = 74
+PR_GET_IO_TAG = 75
+TRACEFS_FORMATS = ("/sys/kernel/tracing/events/block/block_rq_complete/format",
+                   "/sys/kernel/debug/tracing/events/block/block_rq_complete/format")
 _local = threading.local()
 _labels: dict[bytes, bytes] = {}  # kept alive so a recorder can read them from the process later
 _labels_lock = threading.Lock()
@@ -70,6 +81,72 @@ def _label_bytes(label: str | bytes) -> bytes:
     return raw
 
 
+def series_in_kernel(format_paths: tuple[str, ...] = TRACEFS_FORMATS,
+                     config_paths: tuple[str, ...] | None = None) -> bool:
+    """Whether the running kernel has the I/O tag series with CONFIG_BLK_IO_TAG: the io_tag field
+    in block_rq_complete's format (tracefs, often root only), or the option in the kernel's
+    config (/boot/config-<release>, readable by anyone). Only reads files."""
+    for path in format_paths:
+        try:
+            with open(path, "rb") as f:
+                if b" io_tag;" in f.read():
+                    break
+        except OSError:
+            continue
+    else:
+        if config_paths is None:
+            config_paths = (f"/boot/config-{os.uname().release}",)
+        for path in config_paths:
+            try:
+                with open(path, "rb") as f:
+                    if b"\nCONFIG_BLK_IO_TAG=y\n" in b"\n" + f.read():
+                        break
+            except OSError:
+                continue
+        else:
+            return False
+    return True
+
+
+class _KernelTag:
+    """The prctl, bound once per process; `call` is None on a kernel without the series."""
+
+    checked = False
+    call = None  # libc prctl, as a ctypes function
+
+
+def kernel_io_tags() -> bool:
+    """True when lineage scopes set the kernel I/O tag (detected once per process: the series
+    must be in the kernel and PR_GET_IO_TAG must succeed)."""
+    if not _KernelTag.checked:
+        _KernelTag.checked = True
+        if series_in_kernel():
+            import ctypes  # only on such a kernel: importing the markers stays light elsewhere
+
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+            prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+            cur = ctypes.c_uint64()
+            if prctl(PR_GET_IO_TAG, ctypes.addressof(cur), 0, 0, 0) == 0:
+                _KernelTag.call = prctl
+    return _KernelTag.call is not None
+
+
+def kernel_io_tag() -> int | None:
+    """The calling thread's kernel I/O tag (PR_GET_IO_TAG), None without the series."""
+    if not kernel_io_tags():
+        return None
+    import ctypes
+
+    cur = ctypes.c_uint64()
+    _KernelTag.call(PR_GET_IO_TAG, ctypes.addressof(cur), 0, 0, 0)
+    return cur.value
+
+
+def _set_kernel_tag(tag: int) -> None:
+    # one syscall; a failure (not expected once detected) leaves the tag as it was
+    _KernelTag.call(PR_SET_IO_TAG, tag, 0, 0, 0)
+
+
 def step(n: int) -> None:
     """The calling thread now works on training step n (a non-negative integer)."""
     if _native is not None:
@@ -90,10 +167,17 @@ class lineage:  # noqa: N801 - used as a function-like context manager, as conte
         self._previous: tuple[int, bytes | None] = (0, None)
 
     def __enter__(self) -> lineage:
-        self._previous = getattr(_local, "current", (0, None))
+        self._previous = getattr(_local, "current", None)
+        if self._previous is None:  # the thread's first scope
+            self._previous = (0, None)
+            if _KernelTag.call is not None or (not _KernelTag.checked and kernel_io_tags()):
+                # what the thread had before (e.g. a launcher's tag), restored outside all scopes
+                _local.base_kernel_tag = kernel_io_tag()
         _local.current = (self.tag, self._raw)
         if _native is not None:
             _native.lineage(self.tag, self._raw)
+        if _KernelTag.call is not None:
+            _set_kernel_tag(self.tag)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -101,6 +185,8 @@ class lineage:  # noqa: N801 - used as a function-like context manager, as conte
         _local.current = self._previous
         if _native is not None:
             _native.lineage(self._previous[0], self._previous[1])
+        if _KernelTag.call is not None:
+            _set_kernel_tag(self._previous[0] or getattr(_local, "base_kernel_tag", 0) or 0)
 
 
 def current_tag() -> int:

@@ -104,6 +104,17 @@ def tracepoint_exists(name: str) -> bool:
     return _exists(TRACEFS / "events" / system / event / "format")
 
 
+def tracepoint_has_field(name: str, field: str) -> bool:
+    """Whether the tracepoint's format has a field of that name (e.g. the patch series' io_tag)."""
+    system, event = name.split(":", 1)
+    try:
+        text = (TRACEFS / "events" / system / event / "format").read_text()
+    except OSError:
+        return False
+    return any(line.strip().startswith("field:") and line.split(";")[0].split()[-1].split("[")[0] == field
+               for line in text.splitlines())
+
+
 def cgroup_identity(path: str) -> tuple[int, int]:
     """(cgroup v2 id, level) of a cgroup v2 folder: the id is the folder's inode number."""
     p = Path(path)
@@ -243,7 +254,10 @@ class Probes:
         for tp in iolayer.NOT_RECORDED.get(layer, ()):
             self._cap(layer, tp, "absent", "not recorded by this version" if tracepoint_exists(tp)
                       else "tracepoint not in this kernel")
-        return "\n".join(f"#define HAVE_TP_{tp.replace(':', '_')} 1" for tp in present)
+        fields = tuple(f"{tp.replace(':', '_')}_{field}" for tp, field in iolayer.OPTIONAL_FIELDS.get(layer, ())
+                       if tracepoint_has_field(tp, field))
+        return "\n".join([f"#define HAVE_TP_{tp.replace(':', '_')} 1" for tp in present]
+                         + [f"#define HAVE_TPF_{name} 1" for name in fields])
 
     def set_offcpu_stacks(self, on: bool) -> None:
         """Capture (or not) the Python stack of a traced thread each time it blocks."""

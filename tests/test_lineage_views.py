@@ -114,7 +114,7 @@ def test_markers_are_found_through_indexes(store, view, event_id):
 
 
 def test_io_tag_from_the_kernel_is_stored_signed_and_finds_its_label(tmp_path):
-    """A request completed through the patch series' block_ai_rq_complete carries the 64-bit tag the
+    """A request completed with the patch series' io_tag in block_rq_complete carries the 64-bit tag the
     task set: stored like the markers' tags (two's complement), so half of all tags neither
     overflow SQLite's integer nor miss their label."""
     label = next(f"shard{i}" for i in range(100) if recorder.tag_of(f"shard{i}") >= 1 << 63)

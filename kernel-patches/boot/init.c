@@ -2,55 +2,76 @@
 /*
  * /init of the boot test run by `kernel-patches/check --boot`.
  *
- * Runs as PID 1 in a tiny initramfs under qemu, with the ext4 image on an
- * emulated NVMe disk.  It sets I/O lineage tags with prctl(PR_IO_TAG), writes
- * files whose data reaches the disk through writeback, and checks that the
- * tags come back in the block:block_ai_rq_complete tracepoint:
+ * Runs as PID 1 in a tiny initramfs under qemu (two CPUs, lockdep) with
+ * three emulated NVMe disks: nvme0n1 holds ext4, nvme1n1 XFS, nvme2n1 is
+ * raw.  It sets I/O tags with prctl(PR_SET_IO_TAG), causes I/O, and checks
+ * the tag of every completion in block:block_rq_complete:
  *
- *   A  written with tag A, tag cleared, then sync(): the flusher writes the
- *      data, so the completions must carry tag A and a flusher pid.
- *   B  written with tag B, then the task switches to tag C and calls fsync():
- *      the data must complete with tag B (the dirtier), never C.
- *   D  a file with the user.ai.checkpoint xattr, written with tag D, must be
- *      reported by writeback:ai_checkpoint_write; a file without it must not.
- *   E  with fail_io_timeout, the completion of one O_DIRECT read tagged E is
- *      dropped, so nvme_timeout() runs for it: nvme:nvme_ai_timeout must
- *      report an abort and then a controller reset, both with tag E.
+ *   A  ext4: written with tag A, tag cleared, then sync(): the writeback
+ *      must complete with tag A (the page belongs to its dirtier).
+ *   B  ext4: written with tag B, fsync()ed by the task now tagged C: the
+ *      data completes with tag B.
+ *   U  ext4: written untagged, fsync()ed by the task tagged C: no
+ *      completion may carry tag C (untagged data stays untagged).
+ *   X  XFS (iomap): 16 MiB written with tag X, then sync(): at least
+ *      16 MiB complete with tag X.
+ *   T  ext4 under cgroup v2 io.max wbps: a 4 MiB O_DIRECT write with tag T
+ *      is throttled (a worker sends it) and still completes with tag T.
+ *   S  XFS with max_sectors_kb=64: a 1 MiB O_DIRECT write with tag S is
+ *      split into at least 16 requests, all with tag S.
+ *   M  raw disk, io_uring: 8 adjacent 4 KiB O_DIRECT writes with tag M1 in
+ *      one submission, then 8 more with tag M2: the writes merge, and each
+ *      tag completes exactly 32 KiB (nothing merged across tags).
+ *   D  io_tag:io_tag_write reports the tagged writes with their tag, and no
+ *      write of an untagged task.
+ *   E  last: with fail_io_timeout, the completion of one O_DIRECT read
+ *      tagged E is dropped; nvme:nvme_timeout must report the abort and
+ *      then the controller reset, both with tag E.
  *
- * It also checks the events of the other patches when their tracefs
- * directories exist, dumps every event's tracefs `format`, and prints one
- * line "stall-recorder boot test: PASS" or "... FAIL" that the script greps.
+ * It also runs the series' selftests (/selftests/ in the initramfs), checks
+ * dma:dma_map_latency, requires that the kernel log has no lockdep report,
+ * warning or BUG (after the induced reset, one known 6.12 report aside), dumps every event's tracefs `format`, and prints one line
+ * "stall-recorder boot test: PASS" or "... FAIL" that the script greps.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/io_uring.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/klog.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/reboot.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
-#include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
-#ifndef PR_IO_TAG
-#define PR_IO_TAG 0x494f5447
-#define PR_IO_TAG_SET 0
-#define PR_IO_TAG_GET 1
+#ifndef PR_SET_IO_TAG
+#define PR_SET_IO_TAG 74
+#define PR_GET_IO_TAG 75
 #endif
 
 #define TRACEFS "/sys/kernel/tracing"
+#define DEBUGFS "/sys/kernel/debug"
+#define CGROUP "/sys/fs/cgroup"
 #define TAG_A 0x5a5a00000000a001ULL
 #define TAG_B 0x5a5a00000000b002ULL
 #define TAG_C 0x5a5a00000000c003ULL
-#define TAG_D 0x5a5a00000000d004ULL
+#define TAG_X 0x5a5a00000000d004ULL
 #define TAG_E 0x5a5a00000000e005ULL
-#define DEBUGFS "/sys/kernel/debug"
-#define FILE_BYTES (1024 * 1024)
+#define TAG_T 0x5a5a00000000f006ULL
+#define TAG_S 0x5a5a000000001007ULL
+#define TAG_M1 0x5a5a000000002008ULL
+#define TAG_M2 0x5a5a000000003009ULL
+#define MIB (1024 * 1024)
 
 static int failures;
 
@@ -63,6 +84,7 @@ static void check(int ok, const char *fmt, ...)
 	vprintf(fmt, ap);
 	va_end(ap);
 	printf("\n");
+	fflush(stdout);
 	if (!ok)
 		failures++;
 }
@@ -103,37 +125,124 @@ static void cat_file(const char *path)
 
 static void set_tag(uint64_t tag)
 {
-	if (prctl(PR_IO_TAG, PR_IO_TAG_SET, (unsigned long)tag, 0, 0))
-		die("prctl(PR_IO_TAG_SET)");
+	if (prctl(PR_SET_IO_TAG, (unsigned long)tag, 0, 0, 0))
+		die("prctl(PR_SET_IO_TAG)");
 }
 
-static void write_data(const char *path, int do_fsync, uint64_t tag_before_fsync)
+static double now(void)
 {
-	static char buf[FILE_BYTES];
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Buffered write of @bytes to @path; fsync() under @fsync_tag if nonzero. */
+static void write_data(const char *path, size_t bytes, uint64_t fsync_tag)
+{
+	static char buf[MIB];
 	int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+	size_t done;
 
 	if (fd < 0)
 		die(path);
 	memset(buf, 0xa5, sizeof(buf));
-	if (write(fd, buf, sizeof(buf)) != sizeof(buf))
-		die("write");
-	if (do_fsync) {
-		set_tag(tag_before_fsync);
+	for (done = 0; done < bytes; done += sizeof(buf))
+		if (write(fd, buf, sizeof(buf)) != sizeof(buf))
+			die("write");
+	if (fsync_tag) {
+		set_tag(fsync_tag);
 		if (fsync(fd))
 			die("fsync");
 	}
 	close(fd);
 }
 
-/* One parsed block_ai_rq_complete line. */
-struct completion {
-	char rwbs[16];
-	unsigned long long sector, io_tag;
-	unsigned int nr_sector, nr_bytes;
-	int error, pid, tid;
+/* O_DIRECT write of @bytes at offset 0 of @path (created if needed). */
+static int direct_write(const char *path, size_t bytes)
+{
+	void *buf;
+	int fd, ok;
+
+	if (posix_memalign(&buf, 4096, bytes))
+		return -1;
+	memset(buf, 0x5a, bytes);
+	fd = open(path, O_CREAT | O_WRONLY | O_DIRECT, 0644);
+	if (fd < 0)
+		return -1;
+	ok = pwrite(fd, buf, bytes, 0) == (ssize_t)bytes;
+	close(fd);
+	free(buf);
+	return ok ? 0 : -1;
+}
+
+/* ---- io_uring, raw: a ring, SQEs, one io_uring_enter() ------------------- */
+
+struct ring {
+	int fd;
+	unsigned int *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail;
+	struct io_uring_sqe *sqes;
 };
 
-static char trace_buf[8 << 20];
+static int ring_init(struct ring *r, unsigned int entries)
+{
+	struct io_uring_params p;
+	size_t sq_len, cq_len;
+	char *sq, *cq;
+
+	memset(&p, 0, sizeof(p));
+	r->fd = syscall(__NR_io_uring_setup, entries, &p);
+	if (r->fd < 0)
+		return -1;
+	sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned int);
+	cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+	sq = mmap(NULL, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+		  r->fd, IORING_OFF_SQ_RING);
+	cq = mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+		  r->fd, IORING_OFF_CQ_RING);
+	r->sqes = mmap(NULL, p.sq_entries * sizeof(struct io_uring_sqe),
+		       PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
+		       IORING_OFF_SQES);
+	if (sq == MAP_FAILED || cq == MAP_FAILED || r->sqes == MAP_FAILED)
+		return -1;
+	r->sq_tail = (unsigned int *)(sq + p.sq_off.tail);
+	r->sq_mask = (unsigned int *)(sq + p.sq_off.ring_mask);
+	r->sq_array = (unsigned int *)(sq + p.sq_off.array);
+	r->cq_head = (unsigned int *)(cq + p.cq_off.head);
+	r->cq_tail = (unsigned int *)(cq + p.cq_off.tail);
+	return 0;
+}
+
+/* @n adjacent 4 KiB writes from @buf at @offset, submitted in one call. */
+static int ring_write_batch(struct ring *r, int fd, char *buf, unsigned int n,
+			    off_t offset)
+{
+	unsigned int i, tail = *r->sq_tail;
+
+	for (i = 0; i < n; i++, tail++) {
+		struct io_uring_sqe *sqe = &r->sqes[tail & *r->sq_mask];
+
+		memset(sqe, 0, sizeof(*sqe));
+		sqe->opcode = IORING_OP_WRITE;
+		sqe->fd = fd;
+		sqe->addr = (unsigned long)(buf + i * 4096);
+		sqe->len = 4096;
+		sqe->off = offset + i * 4096;
+		r->sq_array[tail & *r->sq_mask] = tail & *r->sq_mask;
+	}
+	__atomic_store_n(r->sq_tail, tail, __ATOMIC_RELEASE);
+	if (syscall(__NR_io_uring_enter, r->fd, n, n, IORING_ENTER_GETEVENTS,
+		    NULL, 0) != (long)n)
+		return -1;
+	/* the completions are there: consume them */
+	__atomic_store_n(r->cq_head, __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE),
+			 __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* ---- tracefs ------------------------------------------------------------- */
+
+static char trace_buf[32 << 20];
 
 static size_t read_trace(void)
 {
@@ -196,6 +305,139 @@ static int count_lines_all(const char *needle, const char *also, const char *als
 	return n;
 }
 
+static int count_lines(const char *needle, const char *also)
+{
+	return count_lines_all(needle, also, NULL);
+}
+
+static void print_lines(const char *needle)
+{
+	char *line = trace_buf, *end;
+
+	for (; line && *line; line = end ? end + 1 : NULL) {
+		end = strchr(line, '\n');
+		if (end)
+			*end = '\0';
+		if (strstr(line, needle))
+			printf("%s\n", line);
+		if (end)
+			*end = '\n';
+	}
+}
+
+/* Completed write bytes and requests per tag, from block_rq_complete. */
+struct tally {
+	unsigned long long tag, bytes;
+	int requests;
+};
+
+static struct tally tallies[] = {
+	{ .tag = TAG_A }, { .tag = TAG_B }, { .tag = TAG_C },
+	{ .tag = TAG_X }, { .tag = TAG_E }, { .tag = TAG_T },
+	{ .tag = TAG_S }, { .tag = TAG_M1 }, { .tag = TAG_M2 },
+};
+
+static struct tally *tally_of(unsigned long long tag)
+{
+	unsigned int i;
+
+	for (i = 0; i < sizeof(tallies) / sizeof(tallies[0]); i++)
+		if (tallies[i].tag == tag)
+			return &tallies[i];
+	return NULL;
+}
+
+static int parse_completions(void)
+{
+	char *line, *end;
+	int total = 0;
+
+	for (line = trace_buf; line && *line; line = end ? end + 1 : NULL) {
+		unsigned long long sector, tag;
+		unsigned int nr_sector;
+		int major, minor, error;
+		char rwbs[16];
+		struct tally *t;
+		char *ev;
+
+		end = strchr(line, '\n');
+		if (end)
+			*end = '\0';
+		ev = strstr(line, "block_rq_complete: ");
+		/* "259,0 WS () 18434 + 504 none,0,0 [0] io_tag=..." */
+		if (ev && sscanf(ev + strlen("block_rq_complete: "),
+				 "%d,%d %15s () %llu + %u %*s [%d] io_tag=%llu",
+				 &major, &minor, rwbs, &sector, &nr_sector,
+				 &error, &tag) == 7) {
+			total++;
+			t = tally_of(tag);
+			if (t && strchr(rwbs, 'W') && nr_sector) {
+				t->bytes += (unsigned long long)nr_sector * 512;
+				t->requests++;
+			}
+			if (tag)
+				printf("completion: %d,%d %s sector=%llu bytes=%u io_tag=%#llx\n",
+				       major, minor, rwbs, sector, nr_sector * 512, tag);
+		}
+		if (end)
+			*end = '\n';
+	}
+	return total;
+}
+
+/* ---- the O_DIRECT write under cgroup v2 io.max ---------------------------- */
+
+static double throttled_write(const char *dev_sysfs, const char *path, size_t bytes)
+{
+	char devno[32] = "", limit[96];
+	double t0, t1;
+	int fd, status;
+	pid_t child;
+	ssize_t n;
+
+	fd = open(dev_sysfs, O_RDONLY);
+	if (fd < 0)
+		die(dev_sysfs);
+	n = read(fd, devno, sizeof(devno) - 1);
+	close(fd);
+	if (n <= 0)
+		die("read dev");
+	devno[strcspn(devno, "\n")] = '\0';
+	mkdir(CGROUP, 0755);
+	if (mount("cgroup2", CGROUP, "cgroup2", 0, NULL) && errno != EBUSY)
+		die("mount cgroup2");
+	if (write_file(CGROUP "/cgroup.subtree_control", "+io"))
+		die("enable io controller");
+	if (mkdir(CGROUP "/throttled", 0755) && errno != EEXIST)
+		die("mkdir cgroup");
+	snprintf(limit, sizeof(limit), "%s wbps=%d", devno, 2 * MIB);
+	if (write_file(CGROUP "/throttled/io.max", limit))
+		die("io.max");
+	printf("io.max: %s\n", limit);
+
+	t0 = now();
+	child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		char pid[16];
+
+		snprintf(pid, sizeof(pid), "%d", getpid());
+		if (write_file(CGROUP "/throttled/cgroup.procs", pid))
+			_exit(2);
+		set_tag(TAG_T);
+		_exit(direct_write(path, bytes) ? 1 : 0);
+	}
+	if (waitpid(child, &status, 0) != child)
+		die("waitpid");
+	t1 = now();
+	check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "throttled O_DIRECT write of %zu bytes finished", bytes);
+	return t1 - t0;
+}
+
+/* ---- the lost completion -------------------------------------------------- */
+
 static void stop_losing_completions(void)
 {
 	write_file("/sys/block/nvme0n1/io-timeout-fail", "0");
@@ -247,46 +489,130 @@ static int lost_completion_read(const char *path)
 	return -1;
 }
 
-static int count_lines(const char *needle, const char *also)
+/* ---- selftests and the kernel log ----------------------------------------- */
+
+static void run_selftests(void)
 {
-	return count_lines_all(needle, also, NULL);
+	struct dirent *de;
+	DIR *dir = opendir("/selftests");
+	int ran = 0;
+
+	if (!dir) {
+		printf("no /selftests in the initramfs\n");
+		return;
+	}
+	while ((de = readdir(dir))) {
+		char path[300];
+		int status;
+		pid_t child;
+
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/selftests/%s", de->d_name);
+		fflush(stdout);
+		child = fork();
+		if (child == 0) {
+			execl(path, de->d_name, (char *)NULL);
+			_exit(127);
+		}
+		if (child < 0 || waitpid(child, &status, 0) != child)
+			die("selftest");
+		check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "selftest %s (exit status %d)", de->d_name,
+		      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+		ran++;
+	}
+	closedir(dir);
+	check(ran > 0, "selftests ran (%d)", ran);
 }
 
-static void print_lines(const char *needle)
-{
-	char *line = trace_buf, *end;
+static char klog[1 << 20];
 
-	for (; line && *line; line = end ? end + 1 : NULL) {
-		end = strchr(line, '\n');
-		if (end)
-			*end = '\0';
-		if (strstr(line, needle))
-			printf("%s\n", line);
-		if (end)
-			*end = '\n';
+/*
+ * 6.12's lockdep models a queue freeze as a lock, and nvme_dev_disable()
+ * starts the freeze in the timeout work that the reset work later ends:
+ * lockdep reports that work item as leaking a lock.  Upstream fixed this
+ * after 6.12 with a non-owner freeze for NVMe; it is not the series', so
+ * after the induced reset exactly that report is shown but not counted.
+ */
+static int known_after_reset(const char *hit)
+{
+	return !strncmp(hit, "BUG: workqueue leaked atomic, lock or RCU", 41) &&
+	       strstr(hit, "workfn=blk_mq_timeout_work") &&
+	       strstr(hit, "nvme_start_freeze") &&
+	       strstr(hit, "workfn=blk_mq_timeout_work") - hit < 200;
+}
+
+static void check_kernel_log(int after_reset)
+{
+	static const char * const bad[] = {
+		"WARNING:", "BUG:", "possible circular locking",
+		"inconsistent lock state", "possible recursive locking",
+		"suspicious RCU usage", "INFO: task", "Oops",
+	};
+	int len = klogctl(10 /* SYSLOG_ACTION_SIZE_BUFFER */, NULL, 0);
+	unsigned int i;
+
+	if (len > (int)sizeof(klog) - 1 || len <= 0)
+		len = sizeof(klog) - 1;
+	len = klogctl(3 /* SYSLOG_ACTION_READ_ALL */, klog, len);
+	if (len < 0)
+		die("klogctl");
+	klog[len] = '\0';
+	if (!after_reset)
+		check(strstr(klog, "Lock dependency validator") != NULL ||
+		      access("/proc/lockdep", F_OK) == 0, "lockdep is active");
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int found = 0, known = 0;
+		char *hit;
+
+		for (hit = strstr(klog, bad[i]); hit; hit = strstr(hit + 1, bad[i])) {
+			if (after_reset && known_after_reset(hit)) {
+				known++;
+				printf("after the induced reset, known 6.12 report (not counted):\n%.300s\n", hit);
+				continue;
+			}
+			found++;
+			printf("%.600s\n", hit);
+		}
+		check(!found, "kernel log %s has no \"%s\"%s",
+		      after_reset ? "after the NVMe reset" : "before the NVMe reset",
+		      bad[i], known ? " other than the known one" : "");
+	}
+}
+
+static void wait_for(const char *dev)
+{
+	int tries;
+
+	for (tries = 0; access(dev, F_OK); tries++) {
+		if (tries == 300)
+			die(dev);
+		usleep(100000);
 	}
 }
 
 int main(void)
 {
 	static const char * const events[] = {
-		"block/block_ai_rq_complete",
-		"nvme/nvme_ai_timeout",
-		"dma/dma_ai_map_latency",
-		"writeback/ai_checkpoint_write",
+		"block/block_rq_complete",
+		"nvme/nvme_timeout",
+		"dma/dma_map_latency",
+		"io_tag/io_tag_write",
 	};
-	int a_writes = 0, a_flusher = 0, b_writes = 0, c_data = 0, total = 0;
-	int disk_reset = 0;
 	unsigned long long got = 0;
-	pid_t self = getpid();
-	char *line, *end;
+	struct tally *t;
+	double throttle_s;
+	char *merge_buf;
+	struct ring ring;
+	int disk_reset = 0, total, fd;
 	unsigned int i;
-	int tries;
 
 	mkdir("/dev", 0755);
 	mkdir("/proc", 0755);
 	mkdir("/sys", 0755);
 	mkdir("/mnt", 0755);
+	mkdir("/xfs", 0755);
 	if (mount("devtmpfs", "/dev", "devtmpfs", 0, NULL) && errno != EBUSY)
 		die("mount /dev");
 	if (mount("proc", "/proc", "proc", 0, NULL))
@@ -295,17 +621,25 @@ int main(void)
 		die("mount /sys");
 	if (mount("tracefs", TRACEFS, "tracefs", 0, NULL) && errno != EBUSY)
 		die("mount tracefs");
+	/*
+	 * Kernel messages stay in the log (read with klogctl below) but off
+	 * the console, where they would interleave with what the script parses.
+	 */
+	klogctl(8 /* SYSLOG_ACTION_CONSOLE_LEVEL */, NULL, 1);
+	printf("cpus online: %ld\n", sysconf(_SC_NPROCESSORS_ONLN));
 
-	for (tries = 0; access("/dev/nvme0n1", F_OK); tries++) {
-		if (tries == 300)
-			die("no /dev/nvme0n1");
-		usleep(100000);
-	}
+	wait_for("/dev/nvme0n1");
+	wait_for("/dev/nvme1n1");
+	wait_for("/dev/nvme2n1");
 	/* noatime: a read must not dirty the inode and start a journal commit. */
 	if (mount("/dev/nvme0n1", "/mnt", "ext4", MS_NOATIME, NULL))
-		die("mount /dev/nvme0n1");
+		die("mount /dev/nvme0n1 (ext4)");
+	if (mount("/dev/nvme1n1", "/xfs", "xfs", MS_NOATIME, NULL))
+		die("mount /dev/nvme1n1 (xfs)");
 	if (mount("debugfs", DEBUGFS, "debugfs", 0, NULL) && errno != EBUSY)
 		printf("debugfs not mounted: %s\n", strerror(errno));
+
+	run_selftests();
 
 	for (i = 0; i < sizeof(events) / sizeof(events[0]); i++) {
 		char dir[256];
@@ -318,40 +652,67 @@ int main(void)
 		dump_format(events[i]);
 		enable_event(events[i]);
 	}
-	write_file(TRACEFS "/buffer_size_kb", "4096");
+	write_file(TRACEFS "/buffer_size_kb", "16384");
 	write_file(TRACEFS "/tracing_on", "1");
 
-	/* A: dirtied with tag A, written back by the flusher on sync(). */
+	/* A: dirtied with tag A, written back on an untagged sync(). */
 	set_tag(TAG_A);
-	write_data("/mnt/a", 0, 0);
+	write_data("/mnt/a", MIB, 0);
 	set_tag(0);
 	sync();
 
 	/* B: dirtied with tag B, fsync()ed by the same task now tagged C. */
 	set_tag(TAG_B);
-	write_data("/mnt/b", 1, TAG_C);
+	write_data("/mnt/b", MIB, TAG_C);
+	if (prctl(PR_GET_IO_TAG, &got, 0, 0, 0))
+		die("prctl(PR_GET_IO_TAG)");
+	check(got == TAG_C, "PR_GET_IO_TAG returns the tag set last (%#llx)", got);
 
-	if (prctl(PR_IO_TAG, PR_IO_TAG_GET, &got, 0, 0))
-		die("prctl(PR_IO_TAG_GET)");
-	check(got == TAG_C, "PR_IO_TAG_GET returns the tag set last (%#llx)", got);
+	/* U: dirtied untagged, fsync()ed under tag C. */
+	set_tag(0);
+	write_data("/mnt/u", MIB, TAG_C);
+	set_tag(0);
 
-	/* D: the checkpoint write trace, for a file opted in by xattr. */
-	set_tag(TAG_D);
-	close(open("/mnt/ckpt", O_CREAT | O_WRONLY, 0644));
-	if (setxattr("/mnt/ckpt", "user.ai.checkpoint", "1", 1, 0))
-		die("setxattr user.ai.checkpoint");
-	write_data("/mnt/ckpt", 0, 0);
-	write_data("/mnt/plain", 0, 0);
+	/* X: XFS writeback of 16 MiB dirtied with tag X. */
+	set_tag(TAG_X);
+	write_data("/xfs/x", 16 * MIB, 0);
 	set_tag(0);
 	sync();
+
+	/* T: a throttled O_DIRECT write. */
+	throttle_s = throttled_write("/sys/block/nvme0n1/dev", "/mnt/t", 4 * MIB);
+
+	/* S: a split O_DIRECT write. */
+	if (write_file("/sys/block/nvme1n1/queue/max_sectors_kb", "64"))
+		die("max_sectors_kb");
+	set_tag(TAG_S);
+	check(direct_write("/xfs/s", MIB) == 0, "split O_DIRECT write of 1 MiB finished");
+	set_tag(0);
+
+	/* M: io_uring, adjacent writes on the raw disk, two tags. */
+	fd = open("/dev/nvme2n1", O_WRONLY | O_DIRECT);
+	if (fd < 0 || ring_init(&ring, 16) || posix_memalign((void **)&merge_buf, 4096, 8 * 4096))
+		die("io_uring setup");
+	memset(merge_buf, 0x3c, 8 * 4096);
+	set_tag(TAG_M1);
+	check(ring_write_batch(&ring, fd, merge_buf, 8, 0) == 0, "io_uring batch with tag M1");
+	set_tag(TAG_M2);
+	check(ring_write_batch(&ring, fd, merge_buf, 8, 8 * 4096) == 0, "io_uring batch with tag M2");
+	set_tag(0);
+	close(fd);
+
+	/* D: io_tag_write saw the tagged writes; an untagged write is ignored. */
+	write_data("/mnt/plain", 4096, 0);
+
+	/* lock checking over everything above, before the induced reset */
+	check_kernel_log(0);
 
 	/*
 	 * E: a request whose completion is lost, handled by nvme_timeout().
 	 * Last, because after the controller reset it provokes, qemu's NVMe
-	 * model (7.2, INTx) stops completing writes: nothing may be written
-	 * to the disk afterwards, not even by umount.
+	 * model (7.2, INTx) stops completing writes on that disk.
 	 */
-	if (dir_exists(TRACEFS "/events/nvme/nvme_ai_timeout") &&
+	if (dir_exists(TRACEFS "/events/nvme/nvme_timeout") &&
 	    dir_exists(DEBUGFS "/fail_io_timeout")) {
 		check(lost_completion_read("/mnt/plain") == 0,
 		      "read with a lost completion finished after timeout handling");
@@ -360,102 +721,73 @@ int main(void)
 
 	write_file(TRACEFS "/tracing_on", "0");
 	read_trace();
+	total = parse_completions();
 
-	for (line = trace_buf; line && *line; line = end ? end + 1 : NULL) {
-		struct completion c;
-		char *ev;
+	check(total > 0, "block_rq_complete fired (%d completions)", total);
+	t = tally_of(TAG_A);
+	check(t->bytes >= MIB, "ext4 writeback on sync(): %llu bytes complete with tag A", t->bytes);
+	t = tally_of(TAG_B);
+	check(t->bytes >= MIB, "ext4 fsync() by tag C: %llu bytes complete with the dirtier's tag B",
+	      t->bytes);
+	t = tally_of(TAG_C);
+	check(t->bytes == 0, "no write completes with the fsync caller's tag C (%llu bytes)",
+	      t->bytes);
+	t = tally_of(TAG_X);
+	check(t->bytes >= 16 * MIB, "XFS writeback: %llu of 16 MiB complete with tag X", t->bytes);
+	t = tally_of(TAG_T);
+	check(t->bytes == 4 * MIB, "throttled O_DIRECT write (%.1fs): %llu of 4 MiB complete with tag T",
+	      throttle_s, t->bytes);
+	check(throttle_s >= 1.0, "the write was throttled (%.1fs for 4 MiB at 2 MiB/s)", throttle_s);
+	t = tally_of(TAG_S);
+	check(t->bytes == MIB && t->requests >= 16,
+	      "split O_DIRECT write: %llu of 1 MiB in %d requests with tag S", t->bytes, t->requests);
+	t = tally_of(TAG_M1);
+	check(t->bytes == 8 * 4096, "io_uring: %llu of 32 KiB complete with tag M1 (%d requests)",
+	      t->bytes, t->requests);
+	check(t->requests < 8, "io_uring: the 8 adjacent writes of tag M1 merged into %d requests",
+	      t->requests);
+	t = tally_of(TAG_M2);
+	check(t->bytes == 8 * 4096, "io_uring: %llu of 32 KiB complete with tag M2 (%d requests)",
+	      t->bytes, t->requests);
 
-		end = strchr(line, '\n');
-		if (end)
-			*end = '\0';
-		ev = strstr(line, "block_ai_rq_complete: ");
-		if (ev && sscanf(ev + strlen("block_ai_rq_complete: "),
-				 "%*d,%*d %15s %llu + %u bytes=%u [%d] io_tag=%llu pid=%d tid=%d",
-				 c.rwbs, &c.sector, &c.nr_sector, &c.nr_bytes,
-				 &c.error, &c.io_tag, &c.pid, &c.tid) == 8) {
-			int is_write = strchr(c.rwbs, 'W') != NULL;
-
-			total++;
-			if (is_write && c.io_tag == TAG_A) {
-				a_writes++;
-				if (c.pid != self)
-					a_flusher++;
-			}
-			if (is_write && c.io_tag == TAG_B)
-				b_writes++;
-			if (is_write && c.nr_bytes && c.io_tag == TAG_C)
-				c_data++;
-			printf("completion: %s sector=%llu bytes=%u io_tag=%#llx pid=%d tid=%d\n",
-			       c.rwbs, c.sector, c.nr_bytes, c.io_tag, c.pid, c.tid);
-		}
-		if (end)
-			*end = '\n';
-	}
-
-	check(total > 0, "block_ai_rq_complete fired (%d completions)", total);
-	check(a_writes > 0, "writes dirtied with tag A complete with tag A (%d)", a_writes);
-	check(a_flusher > 0, "tag A writes were submitted by writeback, not by pid %d (%d)",
-	      self, a_flusher);
-	check(b_writes > 0, "fsync() writes carry the dirtier's tag B (%d)", b_writes);
-	check(c_data == 0, "no data write carries the fsync caller's tag C (%d)", c_data);
-
-	if (dir_exists(TRACEFS "/events/writeback/ai_checkpoint_write")) {
+	if (dir_exists(TRACEFS "/events/io_tag/io_tag_write")) {
 		char want[64];
 
-		snprintf(want, sizeof(want), "io_tag=%llu", TAG_D);
-		check(count_lines("ai_checkpoint_write:", want) > 0,
-		      "ai_checkpoint_write reports the opted-in file with tag D");
-		check(count_lines("ai_checkpoint_write:", "name=plain") == 0,
-		      "ai_checkpoint_write ignores files without the xattr");
+		snprintf(want, sizeof(want), "io_tag=%llu", TAG_X);
+		check(count_lines_all("io_tag_write:", "name=x ", want) >= 16,
+		      "io_tag_write reports the 16 writes of tag X to x");
+		check(count_lines("io_tag_write:", "name=plain ") == 0,
+		      "io_tag_write ignores writes of untagged tasks");
 	}
-	if (dir_exists(TRACEFS "/events/nvme/nvme_ai_timeout") &&
+	if (dir_exists(TRACEFS "/events/nvme/nvme_timeout") &&
 	    dir_exists(DEBUGFS "/fail_io_timeout")) {
 		char want[64];
 
 		snprintf(want, sizeof(want), "io_tag=%llu", TAG_E);
-		check(count_lines_all("nvme_ai_timeout:", "action=abort", want) > 0,
-		      "nvme_ai_timeout reports the abort of the tag E request");
-		check(count_lines_all("nvme_ai_timeout:", "action=reset", want) > 0,
-		      "nvme_ai_timeout reports the controller reset for the tag E request");
+		check(count_lines_all("nvme_timeout:", "action=abort", want) > 0,
+		      "nvme_timeout reports the abort of the tag E request");
+		check(count_lines_all("nvme_timeout:", "action=reset", want) > 0,
+		      "nvme_timeout reports the controller reset for the tag E request");
 	}
-	if (dir_exists(TRACEFS "/events/dma/dma_ai_map_latency")) {
-		int maps = count_lines("dma_ai_map_latency:", NULL);
-		int bounced = count_lines("dma_ai_map_latency:", "bounced=1");
-		int force = 0;
-		int fd = open("/proc/cmdline", O_RDONLY);
-		char cmdline[1024] = "";
+	if (dir_exists(TRACEFS "/events/dma/dma_map_latency")) {
+		int maps = count_lines("dma_map_latency:", NULL);
+		int bounced = count_lines("dma_map_latency:", "bounced=1");
 
-		if (fd >= 0) {
-			if (read(fd, cmdline, sizeof(cmdline) - 1) < 0)
-				cmdline[0] = '\0';
-			close(fd);
-		}
-		/* swiotlb=force or swiotlb=<slabs>,force */
-		force = strstr(cmdline, "swiotlb=force") || strstr(cmdline, ",force");
-		check(maps > 0, "dma_ai_map_latency fired (%d maps)", maps);
-		if (force)
-			check(bounced > 0, "swiotlb=force: bounced maps reported (%d)", bounced);
-		else
-			printf("swiotlb not forced: bounces not checked\n");
+		check(maps > 0, "dma_map_latency fired (%d maps)", maps);
+		check(bounced > 0, "swiotlb=force: bounced maps reported (%d)", bounced);
 	}
+	check_kernel_log(1);
 
-	printf("=== trace: nvme_ai_timeout and ai_checkpoint_write ===\n");
-	print_lines("nvme_ai_timeout:");
-	print_lines("ai_checkpoint_write:");
+	printf("=== trace: nvme_timeout ===\n");
+	print_lines("nvme_timeout:");
 	printf("=== trace excerpt ===\n");
-	for (i = 0, line = trace_buf; line && *line && i < 40; i++) {
-		end = strchr(line, '\n');
-		if (!end)
-			break;
-		if (line[0] != '#')
-			fwrite(line, 1, end - line + 1, stdout);
-		line = end + 1;
-	}
+	print_lines("io_tag_write: dev=259,1 ino=");
 	printf("=== end trace excerpt ===\n");
 
 	printf("stall-recorder boot test: %s (%d failed checks)\n",
 	       failures ? "FAIL" : "PASS", failures);
 	fflush(stdout);
+	umount("/xfs");
 	if (!disk_reset) {
 		umount("/mnt");
 		sync();
