@@ -269,7 +269,8 @@ def test_bad_input_says_what_to_do(demos, tmp_path):
     r = run_recorder("export", "--db", str(db), "--perfetto", str(tmp_path / "x.pftrace"), "--step", "99999")
     assert r.returncode == 2 and "no step 99999 in session 1: its steps run" in r.stderr
     r = run_recorder("export", "--db", str(db))
-    assert r.returncode == 2 and "recorder export --perfetto FILE, --datasette-metadata FILE or --parquet DIR" in r.stderr
+    assert r.returncode == 2
+    assert "recorder export --perfetto FILE, --datasette-metadata FILE or --parquet DIR" in r.stderr
     r = run_recorder("export", "--db", str(db), "--perfetto", str(tmp_path / "x.pftrace"), "--window", "500..600")
     (span,) = q(db, "SELECT (stopped_ts - started_ts) / 1e9 FROM session")[0]
     assert r.returncode == 2 and f"nothing recorded in that window of session 1: it runs 0..{span:.1f} s" in r.stderr
