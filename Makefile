@@ -22,6 +22,7 @@ lint: setup-test
 	@$(PY) -m ruff check recorder store mcp_server bpf tests benchmarks
 
 bench: setup-test
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0  # the training-job benchmark
 	@$(PY) benchmarks/run_all.py
 
 clean:
