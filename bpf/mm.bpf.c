@@ -7,7 +7,7 @@
  *   than the disk writes them back;
  * - oom:mark_victim: every OOM victim (the kernel's choice, rare: not filtered);
  * - writeback:ai_checkpoint_write (patch series): write extents of opted-in files by targets.
- * Each part is compiled only when its tracepoint exists (HAVE_TP_* from recorder/probes.py).
+ * Each part is compiled only when its tracepoint exists (HAVE_TP_* from recorder/core/loader.py).
  */
 BPF_RINGBUF_OUTPUT(mm_events, 64);
 

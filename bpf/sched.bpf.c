@@ -57,7 +57,7 @@ BPF_PERCPU_ARRAY(cpu_runs, struct cpu_runs_t, 1);
 BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
 BPF_RINGBUF_OUTPUT(offcpu_events, 2048);
-/* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/probes.py) */
+/* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/core/loader.py) */
 BPF_ARRAY(sched_settings, u32, 1);
 
 /* prev_state as sched_switch reports it: 0 running (yield), 256 (TASK_REPORT_MAX) preempted */

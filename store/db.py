@@ -257,8 +257,8 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
         if version < SCHEMA_VERSION:
             conn.close()
             raise StoreError(
-                f"{path} has schema v{version}, older than v{SCHEMA_VERSION}: open it once with "
-                "'recorder migrate --db PATH' (writes) to upgrade"
+                f"{path} has schema v{version}, older than v{SCHEMA_VERSION}: upgrade it by opening it once "
+                f"for writing, e.g. 'recorder verify-checkpoints --db {path}'"
             )
         _views_to(conn, temp=True)
         return store
