@@ -3,7 +3,7 @@
 A layer is one source of observations (the scheduler, CUDA calls, block I/O, the kernel log ...).
 It owns its BPF source names, its tracepoints, its record layouts' decoding and its rows; the
 session (recorder/session.py) drives every layer through the same steps, in the order of its
-`LAYER_ORDER` and `flush_steps()`:
+`layer_order()` and `flush_steps()`:
 
 1. `Layer(context)`: nothing is attached yet; the store, writer, session id and identity exist.
 2. `prepare()`: declare its tables to the writer and write its static rows (API lists).

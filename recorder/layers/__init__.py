@@ -1,5 +1,5 @@
 """The layers of a recording, one module (or package) each, every one behind the contract of
-recorder/core/layer.py. The session (recorder/session.py) creates them in `LAYER_ORDER`.
+recorder/core/layer.py. The session (recorder/session.py) creates them in `Session.layer_order()`.
 
 Layers never import the session or each other (checked by `lint-imports`, see pyproject.toml).
 """
