@@ -92,5 +92,11 @@ def test_every_layer_class_implements_the_contract() -> None:
         for source in cls.sources:
             assert (ROOT / "bpf" / source.filename).exists(), source
         assert inspect.signature(cls.flush).parameters.keys() == {"self"}
+    # every per-probe drop counter belongs to exactly one layer
+    from recorder.core import events
+
+    declared = [name for cls in found.values() for name in cls.losses]
+    assert len(declared) == len(set(declared))
+    assert set(events.PROBE_NAMES.values()) <= set(declared), set(events.PROBE_NAMES.values()) - set(declared)
     assert set(found) == {"SchedLayer", "TaskLayer", "CudaLayer", "IoLayer", "CheckpointLayer", "WorkloadLayer",
                           "KernelLog", "GpuLayer"}

@@ -555,3 +555,8 @@ PROBE_NAMES.update({
     CONSTANTS["PROBE_CKPT"]: "checkpoint ring buffer",
     CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint descriptor map full",
 })
+
+
+def probe_names(*constants: str) -> tuple[str, ...]:
+    """The `loss.probe` names of the drop counters named by their PROBE_* constants."""
+    return tuple(PROBE_NAMES[CONSTANTS[c]] for c in constants)

@@ -16,9 +16,10 @@ session (recorder/session.py) drives every layer through the same steps, in the 
 6. `flush()`: every batch (100 ms), turn the records collected since the last flush into rows.
 7. `finish(ts)`: at stop, after the last flush: what it could not complete goes to `loss`.
 
-What a layer loses is written to `loss` (per-probe drops are counted by the loader; a layer adds
-its own reasons in flush or finish). Layers never import the session or each other: what they
-share goes through the `Context` (the identity, the stack recorder, the libraries attached).
+What a layer loses is written to `loss` under the names in its `losses` (per-probe drops are
+counted by the loader; a layer adds its own reasons in flush or finish). Layers never import the
+session or each other: what they share goes through the `Context` (the identity, the stack
+recorder, the libraries attached).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Layer(Protocol):
     name: str
     sources: tuple[BpfSource, ...]  # what it attaches through tracepoints
     tables: tuple[str, ...]  # what it writes
+    losses: tuple[str, ...]  # the `loss.probe` names its lost records are counted under
 
     def prepare(self) -> None: ...
 
@@ -99,6 +101,7 @@ class BaseLayer:
     name = ""
     sources: tuple[BpfSource, ...] = ()
     tables: tuple[str, ...] = ()
+    losses: tuple[str, ...] = ()
 
     def __init__(self, context: Context) -> None:
         self.context = context

@@ -345,6 +345,7 @@ class CheckpointLayer(BaseLayer):
     name = "checkpoint"
     sources = SOURCES
     tables = ("checkpoint_file", "checkpoint_extent", "checkpoint_op", "checkpoint_verify")
+    losses = events.probe_names("PROBE_CKPT", "PROBE_CKPT_MAP")
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)

@@ -246,6 +246,7 @@ class GpuLayer(BaseLayer):
 
     name = "gpu"
     tables = ("gpu_sample",)
+    losses = (LOSS_PROBE,)
 
     def __init__(self, context: Context, settings: GpuSettings) -> None:
         super().__init__(context)

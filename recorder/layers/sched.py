@@ -34,6 +34,7 @@ class SchedLayer(BaseLayer):
     name = "sched"
     sources = SOURCES
     tables = ("offcpu_interval",)
+    losses = events.probe_names("PROBE_SCHED", "PROBE_SCHED_MAP")
 
     def __init__(self, context: Context, offcpu_stacks: bool = True) -> None:
         super().__init__(context)

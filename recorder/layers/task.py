@@ -36,6 +36,7 @@ class TaskHooks:
 class TaskLayer(BaseLayer):
     name = "task"
     sources = SOURCES
+    losses = events.probe_names("PROBE_TASK")
 
     def __init__(self, context: Context, hooks: TaskHooks) -> None:
         super().__init__(context)

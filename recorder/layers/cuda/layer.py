@@ -80,6 +80,7 @@ class CudaLayer(BaseLayer):
     name = "cuda"
     sources = SOURCES
     tables = ("cuda_api", "cuda_call", "library")
+    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP")
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)

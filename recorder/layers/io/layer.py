@@ -153,6 +153,8 @@ class IoLayer(BaseLayer):
     sources = SOURCES
     tables = ("block_request", "reclaim_interval", "dirty_throttle", "oom_victim", "tcp_retransmit", "dma_event",
               "nvme_timeout_action", "checkpoint_write", "block_device")
+    losses = events.probe_names("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_BLOCK_UNCOMPLETED", "PROBE_MM", "PROBE_NET",
+                                "PROBE_DMA")
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)

@@ -13,6 +13,7 @@ class KernelLog(BaseLayer):
 
     name = "kmsg"
     tables = tuple(kmsg.TABLE_COLUMNS)
+    losses = ()  # records the kernel overwrote before they were read are counted by the reader only
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)

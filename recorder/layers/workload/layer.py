@@ -40,6 +40,7 @@ class WorkloadLayer(BaseLayer):
     name = "workload"
     tables = ("nccl_api", "nccl_call", "nccl_comm", "step_mark", "lineage_mark", "lineage_label", "checkpoint_mark",
               "library")
+    losses = events.probe_names("PROBE_NCCL", "PROBE_NCCL_MAP", "PROBE_MARKER")
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
