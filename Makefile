@@ -16,10 +16,14 @@ demo: setup
 
 test: setup-test
 	@$(PY) -m ruff check recorder store mcp_server bpf tests benchmarks
+	@.venv/bin/lint-imports --no-cache
+	@$(PY) scripts/cli_reference.py --check
 	@$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 lint: setup-test
 	@$(PY) -m ruff check recorder store mcp_server bpf tests benchmarks
+	@.venv/bin/lint-imports --no-cache
+	@$(PY) scripts/cli_reference.py --check
 
 bench: setup-test
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0  # the training-job benchmark

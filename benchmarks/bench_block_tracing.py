@@ -131,11 +131,11 @@ class Tracepoints:
     """Detach and re-attach the session's tracepoints by layer, without recompiling."""
 
     def __init__(self, probes) -> None:
-        from recorder.probes import LAYER_SOURCES
+        from recorder.layers.io.layer import SOURCES
 
         self.bpf = probes.bpf
         self.all = sorted(tp.decode() for tp in self.bpf.tracepoint_fds)
-        block = set(LAYER_SOURCES["block"][1]) | set(getattr(probes, "optional", {}).get("block", ()))
+        block = set(SOURCES[0].required) | set(probes.optional.get("block", ()))
         self.block = [tp for tp in self.all if tp in block]
         self.attached = set(self.all)
         if not self.block:
@@ -205,7 +205,7 @@ def loop_device(image: Path) -> str:
 
 
 def measure(n: int, reps: int) -> dict:
-    from recorder.probes import TargetSpec
+    from recorder.core.loader import TargetSpec
     from recorder.session import Session
     from store.db import open_store
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "native"))
 
 BUILD = ROOT / "build" / "bench"
-TARGET_RATIO = 2.0  # issue 2: the recorder's added cost <= 2x the empty pair's
+TARGET_RATIO = 2.0  # target: the recorder's added cost <= 2x the empty pair's
 
 DRIVER_C = r"""
 /* Calls one stand-in CUDA API N times per request read from stdin; prints elapsed ns. */
@@ -158,8 +158,9 @@ def measure(api: str, n: int, reps: int) -> dict:
     from bcc import BPF
 
     import native_libs as native  # tests/native/native_libs.py
-    from recorder import cuda, kheaders
-    from recorder.probes import TargetSpec
+    from recorder.core import kheaders
+    from recorder.core.loader import TargetSpec
+    from recorder.layers import cuda
     from recorder.session import Session
 
     library = Path(os.path.realpath(native.build_libraries()["libcudart.so.12"]))

@@ -1,6 +1,6 @@
 """Kernel-log parser throughput: /dev/kmsg records per second through parse_record + classify,
-and lines per second through classify alone, over the test fixtures (every format of
-shared/research/kernel-log-formats.md plus lines of other subsystems, which most of a real log is).
+and lines per second through classify alone, over the test fixtures (every format in
+tests/fixtures/kmsg/ plus lines of other subsystems, which most of a real log is).
 
     .venv/bin/python benchmarks/bench_kmsg.py            # default 300000 records
     .venv/bin/python benchmarks/bench_kmsg.py -n 1000000 --json
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recorder.errors import UserError  # noqa: E402
-from recorder.kmsg import KmsgReader, classify, parse_record, split_dump  # noqa: E402
+from recorder.layers.kmsg import KmsgReader, classify, parse_record, split_dump  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kmsg"
 

@@ -53,7 +53,8 @@ def measure(n: int) -> dict:
     if os.geteuid() == 0:
         from bcc import BPF
 
-        from recorder import _markers, kheaders
+        from recorder import _markers
+        from recorder.core import kheaders
 
         kheaders.locate()
         b = BPF(text="int hit(struct pt_regs *ctx) { return 0; }")

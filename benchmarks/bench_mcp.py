@@ -1,7 +1,7 @@
 """Round trip of the MCP `explain_stall` tool over real stdio, on a synthetic recording of N events.
 
     .venv/bin/python benchmarks/bench_mcp.py                     # 1,000,000 events, 7 calls
-    .venv/bin/python benchmarks/bench_mcp.py --events 10000000   # the issue's 10M-event target
+    .venv/bin/python benchmarks/bench_mcp.py --events 10000000   # the 10M-event target
     .venv/bin/python benchmarks/bench_mcp.py --json
 
 The recording is written straight into SQLite (no BPF): half CUDA calls (cudaMalloc / cudaLaunchKernel

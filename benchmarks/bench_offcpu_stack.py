@@ -6,7 +6,7 @@ blocking switch, with the recorder's own BPF programs, in one run.
 A child Python process, pinned to one CPU, runs two threads that ping-pong a byte through two
 pipes from a Python stack --depth frames deep: in every round trip one thread blocks in read(2)
 (one capture) and the other is preempted by the thread it woke (no capture), as the recorded
-off-CPU intervals show. The recorder's programs are loaded once (recorder.probes.Probes) and the
+off-CPU intervals show. The recorder's programs are loaded once (recorder.core.loader.Probes) and the
 child is timed in each mode, the modes interleaved in every repetition: no BPF programs loaded yet
 (measured first), loaded but the child not a target, a target with stack capture off (the off-CPU
 interval only), a target with stack capture on. Prints the median microseconds per round trip,
@@ -81,15 +81,17 @@ class Child:
 
 
 def measure(round_trips: int, depth: int, reps: int) -> dict:
-    from recorder import events
-    from recorder.probes import Probes, TargetSpec
+    from recorder.core import events
+    from recorder.core.loader import Probes, TargetSpec
+    from recorder.layers import bpf_sources, cuda
+    from recorder.layers.sched import set_offcpu_stacks
 
     cpu = max(os.sched_getaffinity(0))
     child = Child(cpu, depth)
     try:
         child.run(round_trips)  # warm-up
         unloaded = statistics.median(child.run(round_trips) for _ in range(reps))
-        probes = Probes(TargetSpec(pids=()))
+        probes = Probes(TargetSpec(pids=()), bpf_sources(), [cuda.bpf_programs()])
         records = {"blocked": 0, "preempted": 0, "pystack": 0}
         state_at = events.OFFCPU.offsets()["state"]
 
@@ -118,7 +120,7 @@ def measure(round_trips: int, depth: int, reps: int) -> dict:
                     targets.pop(ctypes.c_uint32(child.proc.pid), None)
                 else:
                     probes.add_pid(child.proc.pid)
-                probes.set_offcpu_stacks(mode == "target, stacks on")
+                set_offcpu_stacks(probes, mode == "target, stacks on")
                 before = dict(records)
                 ran_before = stats.snapshot()["sched:sched_switch"][0] if stats else 0
                 us = child.run(round_trips)

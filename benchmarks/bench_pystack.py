@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "pyframes"))  # the probe the tests use
 import harness  # noqa: E402
-from recorder.pyframes import PyStackProbe, bpf_source, parse_pystack_event  # noqa: E402
+from recorder.core.pyframes import PyStackProbe, bpf_source, parse_pystack_event  # noqa: E402
 
 BATCH = 1000
 
@@ -136,7 +136,7 @@ def main() -> int:
     print(f"stack depth recorded: median {statistics.median(frames_seen or [0]):.0f} frames; "
           f"counts {probe.counts()}")
     # "added vs pair": the probes' cost over the empty pair's; "call vs pair": the whole traced call
-    # (ctypes, the function, the probes) over the same call under the empty pair (issue 3's target)
+    # (ctypes, the function, the probes) over the same call under the empty pair (the per-call cost target)
     print(f"{'mode':40} {'us/call':>9} {'added':>9} {'added vs pair':>14} {'call vs pair':>13}")
     for name, us in results.items():
         added = us - base

@@ -32,7 +32,7 @@ def build(steps: int, db: str) -> tuple[int, float]:
         if os.path.exists(p):
             os.remove(p)
     s = open_store(db, create=True)
-    from recorder import cuda
+    from recorder.layers import cuda
 
     s.conn.executemany("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES (?,?,?,?,?)",
                        [(i, a.name, a.family, a.library, a.layout) for i, a in enumerate(cuda.APIS)])

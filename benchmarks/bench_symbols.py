@@ -5,7 +5,7 @@
 Without paths: this interpreter's libpython (or executable), the C library, the C++ library and,
 where installed, PyTorch's libtorch_cpu.so. For each object, the symbols the session's symboliser
 keeps (defined functions of .symtab, then .dynsym) read two ways: pyelftools parsing every symbol
-(`iter_symbols`, what the recorder did before recorder/elfsyms.py) and recorder/elfsyms.py's bulk
+(`iter_symbols`, what the recorder did before recorder/core/elfsyms.py) and recorder/core/elfsyms.py's bulk
 unpack. Prints the median seconds of --repeat rounds and the peak memory of the bulk tables. Both
 must find the same symbols at the same addresses (checked on every run; the pyelftools side is
 skipped above --max-old symbols, where it takes minutes).
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from elftools.elf.elffile import ELFFile  # noqa: E402
 
-from recorder.elfsyms import FunctionSymbols  # noqa: E402
+from recorder.core.elfsyms import FunctionSymbols  # noqa: E402
 
 FUNCTION_TYPES = ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS")  # pyelftools names type 10 STT_LOOS
 

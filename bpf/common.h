@@ -1,8 +1,8 @@
 /* Shared by every layer: target filtering and drop accounting.
  *
  * TARGET_MODE, TARGET_CGROUP_ID, TARGET_CGROUP_LEVEL and SELF_TGID are defined by the loader
- * (recorder/probes.py) for the session, so the filter costs no map lookup in pid-less modes.
- * Event layouts and constants come from recorder/events.py, prepended before this file.
+ * (recorder/core/loader.py) for the session, so the filter costs no map lookup in pid-less modes.
+ * Event layouts and constants come from recorder/core/events.py, prepended before this file.
  */
 #include <uapi/linux/ptrace.h>
 

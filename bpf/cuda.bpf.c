@@ -1,6 +1,6 @@
 /* cuda: CUDA runtime and driver calls, one event per call with its duration and arguments.
  *
- * The entry program (generated per API by recorder/cuda.py) reads the arguments into an in-flight
+ * The entry program (generated per API by recorder/layers/cuda.py) reads the arguments into an in-flight
  * record keyed by thread and API; the return program adds the return code and, for allocations,
  * the pointer the call wrote, and sends one cuda_event stamped with the entry time. The entry ends
  * with cuda_capture(): a tail call to cuda_native, which walks the native user stack (native_walk
@@ -27,7 +27,7 @@ BPF_RINGBUF_OUTPUT(cuda_events, CUDA_RING_PAGES);
  * above the stack pointer or not 8-aligned: code built without frame pointers leaves other values
  * in %rbp, and reading one would fault (slow) or walk into garbage.
  * The frames are hashed with the pid into a digest (never 0) under which native_stacks holds
- * them; a stack already there costs one lookup. recorder/stacks.py reads a digest's frames once
+ * them; a stack already there costs one lookup. recorder/core/stacks.py reads a digest's frames once
  * per process and symbolises them. */
 #define NATIVE_MAX_FRAMES 127             /* the kernel's perf_event_max_stack default */
 #define NATIVE_STACK_SPAN (8ull << 20)    /* a thread stack's default size */
@@ -118,7 +118,7 @@ static __always_inline u64 native_walk(struct pt_regs *ctx)
 /* The walk is a program of its own, tail-called by every entry (cuda_capture): the verifier then
  * checks its loop once per session, not once per API (inlined, it added ~12 ms to each, and a
  * runtime and a driver library export ~100 traced APIs between them). Installed by
- * recorder/probes.py. */
+ * recorder/core/loader.py. */
 BPF_PROG_ARRAY(cuda_progs, 1);
 #define CUDA_PROG_NATIVE 0
 

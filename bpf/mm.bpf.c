@@ -7,7 +7,7 @@
  *   than the disk writes them back;
  * - oom:mark_victim: every OOM victim (the kernel's choice, rare: not filtered);
  * - io_tag:io_tag_write (patch series): write extents of targets' threads that set an I/O tag.
- * Each part is compiled only when its tracepoint exists (HAVE_TP_* from recorder/probes.py).
+ * Each part is compiled only when its tracepoint exists (HAVE_TP_* from recorder/core/loader.py).
  */
 BPF_RINGBUF_OUTPUT(mm_events, 64);
 

@@ -1,7 +1,7 @@
 /* nccl: NCCL calls, one event per call with its communicator, count, type, op, peer/root, stream
  * and duration.
  *
- * The entry program (generated per API by recorder/nccl.py) reads the arguments into an in-flight
+ * The entry program (generated per API by recorder/layers/workload/nccl.py) reads the arguments into an in-flight
  * record keyed by thread and API; the return program adds the return code and, for
  * ncclCommInitRank, the communicator handle the call wrote, and sends one nccl_event stamped with
  * the entry time. The communicator's identity across ranks is a hash of its ncclUniqueId, read at

@@ -1,6 +1,6 @@
 /* pystack.h: capture the current thread's CPython stack at a uprobe or a tracepoint.
  *
- * Pasted as text (recorder.pyframes.bpf_source()) in front of the probes that use it: BCC rewrites
+ * Pasted as text (recorder.core.pyframes.bpf_source()) in front of the probes that use it: BCC rewrites
  * map syntax (map.lookup(), prog_array.call()) only in the main text, not in #included files. A
  * probe finishes its own work and ends with PYSTACK_CAPTURE(ctx, ts) (uprobes) or
  * PYSTACK_CAPTURE_TP(args, ts) (tracepoints that run in the thread's own context, where its user
@@ -14,13 +14,13 @@
  * base on x86-64) against the current task's fs base, without looking at the GIL (ctypes and
  * PyTorch release it before calling into CUDA), walks up to PYSTACK_MAX_FRAMES frames and submits
  * one pystack_event to the `pystacks` ring buffer, always: status says why a record has no (or only
- * part of a) stack. User space (recorder/pyframes.py) fills pystack_procs per process, wires the
+ * part of a) stack. User space (recorder/core/pyframes.py) fills pystack_procs per process, wires the
  * walker into the program arrays and resolves each frame's (code, instr, checksum) to file,
  * function and executing line.
  *
  * Everything version-specific is data in pystack_procs; nothing here depends on kernel headers
  * (the task's fs base offset comes from the running kernel's BTF, in the same map value).
- * Keep struct layouts in sync with recorder/pyframes.py (tests/test_pyframes_layout.py checks).
+ * Keep struct layouts in sync with recorder/core/pyframes.py (tests/test_pyframes_layout.py checks).
  */
 #ifndef PYSTACK_H
 #define PYSTACK_H
@@ -108,7 +108,7 @@ struct pystack_event {
 /* Stack digests. A walk that used a process's recipe hashes its frames, status, pid and the
  * recipe's generation into a digest (63 bits, never 0). A capture made with
  * PYSTACK_CAPTURE_BY_DIGEST(ctx, ts, key) whose digest user space has confirmed (pystack_known: it
- * holds the stack under that digest, recorder/stacks.py) sends no record: the digest goes to
+ * holds the stack under that digest, recorder/core/stacks.py) sends no record: the digest goes to
  * PYSTACK_DIGEST_SINK(key, ts, digest), which the caller defines before this text to store it in
  * its own in-flight record `key` (nonzero when stored; bpf/cuda_inflight.h), for its return
  * program to put in its event. A call repeating a known stack then costs no ring record and no
@@ -618,7 +618,7 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
     return 0;
 }
 
-/* The walker programs, per flavour (recorder/pyframes.py PyStackProbe.install loads and wires them) */
+/* The walker programs, per flavour (recorder/core/pyframes.py PyStackProbe.install loads and wires them) */
 int pystack_find(struct pt_regs *ctx) { return pystack_find_body(ctx, 0); }
 int pystack_scan(struct pt_regs *ctx) { return pystack_scan_body(ctx, 0); }
 int pystack_walk(struct pt_regs *ctx) { return pystack_walk_body(ctx, 0); }

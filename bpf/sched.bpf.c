@@ -58,7 +58,7 @@ BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
 #define OFFCPU_RING_PAGES 2048
 BPF_RINGBUF_OUTPUT(offcpu_events, OFFCPU_RING_PAGES);
-/* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/probes.py) */
+/* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/layers/sched.py) */
 BPF_ARRAY(sched_settings, u32, 1);
 
 /* prev_state as sched_switch reports it: 0 running (yield), 256 (TASK_REPORT_MAX) preempted */

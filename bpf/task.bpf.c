@@ -67,7 +67,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
         return 0;
 #ifdef PYSTACK_H
     /* the old image's CPython recipe must not walk the new one: "not configured" until user space
-     * has looked at the new image (recorder/stacks.py) */
+     * has looked at the new image (recorder/core/stacks.py) */
     u32 tgid = id >> 32;
     pystack_procs.delete(&tgid);
 #endif

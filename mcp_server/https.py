@@ -15,7 +15,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-import os
 import socket
 import ssl
 import stat
@@ -25,9 +24,10 @@ from typing import Any
 from mcp.server.transport_security import TransportSecuritySettings
 
 from mcp_server.server import build_server
+from recorder.core.settings import Settings
 from store.errors import UserError
 
-TOKEN_ENV = "STALL_RECORDER_MCP_TOKEN"
+TOKEN_ENV = Settings.variable("mcp_token")
 MIN_TOKEN_CHARS = 16
 
 
@@ -95,7 +95,7 @@ def is_loopback(host: str) -> bool:
 
 def read_token(token_file: Path | None) -> str | None:
     if token_file is None:
-        return os.environ.get(TOKEN_ENV) or None
+        return Settings.from_environment(only=("mcp_token",)).mcp_token
     try:
         mode = token_file.stat().st_mode
         token = token_file.read_text().strip()

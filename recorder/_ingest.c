@@ -13,7 +13,7 @@
  * and native stack are already known (the common case: a process makes the same calls from the
  * same threads); every other record (a new thread, a stack record not read yet, a native stack
  * not resolved yet, no native stack) is returned as a miss for that Python path, which also
- * holds back what must wait. The record layout comes from recorder.events.CUDA (offsets are
+ * holds back what must wait. The record layout comes from recorder.core.events.CUDA (offsets are
  * passed in), so there is still one definition of it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -245,7 +245,7 @@ out:
 
 /* drain_records(data, consumer, page, mask, free_every) -> list[bytes]
  *
- * recorder/ringbuf.py Ring.drain for a ring of records of any size, in one call: data is the
+ * recorder/core/ringbuf.py Ring.drain for a ring of records of any size, in one call: data is the
  * producer mapping (the producer position on its first page, the data area twice after it),
  * consumer the consumer page. Every record committed when called is copied out in order; a busy
  * (reserved, not committed) record stops the walk; discarded ones are skipped. The consumer
@@ -307,7 +307,7 @@ done:
 
 /* join_known_stacks(records, key_size, seen, join, reported, pending, targets) -> list[bytes]
  *
- * StackRecorder.add's loop for the records it has seen before (recorder/stacks.py): a pystacks
+ * StackRecorder.add's loop for the records it has seen before (recorder/core/stacks.py): a pystacks
  * record whose bytes after (ts, pid, tid) map, in `seen`, to a stack resolved for good is joined
  * under (ts, pid, tid) in `join` when that is all the loop would do with it: no retry of a process
  * waiting to be configured (waits and pid in pending), no capability row to write (pid in targets,

@@ -9,9 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from recorder.core.settings import Settings
 from store.errors import UserError
-
-DEFAULT_DB = os.environ.get("STALL_RECORDER_DB", "stall.db")
 
 EXAMPLES = {
     "doctor": "recorder doctor\n  recorder doctor --json",
@@ -49,9 +48,9 @@ EXAMPLES = {
 }
 
 
-def _db_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", default=DEFAULT_DB, type=Path,
-                   help=f"recording database (default {DEFAULT_DB}, or $STALL_RECORDER_DB)")
+def _db_arg(p: argparse.ArgumentParser, default: Path) -> None:
+    p.add_argument("--db", default=default, type=Path,
+                   help=f"recording database (default {default}, or ${Settings.variable('db')})")
 
 
 def _sub(subs, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -60,7 +59,9 @@ def _sub(subs, name: str, help_text: str) -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """The command line; its defaults come from `settings` (the environment's by default)."""
+    db = (settings or Settings.from_environment(only=("db",))).db
     ap = argparse.ArgumentParser(
         prog="recorder",
         description="Record the scheduler, CUDA and kernel layers around a training job into "
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("start", "start recording in the background; returns once probes are attached"),
                        ("record", "run a command under recording (children included) until it exits")):
         p = _sub(subs, name, text)
-        _db_arg(p)
+        _db_arg(p, db)
         p.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
                        help="attach to this CUDA or NCCL library now (for processes that load it later)")
         if name == "start":
@@ -94,15 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     p = _sub(subs, "stop", "stop the background recorder: flush, build indexes, mark complete")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
     p = _sub(subs, "status", "live counters of the background recorder")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
     p = _sub(subs, "explain", "explain a stall: the slowest step (or slow CUDA calls) and what caused it")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--window", metavar="A..B",
@@ -114,26 +115,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", action="store_true", help="print the whole Python stack under each Python line")
 
     p = _sub(subs, "steps", "list the steps of a session with their rolling baseline; --slow for the stalls")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("--slow", action="store_true", help="only the stalled steps")
     p.add_argument("--limit", type=int, default=0, metavar="N", help="at most N steps (default: all)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
     p = _sub(subs, "top", "the worst stalls, the Python lines and the devices that cost the most")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("--limit", type=int, default=5, metavar="N", help="rows per table (default 5)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
     p = _sub(subs, "verify-checkpoints", "hash a recording's checkpoint files again and say which changed")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
     p = _sub(subs, "export", "write a recording in another format: a Perfetto timeline (--perfetto), "
                              "Datasette metadata (--datasette-metadata), Parquet for DuckDB, Spark, Trino (--parquet)")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("--session", type=int,
                    help="session id (default: the latest; for --parquet, every session)")
     p.add_argument("--perfetto", type=Path, metavar="FILE",
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
 
     p = _sub(subs, "report", "write the stall report as one self-contained HTML page with plots (--html)")
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("--html", type=Path, metavar="FILE", required=True,
                    help="the page to write: no scripts, nothing fetched; opens offline")
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "--keyfile key.pem --token-file token\n"
                             "the token is read from --token-file (chmod 600) or $STALL_RECORDER_MCP_TOKEN, "
                             "never from the command line"))
-    _db_arg(p)
+    _db_arg(p, db)
     p.add_argument("--http", metavar="HOST:PORT", help="serve HTTPS (streamable HTTP at /mcp) instead of stdio")
     p.add_argument("--certfile", type=Path, help="TLS certificate (PEM) for --http")
     p.add_argument("--keyfile", type=Path, help="TLS private key (PEM) for --http")
@@ -205,8 +206,8 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_start(args) -> int:
+    from recorder.core.loader import TargetSpec, check_privileges
     from recorder.daemon import start_background
-    from recorder.probes import TargetSpec, check_privileges
 
     chosen = sum(bool(x) for x in (args.pid, args.cgroup, args.all))
     if chosen != 1:
@@ -238,8 +239,8 @@ def cmd_start(args) -> int:
 
 
 def cmd_record(args) -> int:
+    from recorder.core.loader import check_privileges
     from recorder.daemon import record_command
-    from recorder.probes import check_privileges
 
     argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not argv:
@@ -309,7 +310,7 @@ def cmd_top(args) -> int:
 
 
 def cmd_verify_checkpoints(args) -> int:
-    from recorder.checkpoints import render_verification, verify_checkpoints
+    from recorder.layers.checkpoint import render_verification, verify_checkpoints
     from store.db import open_store
 
     with open_store(args.db) as store:  # writable: each look is stored as a 'recheck' row

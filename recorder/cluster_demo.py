@@ -19,8 +19,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from recorder import cuda, nccl
 from recorder.demo import STACK_ALLREDUCE, STACK_CKPT, STACK_STEP, STACK_SYNC, STATE_D, Synth
+from recorder.layers import cuda
+from recorder.layers.workload import nccl
 from store.db import open_store
 
 MS = 1_000_000

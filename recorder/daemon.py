@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from recorder.core.loader import TargetSpec
 from recorder.errors import UserError
-from recorder.probes import TargetSpec
 from recorder.session import Session, already_recording, install_stop_signals, log_path, status_path
 from store.db import lock_holder
 

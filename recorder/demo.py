@@ -4,7 +4,7 @@ Each scenario writes a session of a training job (steps of a few hundred ms: dat
 kernel launches, a stream synchronisation, sometimes a collective) into the same tables a real
 recording fills, injects one fault at one step, and is explained by the same views and report as
 a real recording. Kernel log lines are written as the kernel prints them and go through the
-recorder's own parser (recorder/kmsg.py). Everything is deterministic: the same scenario gives the
+recorder's own parser (recorder/layers/kmsg/). Everything is deterministic: the same scenario gives the
 same database and the same report, which the golden tests pin.
 """
 
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recorder import __version__ as VERSION
-from recorder import cuda, kmsg, nccl
+from recorder.layers import cuda, kmsg
+from recorder.layers.workload import nccl
 from store.db import Store, open_store
 
 MS = 1_000_000

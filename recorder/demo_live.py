@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from recorder.core.loader import check_privileges
 from recorder.daemon import record_command
-from recorder.probes import check_privileges
 from store.db import open_store
 from store.errors import UserError
 from store.report import explain, render_text

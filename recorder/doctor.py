@@ -8,10 +8,11 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from recorder import gpu, kheaders
-from recorder.cuda import library_kind
+from recorder.core import kheaders
+from recorder.core.loader import TRACEFS, ensure_tracefs, tracepoint_exists
 from recorder.errors import UserError
-from recorder.probes import LAYER_SOURCES, TRACEFS, ensure_tracefs, tracepoint_exists
+from recorder.layers import bpf_sources, gpu
+from recorder.layers.cuda import library_kind
 
 CAP_PERFMON = 38
 CAP_BPF = 39
@@ -85,8 +86,9 @@ def run_checks(pids: tuple[int, ...] = ()) -> list[Check]:
     tracefs = ensure_tracefs()
     checks.append(Check("tracefs", tracefs, str(TRACEFS) if tracefs else "not mounted",
                         "mount -t tracefs nodev /sys/kernel/tracing"))
-    for layer, (_, tracepoints) in LAYER_SOURCES.items():
-        for tp in tracepoints:
+    for source in bpf_sources():
+        layer = source.layer
+        for tp in source.required:
             present = tracefs and tracepoint_exists(tp)
             checks.append(Check(f"tracepoint {tp}", present, "present" if present else "absent",
                                 f"the {layer} layer is not recorded without it; use a newer kernel"))
@@ -112,7 +114,7 @@ def run_checks(pids: tuple[int, ...] = ()) -> list[Check]:
                         f"apt-get install linux-headers-{os.uname().release} or the generic headers"))
     libs = _find_gpu_libraries()
     for pid in pids:
-        from recorder.libraries import mapped_files
+        from recorder.core.libraries import mapped_files
 
         libs += [p for p in mapped_files(pid) if library_kind(p) or "libnccl" in p]
     checks.append(Check("CUDA/NCCL libraries", bool(libs), ", ".join(sorted(set(libs))) or "none found",

@@ -23,7 +23,7 @@ kver=$(uname -r)
 headers=""
 if [ ! -e "/lib/modules/$kver/build" ]; then
   # Headers for the running kernel where the distribution has them; otherwise its generic headers,
-  # which the recorder wires for BCC itself (recorder/kheaders.py) without writing system folders.
+  # which the recorder wires for BCC itself (recorder/core/kheaders.py) without writing system folders.
   if ! ls -d /usr/src/linux-headers-*-common >/dev/null 2>&1; then
     headers="linux-headers-$kver"
   fi

@@ -9,12 +9,13 @@ import os
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from recorder import events
-from recorder.checkpoints import (
+from recorder.core import events
+from recorder.core.identity import Identity
+from recorder.core.layer import Context
+from recorder.layers.checkpoint import (
     XATTR,
     CheckpointLayer,
     Hasher,
@@ -25,7 +26,6 @@ from recorder.checkpoints import (
     stat_again,
     verify_checkpoints,
 )
-from recorder.identity import Identity
 from store.db import Writer, open_store
 from store.errors import StoreError
 
@@ -112,7 +112,7 @@ class _Table(dict):
 
 
 class FakeProbes:
-    """What the layer uses of recorder.probes.Probes: its maps, uprobe attachment, capabilities."""
+    """What the layer uses of recorder.core.loader.Probes: its maps, uprobe attachment, capabilities."""
 
     def __init__(self) -> None:
         self.layers = ["checkpoint"]
@@ -127,7 +127,7 @@ class FakeProbes:
     def attach_uprobe(self, name: str, sym: str, fn_name: str) -> None:
         self.uprobes.append((name, sym, fn_name))
 
-    def _cap(self, *cap) -> None:
+    def cap(self, *cap) -> None:
         self.caps.append(cap)
 
     def verdicts(self) -> dict[tuple[int, int], int]:
@@ -146,9 +146,10 @@ class Feed:
         self.writer = Writer(self.store)
         self.identity = Identity(self.store, self.writer, self.sid)
         self.probes = FakeProbes()
-        session = SimpleNamespace(writer=self.writer, identity=self.identity, session_id=self.sid,
-                                  probes=self.probes, store=self.store, workload=SimpleNamespace(attached=set()))
-        self.layer = CheckpointLayer(session)
+        context = Context(self.store, self.writer, self.sid, 0, self.identity, {}, self.probes)
+        self.layer = CheckpointLayer(context)
+        self.layer.prepare()
+        self.layer.attach()
         self.sink = self.layer.sinks()["checkpoint_events"]
         self.next_id = 1000
         self.last_end = 0

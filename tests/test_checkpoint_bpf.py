@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
 
-from recorder.checkpoints import XATTR, verify_checkpoints
+from recorder.layers.checkpoint import XATTR, verify_checkpoints
 from store.db import open_store
 
 pytestmark = [needs_bpf, pytest.mark.bpf]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
 
-from recorder.devices import BlockDevice, BlockDeviceTable, describe, present
+from recorder.layers.io.devices import BlockDevice, BlockDeviceTable, describe, present
 from store.db import Writer, open_store
 
 # -- fake sysfs ---------------------------------------------------------------------------------

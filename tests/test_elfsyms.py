@@ -1,4 +1,4 @@
-"""recorder/elfsyms.py (bulk symbol tables for native stacks and library API lists) against
+"""recorder/core/elfsyms.py (bulk symbol tables for native stacks and library API lists) against
 pyelftools' own per-symbol reading, on libraries built here (static functions, aliases, an IFUNC,
 stripped, 32-bit) and on the system's C library and this interpreter."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from recorder.elfsyms import FunctionSymbols, SymbolTableError, function_names
-from recorder.libraries import exported_functions
+from recorder.core.elfsyms import FunctionSymbols, SymbolTableError, function_names
+from recorder.core.libraries import exported_functions
 
 SOURCE = r"""
 __attribute__((noinline, used)) static int hidden_helper(int x) { return x * 3; }

@@ -140,7 +140,10 @@ def test_offcpu_stacks_can_be_turned_off(tmp_path: Path, native) -> None:
 
 
 def test_offcpu_stacks_setting() -> None:
-    from recorder.probes import offcpu_stacks_enabled
+    from recorder.core.settings import Settings
+
+    def offcpu_stacks_enabled(environ: dict[str, str]) -> bool:
+        return Settings.from_environment(environ).offcpu_stacks
 
     assert offcpu_stacks_enabled({}) is True
     assert offcpu_stacks_enabled({"STALL_RECORDER_OFFCPU_STACKS": "1"}) is True

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from recorder import events
+from recorder.core import events
 
 
 def test_c_layout_matches_python(tmp_path):

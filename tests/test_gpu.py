@@ -17,7 +17,7 @@ import pytest
 from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder
 
 from recorder.errors import UserError
-from recorder.gpu import GpuSampler, GpuSettings, pci_address
+from recorder.layers.gpu import GpuSampler, GpuSettings, pci_address
 from store.db import Writer, open_store
 
 pytest.importorskip("pynvml", reason="needs nvidia-ml-py (pip install nvidia-ml-py)")

@@ -1,4 +1,4 @@
-"""Thread identities across exits (recorder/identity.py): a thread that exited keeps its row for
+"""Thread identities across exits (recorder/core/identity.py): a thread that exited keeps its row for
 events read after the exit, and a tid used again by a new thread gets a new row. No BPF: the
 identities are written through the real Writer into a real store."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from recorder.identity import DEPARTED_NS, Identity
+from recorder.core.identity import DEPARTED_NS, Identity
 from store.db import Writer, open_store
 
 

@@ -1,5 +1,5 @@
 """The packed cuda_call path (recorder/_ingest.c + store/_insert.c) against the Python one, without
-BPF: the same cuda_event records through Session's row building both ways give the same rows, and
+BPF: the same cuda_event records through the CUDA layer's row building both ways give the same rows, and
 the packed writer stores exactly what executemany stores. The BPF tests (test_record_bpf.py and
 the rest) exercise the packed path end to end, as it is the default where it is built."""
 
@@ -13,11 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from recorder import cuda, events
-from recorder.identity import Identity
-from recorder.pyframes import STATUS_NO_THREAD_STATE
-from recorder.session import CUDA_COLUMNS, Session
-from recorder.stacks import StackRecorder
+from recorder.core import events
+from recorder.core.identity import Identity
+from recorder.core.layer import Context
+from recorder.core.pyframes import STATUS_NO_THREAD_STATE
+from recorder.core.stacks import StackRecorder
+from recorder.layers import cuda
+from recorder.layers.cuda import CUDA_COLUMNS, CudaLayer
 from store.db import Writer, open_store, packed_inserter
 
 try:
@@ -47,31 +49,29 @@ def stack_record(ts: int, tid: int, digest: int = 0) -> bytes:
     return struct.pack("=QIIIIQ", ts, PID, tid, 0, STATUS_NO_THREAD_STATE, digest)
 
 
-def session_over(db: Path, packed: bool) -> Session:
-    """The parts of a Session that turn cuda_event records into rows, over a real store."""
+def session_over(db: Path, packed: bool) -> SimpleNamespace:
+    """The CUDA layer over a real store, with the parts of a session it uses."""
     store = open_store(db, create=True)
-    s = Session.__new__(Session)
-    s.store = store
-    s.session_id = 1
-    s.writer = Writer(store)
-    s.writer.table("cuda_call", CUDA_COLUMNS)
-    s.identity = Identity(store, s.writer, 1)
-    s.confirmed = []  # digests the walker is told it may send instead of records
-    probes = SimpleNamespace(pystack=SimpleNamespace(targets={}, confirm=s.confirmed.extend),
+    writer = Writer(store)
+    identity = Identity(store, writer, 1)
+    confirmed: list[int] = []  # digests the walker is told it may send instead of records
+    probes = SimpleNamespace(pystack=SimpleNamespace(targets={}, confirm=confirmed.extend),
                              capabilities=[])
-    s.stacks = StackRecorder(store, s.writer, 1, probes)
-    s.stacks._native_raw[(PID, 7)] = 1  # a native stack already resolved (no map to read)
-    s._pack_cuda = s._packing() if packed else None
-    assert s._pack_cuda or not packed
-    return s
+    stacks = StackRecorder(store, writer, 1, probes)
+    stacks._native_raw[(PID, 7)] = 1  # a native stack already resolved (no map to read)
+    context = Context(store, writer, 1, 0, identity, {"cuda": 0}, probes, stacks)
+    layer = CudaLayer(context)
+    layer.prepare()
+    if not packed:
+        layer._pack_cuda = None
+    assert layer._pack_cuda or not packed
+    return SimpleNamespace(store=store, writer=writer, stacks=stacks, confirmed=confirmed, layer=layer)
 
 
-def flush(s: Session, cuda_records: list[bytes], stack_records: list[bytes]) -> None:
+def flush(s: SimpleNamespace, cuda_records: list[bytes], stack_records: list[bytes]) -> None:
     s.stacks.add(stack_records)
-    joined = b"".join(cuda_records)
-    if s._pack_cuda and joined:
-        joined = s._pack_cuda_rows(joined)
-    s.writer.extend("cuda_call", s._cuda_rows(joined))
+    s.layer.raw.extend(cuda_records)
+    s.layer.flush()
     s.writer.flush()
 
 

@@ -68,7 +68,9 @@ CHILD = r"""
 import json, os, subprocess, sys
 subprocess.run(["mount", "--bind", sys.argv[1], "/sys/kernel/tracing"], check=True)
 from bcc import BPF, lib
-from recorder import kheaders, probes
+from recorder.core import kheaders, loader
+from recorder.layers import bpf_sources
+from recorder.layers.cuda.apis import bpf_programs
 kheaders.locate()
 
 class CompileOnly(BPF):
@@ -83,10 +85,10 @@ class CompileOnly(BPF):
                 except Exception as e:
                     self.failed[name] = str(e).splitlines()[-1][:300]
 
-p = object.__new__(probes.Probes)
-p.target = probes.TargetSpec(pids=(os.getpid(),))
-p.capabilities, p.layers = [], []
-text = p._source("")
+p = object.__new__(loader.Probes)
+p.target = loader.TargetSpec(pids=(os.getpid(),))
+p.capabilities, p.layers, p.optional, p.sources = [], [], {}, bpf_sources()
+text = p._source([bpf_programs()])
 out = {"defines": sorted(l.split()[1] for l in text.splitlines() if l.startswith("#define HAVE_TP")),
        "layers": p.layers}
 try:

@@ -1,7 +1,7 @@
-"""Kernel log reader and parsers (recorder/kmsg.py) and the 0002_kernel_log schema.
+"""Kernel log reader and parsers (recorder/layers/kmsg/) and the 0002_kernel_log schema.
 
 Fixtures in tests/fixtures/kmsg/*.txt are /dev/kmsg records in the exact shapes of
-shared/research/kernel-log-formats.md (old and new kernels); each record's seq keys its expected
+the kernel sources each parser names (old and new kernels); each record's seq keys its expected
 parse in EXPECTED below. The real test writes the same lines to /dev/kmsg (root only) and reads
 them back through KmsgReader.
 """
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from recorder import kmsg
 from recorder.errors import NotPrivileged
-from recorder.kmsg import (
+from recorder.layers import kmsg
+from recorder.layers.kmsg import (
     TABLE_COLUMNS,
     AerBit,
     AerBusError,
@@ -268,7 +268,7 @@ def _id(param: tuple[str, bytes]) -> str:
     return f"{param[0]}-{param[1].split(b',', 2)[1].decode()}"
 
 
-# ---- every research-doc variant, parsed into exactly the right typed fields ----------------
+# ---- every known variant, parsed into exactly the right typed fields ----------------
 
 
 @pytest.mark.parametrize("fixture", PARSEABLE, ids=_id)
@@ -503,7 +503,7 @@ def test_reader_counts_epipe_and_sequence_gaps(monkeypatch: pytest.MonkeyPatch) 
 
     reader = KmsgReader(start_ns=2_000_000)
     monkeypatch.setattr(reader, "fileno", lambda: 99)
-    monkeypatch.setattr(kmsg.os, "read", fake_read)
+    monkeypatch.setattr(os, "read", fake_read)
     entries = reader.read_available()
     assert [type(e.event).__name__ for e in entries] == [
         "NvmeTimeout", "NvmeResetting", "UnknownSubsystemLine", "NoneType"]
@@ -524,7 +524,7 @@ def test_reader_without_privilege_says_what_to_do(monkeypatch: pytest.MonkeyPatc
     def denied(*args: object) -> int:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(kmsg.os, "open", denied)
+    monkeypatch.setattr(os, "open", denied)
     with pytest.raises(NotPrivileged, match="run as root"):
         KmsgReader(start_ns=0).open()
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recorder import kmsg
-from recorder.kmsg import (
+from recorder.layers import kmsg
+from recorder.layers.kmsg import (
     AerStatusMask,
     AmdViEvent,
     BlockIOError,

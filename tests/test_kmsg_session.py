@@ -1,5 +1,5 @@
 """The kernel log in a real recording: records written to /dev/kmsg while `recorder record` runs
-(every format of shared/research/kernel-log-formats.md, old and new) come back as typed rows with
+(every format tests/test_kmsg.py knows, old and new) come back as typed rows with
 timestamps inside the session and in the order they were written."""
 
 from __future__ import annotations

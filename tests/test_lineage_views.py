@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 import recorder
-from recorder import events
-from recorder.identity import Identity
-from recorder.iolayer import IoLayer
-from recorder.workload_layer import signed64
+from recorder.core import events
+from recorder.core.identity import Identity
+from recorder.core.layer import Context
+from recorder.layers.io.layer import IoLayer
+from recorder.layers.workload.layer import signed64
 from store.db import Writer, open_store
 
 LABELS = {11: "checkpoint_write/run42/step7/shard3", 22: "eval/run42", -5: "\\xff not utf-8"}
@@ -126,7 +127,8 @@ def test_io_tag_from_the_kernel_is_stored_signed_and_finds_its_label(tmp_path):
         "command": "test", "tool_version": "test"}).last_pk
     s.conn.execute("INSERT INTO lineage_label (session_id, tag, label) VALUES (?, ?, ?)", (sid, signed64(tag), label))
     writer = Writer(s)
-    io = IoLayer(writer, Identity(s, writer, sid), sid, probes=None)
+    io = IoLayer(Context(s, writer, sid, 0, Identity(s, writer, sid), {}))
+    io.prepare()
     record = {name: b"" if ctype.startswith("char") else 0 for name, ctype in events.BLOCK.fields}
     record.update(ts=1000, bio_queue_ts=1000, issue_ts=1100, complete_ts=1500, io_tag=tag, dev=(7 << 20) | 99,
                   nr_bytes=4096, pid=os.getpid(), tid=os.getpid(), flags=events.CONSTANTS["BLOCK_FLAG_AI"],

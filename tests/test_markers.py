@@ -118,7 +118,8 @@ def test_markers_are_visible_to_bpf(tmp_path):
 
     from bcc import BPF
 
-    from recorder import _markers, kheaders
+    from recorder import _markers
+    from recorder.core import kheaders
 
     kheaders.locate()
     text = r"""

@@ -149,7 +149,7 @@ def _native_stacks_map():
     from bcc import BPF
 
     import bpf as bpf_sources
-    from recorder import kheaders
+    from recorder.core import kheaders
 
     text = bpf_sources.source("cuda.bpf.c")
     start = text.index("#define NATIVE_MAX_FRAMES")

@@ -1,4 +1,4 @@
-"""CPython stacks captured in BPF at a uprobe (bpf/pystack.h + recorder/pyframes.py), checked
+"""CPython stacks captured in BPF at a uprobe (bpf/pystack.h + recorder/core/pyframes.py), checked
 against the ground truth each workload records itself, frame by frame, for every event, under every
 installed interpreter. Real probes: needs root, BCC and BTF (skipped with the reason otherwise)."""
 
@@ -20,8 +20,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pyframes"))  # not a package
 import harness  # noqa: E402
-from recorder import pyframes  # noqa: E402
-from recorder.pyframes import (  # noqa: E402
+from recorder.core import pyframes  # noqa: E402
+from recorder.core.pyframes import (  # noqa: E402
     MAX_FRAMES,
     PyStackEvent,
     PyStackProbe,

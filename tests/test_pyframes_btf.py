@@ -1,4 +1,4 @@
-"""recorder/btf.py against bpftool's reading of the same /sys/kernel/btf/vmlinux."""
+"""recorder/core/btf.py against bpftool's reading of the same /sys/kernel/btf/vmlinux."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recorder import btf
+from recorder.core import btf
 
 pytestmark = [
     pytest.mark.skipif(not Path(btf.VMLINUX_BTF).exists(), reason="kernel has no BTF"),

@@ -203,16 +203,16 @@ def test_sigkill_of_the_recorder_leaves_a_valid_incomplete_session(tmp_path, nat
     assert q(db, "SELECT count(*) FROM cuda_call")[0][0] == recorded
 
 
-def test_tracepoint_missing_from_the_kernel_is_recorded_as_absent(tmp_path, monkeypatch):
+def test_tracepoint_missing_from_the_kernel_is_recorded_as_absent(tmp_path):
     """A layer whose tracepoint this kernel lacks is left out and said so; the rest loads."""
-    from recorder import probes
+    from recorder.core import loader as probes
+    from recorder.core.layer import BpfSource
+    from recorder.layers import bpf_sources, cuda
 
-    layers = dict(probes.LAYER_SOURCES)
-    layers["ghost"] = ("sched.bpf.c", ("ghost:no_such_event",))
-    monkeypatch.setattr(probes, "LAYER_SOURCES", layers)
-    p = probes.Probes(probes.TargetSpec(pids=(os.getpid(),)))
+    sources = (*bpf_sources(), BpfSource("ghost", "sched.bpf.c", ("ghost:no_such_event",)))
+    p = probes.Probes(probes.TargetSpec(pids=(os.getpid(),)), sources, [cuda.bpf_programs()])
     try:
-        # the I/O layer's optional tracepoints (recorder/iolayer.py) are absent or not on their own
+        # the I/O layer's optional tracepoints (recorder/layers/io/layer.py) are absent or not on their own
         absent = [c for c in p.capabilities if c.status == "absent" and c.layer in ("ghost", "sched", "task")]
         assert [(c.layer, c.probe) for c in absent] == [("ghost", "ghost:no_such_event")]
         assert "sched" in p.layers and "ghost" not in p.layers

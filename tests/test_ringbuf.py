@@ -1,4 +1,4 @@
-"""The memory-mapped ring buffer reader (recorder/ringbuf.py) on real BPF ring buffers: every record
+"""The memory-mapped ring buffer reader (recorder/core/ringbuf.py) on real BPF ring buffers: every record
 in order, across many wrap-arounds of a one-page ring, read in blocks (fixed size) and one by one
 (mixed sizes)."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from recorder import ringbuf
+from recorder.core import ringbuf
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for BPF")
 
@@ -55,7 +55,7 @@ def _program(target: int, pages: int):
         pytest.skip("the mapped reader is used on x86-64 only")
     from bcc import BPF
 
-    from recorder import kheaders
+    from recorder.core import kheaders
 
     kheaders.locate()  # exports BCC_KERNEL_SOURCE where only generic headers exist
     return BPF(text=PROGRAM.replace("TARGET", str(target)).replace("PAGES", str(pages)))

@@ -1,4 +1,4 @@
-"""How events meet their Python stack records (recorder/stacks.py StackRecorder.join), without BPF:
+"""How events meet their Python stack records (recorder/core/stacks.py StackRecorder.join), without BPF:
 records are made with the layout bpf/pystack.h sends, events are plain tuples keyed by them."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import struct
 from types import SimpleNamespace
 
-from recorder import stacks
-from recorder.pyframes import STATUS_NO_THREAD_STATE
-from recorder.stacks import StackRecorder
+from recorder.core import stacks
+from recorder.core.pyframes import STATUS_NO_THREAD_STATE
+from recorder.core.stacks import StackRecorder
 
 
 class FakeWriter:

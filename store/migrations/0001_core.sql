@@ -132,7 +132,7 @@ CREATE TABLE offcpu_interval (
 
 -- table: cuda_api
 -- The CUDA runtime and driver symbols the recorder traces; cuda_call.api_id refers to it. Filled by
--- the recorder from recorder/cuda.py when a session starts (ids are stable for a tool version).
+-- the recorder from recorder/layers/cuda.py when a session starts (ids are stable for a tool version).
 CREATE TABLE cuda_api (
     id INTEGER PRIMARY KEY,             -- index in the recorder's API table
     name TEXT NOT NULL UNIQUE,          -- exported symbol, e.g. 'cudaMalloc', 'cuMemAlloc_v2', 'cudaMemcpy_ptds'

@@ -1,5 +1,5 @@
 -- 0002_kernel_log: the kernel log (/dev/kmsg) of a session and the typed events parsed from it.
--- Applied after 0001 (which creates `session`). Written by recorder/kmsg.py (`rows_for`).
+-- Applied after 0001 (which creates `session`). Written by recorder/layers/kmsg/ (`rows_for`).
 -- Secondary indexes are built at stop time: store/indexes/0002_kernel_log.sql.
 
 -- table: kernel_log

@@ -1,6 +1,6 @@
 -- 0004_io: the I/O and device layer: block requests by stage, memory pressure, TCP retransmits,
 -- DMA/SWIOTLB/IOMMU, and the patch series' NVMe timeout and checkpoint events.
--- Written by recorder/iolayer.py from bpf/block.bpf.c, mm.bpf.c, net.bpf.c, dma.bpf.c.
+-- Written by recorder/layers/io/layer.py from bpf/block.bpf.c, mm.bpf.c, net.bpf.c, dma.bpf.c.
 -- Times are ns CLOCK_MONOTONIC (bpf_ktime_get_ns), sizes bytes. Indexes: store/indexes/0004_io.sql.
 
 -- table: block_request

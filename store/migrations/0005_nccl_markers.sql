@@ -4,7 +4,7 @@
 -- table: nccl_api
 -- The NCCL symbols the recorder traces; nccl_call.api_id refers to it (filled at session start).
 CREATE TABLE nccl_api (
-    id INTEGER PRIMARY KEY,             -- index in recorder/nccl.py APIS
+    id INTEGER PRIMARY KEY,             -- index in recorder/layers/workload/nccl.py APIS
     name TEXT NOT NULL UNIQUE,          -- exported symbol, e.g. 'ncclAllReduce'
     kind TEXT NOT NULL                  -- 'collective', 'p2p', 'group', 'init', 'destroy'
 );

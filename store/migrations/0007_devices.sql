@@ -4,7 +4,7 @@
 
 -- table: block_device
 -- Block devices of the session with the controller and PCI function behind each, read from sysfs
--- (recorder/devices.py) when the session starts and when a request names a device not seen yet. One
+-- (recorder/layers/io/devices.py) when the session starts and when a request names a device not seen yet. One
 -- row per device and session; loop, zram and device-mapper disks have no controller, PCI function,
 -- driver or model.
 CREATE TABLE block_device (
@@ -22,7 +22,7 @@ CREATE TABLE block_device (
 
 -- table: gpu_sample
 -- NVML samples of every GPU while recording, every 100 ms by default (STALL_RECORDER_GPU_INTERVAL_MS),
--- taken by a thread of the recorder (recorder/gpu.py). None when there is no GPU or no NVML: the
+-- taken by a thread of the recorder (recorder/layers/gpu.py). None when there is no GPU or no NVML: the
 -- capability row of layer 'gpu', probe 'nvml' says why. A metric a GPU does not support is NULL and
 -- has its own capability row (probe 'power', 'temperature', ...); samples a GPU did not answer are
 -- counted in loss (probe 'nvml_sample').

@@ -1,7 +1,7 @@
 -- Schema v8: checkpoint integrity on stock kernels. Files opted in through recorder.checkpoint(path)
 -- or the xattr user.ai.checkpoint are followed from their open to their close (syscall tracepoints:
 -- bpf/checkpoint.bpf.c), hashed (sha256) by the recorder after they are complete, and checked again
--- at the session stop. Written by recorder/checkpoints.py; judged by the checkpoint_integrity view
+-- at the session stop. Written by recorder/layers/checkpoint.py; judged by the checkpoint_integrity view
 -- (store/views/0007_checkpoint.sql). ts and dur are ns of CLOCK_MONOTONIC, sizes and offsets bytes.
 
 -- table: checkpoint_file

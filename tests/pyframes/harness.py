@@ -69,7 +69,7 @@ def ensure_kernel_headers() -> None:
     if os.environ.get("BCC_KERNEL_SOURCE"):
         return
     try:
-        from recorder import kheaders  # the recorder's own helper, when present
+        from recorder.core import kheaders  # the recorder's own helper, when present
 
         kheaders.locate(prepare=True)
         if os.environ.get("BCC_KERNEL_SOURCE"):
@@ -107,7 +107,7 @@ def load_probe(lib: Path, empty_pair: bool = False) -> Any:
     from bcc import BPF
 
     ensure_kernel_headers()
-    from recorder.pyframes import bpf_source
+    from recorder.core.pyframes import bpf_source
 
     text = bpf_source() + PROBE_TEXT
     bpf = BPF(text=text, cflags=["-Wno-unused-function"])

@@ -1,4 +1,4 @@
-/* offsetof() of every field recorder/pyframes.py's OFFSETS table uses, against one interpreter's
+/* offsetof() of every field recorder/core/pyframes.py's OFFSETS table uses, against one interpreter's
  * own headers (built per interpreter by tests/test_pyframes.py): the table cannot drift silently. */
 #define Py_BUILD_CORE 1
 #include <Python.h>

@@ -20,10 +20,11 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-HEADER = Path(__file__).resolve().parent.parent / "bpf" / "pystack.h"
+from bpf import BPF_DIR
+
+HEADER = BPF_DIR / "pystack.h"
 
 MAX_FRAMES = 64
 
@@ -492,7 +493,7 @@ class PyStackProbe:
 
     def _fsbase_offset(self) -> int:
         if self._fsbase is None:
-            from recorder.btf import member_offset
+            from recorder.core.btf import member_offset
 
             self._fsbase = member_offset("task_struct.thread.fsbase")
         return self._fsbase

@@ -1,6 +1,6 @@
 """NCCL calls the recorder traces, their argument layouts, and the BPF programs generated for them.
 
-Like recorder/cuda.py: one small entry and return program per exported symbol, so the API is a
+Like recorder/layers/cuda.py: one small entry and return program per exported symbol, so the API is a
 compile-time constant. `pnccl*` aliases share the address of `nccl*` and are not attached twice.
 """
 

@@ -1,4 +1,7 @@
-"""Finding CUDA and NCCL libraries mapped by a process, and the API symbols they export."""
+"""Finding the libraries a process maps (CUDA, NCCL, the marker extension) and the symbols they export.
+
+Libraries are recognised by file name here, once, so the loader, the layers and `recorder doctor`
+agree on what a file is."""
 
 from __future__ import annotations
 
@@ -8,8 +11,27 @@ from pathlib import Path
 
 from elftools.common.exceptions import ELFError
 
-from recorder.cuda import library_kind
-from recorder.elfsyms import function_names
+from recorder.core.elfsyms import function_names
+
+
+def cuda_library_kind(path: str) -> str | None:
+    """'runtime', 'driver' or None for a mapped file name (handles versioned and hashed copies)."""
+    base = path.rsplit("/", 1)[-1]
+    if base.startswith("libcudart"):
+        return "runtime"
+    if base.startswith("libcuda.so") or base.startswith("libcuda-"):
+        return "driver"
+    return None
+
+
+def workload_library_kind(path: str) -> str | None:
+    """'nccl' for libnccl*, 'markers' for the recorder's marker extension, else None."""
+    base = path.rsplit("/", 1)[-1]
+    if base.startswith("libnccl"):
+        return "nccl"
+    if base.startswith("_markers") and base.endswith(".so") and "/recorder/" in path:
+        return "markers"
+    return None
 
 
 def mapped_files(pid: int) -> list[str]:
@@ -45,7 +67,7 @@ def gpu_libraries(pid: int) -> list[tuple[str, str]]:
     """(path, kind) of CUDA runtime/driver libraries mapped by pid."""
     out = []
     for path in mapped_files(pid):
-        kind = library_kind(path)
+        kind = cuda_library_kind(path)
         if kind:
             out.append((path, kind))
     return out

@@ -12,7 +12,7 @@ events of one syscall share. `StackRecorder.add()` resolves the records as they 
 each stack id under its key until the event's row takes it (`join()`). A call's native stack is a
 digest under which the `native_stacks` map holds its frames (bpf/cuda.bpf.c walks them);
 `native_id()` reads a digest's frames once per process and symbolises them (the mapped ELF objects'
-symbols, read in bulk by recorder/elfsyms.py), cached per object and address. Both are interned:
+symbols, read in bulk by recorder/core/elfsyms.py), cached per object and address. Both are interned:
 a million calls from one line cost one stack row.
 
 Per process (start, fork, exec) `seen()` configures the walker and one `capability` row says whether
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from recorder.elfsyms import FunctionSymbols
-from recorder.pyframes import (
+from recorder.core.elfsyms import FunctionSymbols
+from recorder.core.pyframes import (
     COUNT_NAMES,
     STATUS_NAMES,
     STATUS_NOT_CONFIGURED,
@@ -302,7 +302,7 @@ class StackRecorder:
         """One capability row per process image: whether its Python frames are read."""
         if pid in self._reported or pid not in self.walker.targets:
             return
-        from recorder.probes import Capability
+        from recorder.core.capability import Capability
 
         target = self.walker.targets[pid]
         self._reported.add(pid)
@@ -515,7 +515,7 @@ class StackRecorder:
         calls themselves were recorded, so this is no loss): layer 'cuda', probe 'native stacks',
         with the count per reason; layer 'python', probe 'stack digests', when the walker could not
         be told a digest (those stacks sent their record at every call instead: slower, not lost)."""
-        from recorder.probes import Capability
+        from recorder.core.capability import Capability
 
         if self.native_errors:
             total = sum(self.native_errors.values())

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recorder.core.libraries import cuda_library_kind
+
 # Argument layouts. Registers follow the x86-64 System V ABI: PARM1..PARM6 = rdi, rsi, rdx, rcx,
 # r8, r9; a dim3 passed by value (12 bytes) takes two registers; further arguments are on the
 # stack at sp+8, sp+16, ... at the first instruction of the callee.
@@ -149,11 +151,4 @@ def bpf_programs(names: list[str] | None = None) -> str:
     return "\n".join(parts)
 
 
-def library_kind(path: str) -> str | None:
-    """'runtime', 'driver' or None for a mapped file name (handles versioned and hashed copies)."""
-    base = path.rsplit("/", 1)[-1]
-    if base.startswith("libcudart"):
-        return "runtime"
-    if base.startswith("libcuda.so") or base.startswith("libcuda-"):
-        return "driver"
-    return None
+library_kind = cuda_library_kind  # 'runtime', 'driver' or None for a mapped file name

@@ -1,5 +1,8 @@
-"""Loading the BPF programs with BCC and attaching them: tracepoints, CUDA uprobes, dlopen.
+"""Loading the session's BPF programs with BCC: the layers' sources compiled into one object, the
+CPython frame walker, target selection, dlopen, and reading the ring buffers and drop counters.
 
+The loader knows no layer: the session hands it every layer's `BpfSource` and generated programs
+(recorder/core/layer.py), and a layer attaches its own uprobes through `Probes.bpf` and `cap()`.
 Every decision is recorded as a Capability (attached / absent / failed, with the reason), which the
 session stores in the `capability` table and `recorder doctor` prints.
 """
@@ -9,49 +12,21 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import bpf
-from recorder import checkpoints, cuda, events, iolayer, kheaders, ringbuf
+from recorder.core import events, kheaders, ringbuf
+from recorder.core.capability import Capability
+from recorder.core.clock import now_ns
+from recorder.core.layer import BpfSource
+from recorder.core.libraries import exported_functions, find_libc
+from recorder.core.pyframes import PyStackProbe, bpf_source
+from recorder.core.settings import Settings
 from recorder.errors import NotPrivileged, ProbeError
-from recorder.libraries import exported_functions, find_libc
-from recorder.pyframes import PyStackProbe, bpf_source
 
 TRACEFS = Path("/sys/kernel/tracing")
-# "0" turns off the Python stack at each blocking switch of a traced thread (bench_offcpu_stack.py)
-OFFCPU_STACKS_ENV = "STALL_RECORDER_OFFCPU_STACKS"
-
-# Tracepoints each BPF source needs; a source whose tracepoints are missing is left out and
-# recorded as absent instead of failing the whole compile.
-LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "sched": (
-        "sched.bpf.c",
-        ("sched:sched_switch", "sched:sched_waking", "raw_syscalls:sys_enter", "raw_syscalls:sys_exit"),
-    ),
-    "task": (
-        "task.bpf.c",
-        ("sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"),
-    ),
-    "cuda": ("cuda.bpf.c", ()),
-}
-LAYER_SOURCES.update(iolayer.LAYER_SOURCES)
-LAYER_SOURCES.update(checkpoints.LAYER_SOURCES)
-OPTIONAL_TRACEPOINTS = {**iolayer.OPTIONAL_TRACEPOINTS, **checkpoints.OPTIONAL_TRACEPOINTS,
-                        # a forked Python inherits its parent's stack-walking recipe in the kernel
-                        "task": ("task:task_newtask",)}
-
-
-@dataclass(frozen=True)
-class Capability:
-    layer: str
-    probe: str
-    status: str  # 'attached', 'absent', 'failed'
-    detail: str = ""
-    target: str = ""
-    ts: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,10 +51,6 @@ class TargetSpec:
         if self.cgroup:
             return f"cgroup {self.cgroup}"
         return "pids " + ",".join(str(p) for p in self.pids)
-
-
-def now_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
 def ensure_tracefs() -> bool:
@@ -127,13 +98,6 @@ def cgroup_identity(path: str) -> tuple[int, int]:
     return os.stat(p).st_ino, level
 
 
-def offcpu_stacks_enabled(environ: dict[str, str] | None = None) -> bool:
-    """Whether off-CPU intervals get the thread's Python stack: on unless $STALL_RECORDER_OFFCPU_STACKS
-    is 0/off/no/false."""
-    value = (os.environ if environ is None else environ).get(OFFCPU_STACKS_ENV, "1")
-    return value.strip().lower() not in ("0", "off", "no", "false")
-
-
 def possible_cpus() -> int:
     """CPUs the kernel may bring online (per-CPU BPF state is sized for these): '0-3,8-11' -> 8."""
     try:
@@ -157,7 +121,8 @@ def check_privileges() -> None:
 class Probes:
     """The session's BPF object and everything attached to it."""
 
-    def __init__(self, target: TargetSpec, extra_source: str = "", offcpu_stacks: bool | None = None) -> None:
+    def __init__(self, target: TargetSpec, sources: Sequence[BpfSource], generated: Sequence[str] = (),
+                 settings: Settings | None = None) -> None:
         check_privileges()
         if not ensure_tracefs():
             raise ProbeError("tracefs is not mounted and could not be: mount -t tracefs nodev /sys/kernel/tracing")
@@ -173,46 +138,39 @@ class Probes:
             ) from None
         self.BPF = BPF
         self.target = target
+        self.settings = settings or Settings.from_environment()
+        self.sources = tuple(sources)
         self.capabilities: list[Capability] = []
-        self.layers: list[str] = []
-        text = self._source(extra_source)
+        self.layers: list[str] = []  # the layers whose BPF sources were compiled
+        self.optional: dict[str, tuple[str, ...]] = {}  # layer -> optional tracepoints present
+        text = self._source(generated)
         try:
             self.bpf = BPF(text=text, cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
         except Exception as e:  # BCC raises bare Exception for compile and load failures
             raise ProbeError(f"BPF programs failed to load ({e}): run 'recorder doctor'") from None
-        for layer in self.layers:
-            for tp in LAYER_SOURCES[layer][1] + getattr(self, "optional", {}).get(layer, ()):
-                self._cap(layer, tp, "attached")
+        for source in self.sources:
+            if source.layer in self.layers:
+                for tp in source.required + self.optional.get(source.layer, ()):
+                    self.cap(source.layer, tp, "attached")
         # the CPython stack walker, tail-called by every CUDA, NCCL and marker entry, and its
-        # tracepoint copy for blocking switches and block I/O (per-process status: recorder/stacks.py)
+        # tracepoint copy for blocking switches and block I/O (per-process status: recorder/core/stacks.py)
         self.pystack = PyStackProbe(self.bpf)
         for probe, install in (("cpython frames walker", self.pystack.install),
                                ("cpython frames walker (tracepoints)", self.pystack.install_tracepoints)):
             try:
                 install()
             except Exception as e:  # every record then says "walker not installed"
-                self._cap("python", probe, "failed", str(e).splitlines()[0][:200])
-        try:  # the CUDA entries' native stack walk (bpf/cuda.bpf.c), one program for every API
-            walk = self.bpf.load_func("cuda_native", BPF.KPROBE)
-            self.bpf.get_table("cuda_progs")[ctypes.c_int(0)] = ctypes.c_int(walk.fd)
-        except Exception as e:  # the calls are recorded without their native stack
-            self._cap("cuda", "native stacks", "failed", str(e).splitlines()[0][:200])
-        if offcpu_stacks is None:
-            offcpu_stacks = offcpu_stacks_enabled()
-        self.set_offcpu_stacks(offcpu_stacks)
-        if "sched" in self.layers:
-            # in the sched layer: the python layer is observed only where a process's frames are read
-            self._cap("sched", "python stacks at blocking switches", "attached" if offcpu_stacks else "absent",
-                      "at each blocking switch" if offcpu_stacks else f"turned off ({OFFCPU_STACKS_ENV}=0)")
+                self.cap("python", probe, "failed", str(e).splitlines()[0][:200])
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
         self.rings: ringbuf.RingSet | None = None  # set by open_rings() where the fast reader works
         self._skipped_seen = 0
 
-    def _cap(self, layer: str, probe: str, status: str, detail: str = "", target: str = "") -> None:
+    def cap(self, layer: str, probe: str, status: str, detail: str = "", target: str = "") -> None:
+        """Record one attach decision (attached / absent / failed) for the capability table."""
         self.capabilities.append(Capability(layer, probe, status, detail, target, now_ns()))
 
-    def _source(self, extra: str) -> str:
+    def _source(self, generated: Sequence[str]) -> str:
         t = self.target
         cg_id, cg_level = cgroup_identity(t.cgroup) if t.cgroup else (0, 0)
         parts = [
@@ -229,74 +187,42 @@ class Probes:
             bpf.source("cuda_inflight.h"),
             "#define PYSTACK_RINGBUF_PAGES 2048\n" + bpf_source(),
         ]
-        for layer, (filename, tracepoints) in LAYER_SOURCES.items():
-            missing = [tp for tp in tracepoints if not tracepoint_exists(tp)]
+        for source in self.sources:
+            missing = [tp for tp in source.required if not tracepoint_exists(tp)]
             if missing:
                 for tp in missing:
-                    self._cap(layer, tp, "absent", "tracepoint not in this kernel")
+                    self.cap(source.layer, tp, "absent", "tracepoint not in this kernel")
                 continue
-            self.layers.append(layer)
-            parts.append(self._optional_tracepoints(layer))
-            parts.append(bpf.source(filename))
-        parts.append(cuda.bpf_programs())
-        parts.append(extra)
+            self.layers.append(source.layer)
+            parts.append(self._optional_tracepoints(source))
+            parts.append(bpf.source(source.filename))
+        parts.extend(generated)
         return "\n".join(parts)
 
-    def _optional_tracepoints(self, layer: str) -> str:
-        """#defines HAVE_TP_<system>_<event> for the layer's optional tracepoints this kernel has."""
-        if not hasattr(self, "optional"):
-            self.optional: dict[str, tuple[str, ...]] = {}
-        present = tuple(tp for tp in OPTIONAL_TRACEPOINTS.get(layer, ()) if tracepoint_exists(tp))
-        self.optional[layer] = present
-        for tp in OPTIONAL_TRACEPOINTS.get(layer, ()):
+    def _optional_tracepoints(self, source: BpfSource) -> str:
+        """#defines HAVE_TP_<system>_<event> for the source's optional tracepoints this kernel has."""
+        present = tuple(tp for tp in source.optional if tracepoint_exists(tp))
+        self.optional[source.layer] = present
+        for tp in source.optional:
             if tp not in present:
-                self._cap(layer, tp, "absent", "tracepoint not in this kernel")
-        for tp in iolayer.NOT_RECORDED.get(layer, ()):
-            self._cap(layer, tp, "absent", "not recorded by this version" if tracepoint_exists(tp)
-                      else "tracepoint not in this kernel")
-        fields = tuple(f"{tp.replace(':', '_')}_{field}" for tp, field in iolayer.OPTIONAL_FIELDS.get(layer, ())
+                self.cap(source.layer, tp, "absent", "tracepoint not in this kernel")
+        for tp in source.not_recorded:
+            self.cap(source.layer, tp, "absent", "not recorded by this version" if tracepoint_exists(tp)
+                     else "tracepoint not in this kernel")
+        fields = tuple(f"{tp.replace(':', '_')}_{field}" for tp, field in source.optional_fields
                        if tracepoint_has_field(tp, field))
         return "\n".join([f"#define HAVE_TP_{tp.replace(':', '_')} 1" for tp in present]
                          + [f"#define HAVE_TPF_{name} 1" for name in fields])
-
-    def set_offcpu_stacks(self, on: bool) -> None:
-        """Capture (or not) the Python stack of a traced thread each time it blocks."""
-        if "sched" in self.layers:
-            self.bpf["sched_settings"][ctypes.c_int(0)] = ctypes.c_uint32(int(on))
 
     # -- targets ----------------------------------------------------------------------------------
     def add_pid(self, pid: int) -> None:
         self.bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
 
     # -- uprobes ----------------------------------------------------------------------------------
-    def attach_library(self, path: str, kind: str) -> int:
-        """Attach entry and return probes to every traced API the library exports."""
-        real = os.path.realpath(path)
-        if real in self.attached_libraries:
-            return 0
-        names = exported_functions(real)
-        wanted = [api for api in cuda.APIS if api.library == kind and api.name in names]
-        if not wanted:
-            self._cap("cuda", f"{kind} library", "absent", "exports no traced CUDA API", path)
-            self.attached_libraries[real] = 0
-            return 0
-        count = 0
-        for api in wanted:
-            i = cuda.API_INDEX[api.name]
-            try:
-                self.bpf.attach_uprobe(name=real, sym=api.name, fn_name=f"cuda_entry_{i}")
-                self.bpf.attach_uretprobe(name=real, sym=api.name, fn_name=f"cuda_return_{i}")
-                self._cap("cuda", api.name, "attached", "", path)
-                count += 1
-            except Exception as e:
-                self._cap("cuda", api.name, "failed", str(e).splitlines()[0][:200], path)
-        self.attached_libraries[real] = count
-        return count
-
     def attach_dlopen(self) -> None:
         libc = find_libc()
         if libc is None:
-            self._cap("task", "dlopen", "absent", "no C library mapped by the recorder")
+            self.cap("task", "dlopen", "absent", "no C library mapped by the recorder")
             return
         names = exported_functions(os.path.realpath(libc))
         for sym in ("dlopen", "dlmopen"):
@@ -304,23 +230,23 @@ class Probes:
                 continue
             try:
                 self.bpf.attach_uretprobe(name=libc, sym=sym, fn_name="task_dlopen_return")
-                self._cap("task", sym, "attached", "", libc)
+                self.cap("task", sym, "attached", "", libc)
             except Exception as e:
-                self._cap("task", sym, "failed", str(e).splitlines()[0][:200], libc)
+                self.cap("task", sym, "failed", str(e).splitlines()[0][:200], libc)
 
     # -- consumption ------------------------------------------------------------------------------
     def open_rings(self, sinks: dict[str, Callable[[bytes], None]],
                    blocks: dict[str, int] | None = None) -> None:
         """Register one sink per ring buffer name; each gets every record's raw bytes. A ring named
         in `blocks` (name -> record size) hands its sink blocks of framed records instead
-        (recorder/ringbuf.py: an 8-byte header before each record; `events.Layout.iter_framed`).
+        (recorder/core/ringbuf.py: an 8-byte header before each record; `events.Layout.iter_framed`).
 
         On x86-64 the rings are read from their memory mapping (a loop over many records per call,
         no Python callback per record); elsewhere, or with STALL_RECORDER_BCC_RINGS=1, through
         BCC's callback per record.
         """
         blocks = blocks or {}
-        fast = ringbuf.supported() and os.environ.get("STALL_RECORDER_BCC_RINGS") != "1"
+        fast = ringbuf.supported() and not self.settings.bcc_rings
         self.rings = ringbuf.RingSet() if fast else None
         for name, sink in sinks.items():
             try:
@@ -372,12 +298,6 @@ class Probes:
             deltas.append(total - self.drop_counts[i])
             self.drop_counts[i] = total
         return deltas
-
-    def open_offcpu(self) -> list[tuple[int, object]]:
-        """Off-CPU intervals still open (tid, record), to close at stop."""
-        if "sched" not in self.layers:
-            return []
-        return [(k.value, v) for k, v in self.bpf["offcpu_open"].items()]
 
     def cleanup(self) -> None:
         if self.rings is not None:

@@ -11,7 +11,7 @@ Where NVML cannot be used (no nvidia-ml-py, no libnvidia-ml.so.1, no driver, no 
 records layer 'gpu' as absent with NVML's reason and records everything else. A metric a GPU does
 not support (power on some boards) is NULL in its samples and recorded once as absent.
 
-Settings (the environment of the recorder):
+Settings (recorder/core/settings.py):
     STALL_RECORDER_NVML_LIB=PATH         load this libnvidia-ml.so.1 instead of the loader's
     STALL_RECORDER_GPU_INTERVAL_MS=N     sample every N ms (10-60000; 0 turns sampling off)
 """
@@ -20,20 +20,21 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import os
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recorder.core.clock import now_ns
+from recorder.core.layer import BaseLayer, Context
+from recorder.core.settings import DEFAULT_GPU_INTERVAL_MS, Settings
 from recorder.errors import UserError
-from recorder.probes import now_ns
 from store.db import Writer
 
-LIBRARY_ENV = "STALL_RECORDER_NVML_LIB"
-INTERVAL_ENV = "STALL_RECORDER_GPU_INTERVAL_MS"
-DEFAULT_INTERVAL_S = 0.1
+LIBRARY_ENV = Settings.variable("nvml_lib")
+INTERVAL_ENV = Settings.variable("gpu_interval_ms")
+DEFAULT_INTERVAL_S = DEFAULT_GPU_INTERVAL_MS / 1000
 SONAME = "libnvidia-ml.so.1"
 COLUMNS = ("session_id", "ts", "gpu_index", "pci_address", "name", "util_gpu", "util_mem", "mem_used_bytes",
            "mem_total_bytes", "sm_clock_mhz", "power_mw", "temperature_c")
@@ -50,18 +51,12 @@ class GpuSettings:
     interval_s: float = DEFAULT_INTERVAL_S
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> GpuSettings:
-        library = environ.get(LIBRARY_ENV) or None
-        if library and not Path(library).is_file():
-            raise UserError(f"{LIBRARY_ENV}={library}: no such file: point it at a libnvidia-ml.so.1 or unset it")
-        interval = DEFAULT_INTERVAL_S
-        text = environ.get(INTERVAL_ENV, "").strip()
-        if text:
-            if not text.isdigit() or not (int(text) == 0 or 10 <= int(text) <= 60_000):
-                raise UserError(f"{INTERVAL_ENV}={text}: give whole milliseconds from 10 to 60000, or 0 for no "
-                                "GPU sampling")
-            interval = int(text) / 1000
-        return cls(Path(library) if library else None, interval)
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> GpuSettings:
+        return cls.from_settings(Settings.from_environment(environ, only=("nvml_lib", "gpu_interval_ms")))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GpuSettings:
+        return cls(settings.nvml_lib, settings.gpu_interval_s)
 
 
 class NvmlUnavailable(Exception):
@@ -243,3 +238,30 @@ class GpuSampler:
             except self._nvml.NVMLError:
                 pass
             self._nvml = None
+
+
+class GpuLayer(BaseLayer):
+    """The GPU layer: NVML samples from a thread of the recorder, started once the rings are open
+    (`start`), moved into the writer at each flush, stopped first at the session stop."""
+
+    name = "gpu"
+    tables = ("gpu_sample",)
+    losses = (LOSS_PROBE,)
+
+    def __init__(self, context: Context, settings: GpuSettings) -> None:
+        super().__init__(context)
+        self.sampler = GpuSampler(context.writer, context.session_id, settings)
+
+    @property
+    def status(self) -> tuple[str, str]:
+        return self.sampler.status
+
+    def start(self) -> bool:
+        return self.sampler.start()
+
+    def flush(self) -> None:
+        self.sampler.flush()
+
+    def stop(self) -> None:
+        """Stop sampling; its last samples go out with the next flush."""
+        self.sampler.stop()

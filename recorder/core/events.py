@@ -80,7 +80,7 @@ class Layout:
         return self._struct.size + 8
 
     def iter_framed(self, joined: bytes):
-        """Records read in blocks from a ring buffer (recorder/ringbuf.py), headers skipped."""
+        """Records read in blocks from a ring buffer (recorder/core/ringbuf.py), headers skipped."""
         framed = _FRAMED.get(self.name)
         if framed is None:
             framed = _FRAMED[self.name] = struct.Struct("=8x" + self._struct.format[1:])
@@ -144,7 +144,7 @@ CUDA = Layout(
         ("py_digest", "u64"),
         ("pid", "u32"),
         ("tid", "u32"),
-        ("api", "u32"),  # index into recorder.cuda.APIS
+        ("api", "u32"),  # index into recorder.layers.cuda.APIS
         ("memcpy_kind", "s32"),
         ("grid_x", "u32"),
         ("grid_y", "u32"),
@@ -428,7 +428,7 @@ NCCL = Layout(
         ("comm_hash", "u64"),  # hash of the ncclUniqueId: the same on every rank (init only)
         ("pid", "u32"),
         ("tid", "u32"),
-        ("api", "u32"),  # index into recorder.nccl.APIS
+        ("api", "u32"),  # index into recorder.layers.workload.nccl.APIS
         ("datatype", "s32"),
         ("op", "s32"),  # reduction op, -1 when none
         ("peer", "s32"),  # root or peer rank, -1 when none
@@ -468,7 +468,7 @@ PROBE_NAMES.update({
 })
 
 
-# -- checkpoint integrity (bpf/checkpoint.bpf.c, recorder/checkpoints.py) ---------------------------
+# -- checkpoint integrity (bpf/checkpoint.bpf.c, recorder/layers/checkpoint.py) ---------------------------
 CKPT_OPEN = Layout(
     "ckpt_open_event",
     (
@@ -555,3 +555,8 @@ PROBE_NAMES.update({
     CONSTANTS["PROBE_CKPT"]: "checkpoint ring buffer",
     CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint descriptor map full",
 })
+
+
+def probe_names(*constants: str) -> tuple[str, ...]:
+    """The `loss.probe` names of the drop counters named by their PROBE_* constants."""
+    return tuple(PROBE_NAMES[CONSTANTS[c]] for c in constants)

@@ -1,11 +1,9 @@
-"""The I/O and device layer of a session: block requests, memory pressure, TCP retransmits, DMA,
-the patch series' tracepoints, and the kernel log.
+"""The I/O and device layer of a session: block requests, memory pressure, TCP retransmits, DMA
+and the patch series' tracepoints.
 
 `IoLayer` owns the rows of bpf/block.bpf.c, mm.bpf.c, net.bpf.c and dma.bpf.c: the session hands it
 the raw ring-buffer records and it turns them into rows of store/migrations/0004_io.sql, and
-describes each device a request names in `block_device` (recorder/devices.py).
-`KernelLog` reads /dev/kmsg from the session start (recorder/kmsg.py) into the tables of
-0002_kernel_log.sql. Each records in `capability` what it could attach and why not.
+describes each device a request names in `block_device` (recorder/layers/io/devices.py).
 
 Which block requests are recorded is the rule in bpf/block.bpf.c: those a target thread submits
 (including its throttled I/O, queued later by a kworker, found from its I/O intent), and those
@@ -17,18 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recorder import events, kmsg
-from recorder.devices import BlockDeviceTable
-from recorder.identity import Identity
-from store.db import Store, Writer
-
-# layer -> (BPF source, tracepoints it cannot do without); merged into probes.LAYER_SOURCES
-LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "block": ("block.bpf.c", ("block:block_bio_queue", "block:block_rq_issue", "block:block_rq_complete")),
-    "mm": ("mm.bpf.c", ()),
-    "net": ("net.bpf.c", ()),
-    "dma": ("dma.bpf.c", ()),
-}
+from recorder.core import events
+from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.layers.io.devices import BlockDeviceTable
 
 # Tracepoints used when present (HAVE_TP_<system>_<name> is defined for the BPF source); each is
 # recorded in `capability` as attached or absent.
@@ -57,6 +46,13 @@ OPTIONAL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
 
 # Present in some kernels, not recorded yet: listed so `capability` says so.
 NOT_RECORDED = {"block": ("nvme:nvme_setup_cmd", "nvme:nvme_complete_rq")}
+SOURCES = (
+    BpfSource("block", "block.bpf.c", ("block:block_bio_queue", "block:block_rq_issue", "block:block_rq_complete"),
+              OPTIONAL_TRACEPOINTS["block"], NOT_RECORDED["block"], OPTIONAL_FIELDS["block"]),
+    BpfSource("mm", "mm.bpf.c", (), OPTIONAL_TRACEPOINTS["mm"]),
+    BpfSource("net", "net.bpf.c", (), OPTIONAL_TRACEPOINTS["net"]),
+    BpfSource("dma", "dma.bpf.c", (), OPTIONAL_TRACEPOINTS["dma"]),
+)
 
 BLOCK_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "submitter_kind", "device", "dev_major", "dev_minor",
@@ -156,30 +152,45 @@ def _ip(raw: bytes, family: int) -> str:
     return str(addr)
 
 
-class IoLayer:
+class IoLayer(BaseLayer):
     """Rows for the I/O layer's ring buffers; one per session."""
 
-    def __init__(self, writer: Writer, identity: Identity, session_id: int, probes, stacks=None) -> None:
-        self.writer = writer
-        self.stacks = stacks  # the session's StackRecorder: submitters' Python stacks (None: not joined)
-        self.identity = identity
-        self.session_id = session_id
+    name = "io"
+    sources = SOURCES
+    tables = ("block_request", "reclaim_interval", "dirty_throttle", "oom_victim", "tcp_retransmit", "dma_event",
+              "nvme_timeout_action", "checkpoint_write", "block_device")
+    losses = events.probe_names("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_BLOCK_UNCOMPLETED", "PROBE_MM", "PROBE_NET",
+                                "PROBE_DMA")
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self.writer = context.writer
+        self.identity = context.identity
+        self.session_id = context.session_id
         self.raw: dict[str, list[bytes]] = {kind: [] for kind in RINGS.values()}
         self._names: dict[int, str | None] = {}
-        self.devices = BlockDeviceTable(writer, session_id)
+        self.devices = BlockDeviceTable(self.writer, self.session_id)
         self._kthread: dict[int, bool] = {}
+        self.events = 0
+        self.probes = None
+        self.stacks = None  # the session's StackRecorder: submitters' Python stacks (None: not joined)
+
+    def prepare(self) -> None:
         for table, cols in (("block_request", BLOCK_COLUMNS), ("reclaim_interval", RECLAIM_COLUMNS),
                             ("dirty_throttle", DIRTY_COLUMNS), ("oom_victim", OOM_COLUMNS),
                             ("tcp_retransmit", TCP_COLUMNS), ("dma_event", DMA_COLUMNS),
                             ("nvme_timeout_action", NVME_AI_COLUMNS),
                             ("checkpoint_write", CHECKPOINT_COLUMNS)):
-            writer.table(table, cols)
-        self.events = 0
-        self.probes = probes
+            self.writer.table(table, cols)
+
+    def attach(self) -> None:
+        self.probes = probes = self.context.probes
+        self.stacks = self.context.stacks
         if probes is not None and "block" in probes.layers:
             self._fill_partitions(probes.bpf)
+        self.devices.record_present()
 
-    def finish(self, ts: int) -> int:
+    def finish(self, ts: int) -> int:  # type: ignore[override]
         """At stop, after the last records were read: requests issued whose completion never
         reached the probe (still in flight, or their completion program skipped: bpf/block.bpf.c,
         block_done) go to `loss`; returns how many."""
@@ -203,7 +214,7 @@ class IoLayer:
             leaf.start, leaf.disk, leaf.block_shift = start, disk, shift
             table[ctypes.c_uint32(dev)] = leaf
 
-    def sinks(self) -> dict:
+    def sinks(self) -> dict[str, Sink]:
         return {ring: self.raw[kind].append for ring, kind in RINGS.items()}
 
     def _device(self, dev: int) -> str | None:
@@ -327,45 +338,3 @@ def _block_stack_key(rec: tuple) -> tuple[int, int, int] | None:
 
 def _signed(value: int) -> int:
     return value - 2**64 if value >= 2**63 else value
-
-
-class KernelLog:
-    """/dev/kmsg of a session: opened at the session start, polled without blocking."""
-
-    def __init__(self, store: Store, writer: Writer, session_id: int, start_ns: int) -> None:
-        self.writer = writer
-        self.session_id = session_id
-        self.reader: kmsg.KmsgReader | None = None
-        self.capability: list[tuple[str, str, str]] = []  # (probe, status, detail)
-        for table, cols in kmsg.TABLE_COLUMNS.items():
-            writer.table(table, cols)
-        self._next_id = (store.one("SELECT max(id) AS m FROM kernel_log")["m"] or 0) + 1
-        try:
-            self.reader = kmsg.KmsgReader(start_ns).open()
-        except (OSError, kmsg.NotPrivileged) as e:
-            self.capability.append(("/dev/kmsg", "failed", str(e)))
-            return
-        try:
-            off = self.reader.calibrate()
-            self.capability.append(("/dev/kmsg", "attached",
-                                    f"printk clock offset {off.offset_ns} ns +/- {off.uncertainty_ns} ns"))
-        except (OSError, RuntimeError, kmsg.NotPrivileged) as e:
-            self.capability.append(("/dev/kmsg", "attached", f"printk clock not calibrated ({e})"))
-
-    def poll(self) -> int:
-        """Read every record available now into rows; returns how many."""
-        if self.reader is None:
-            return 0
-        entries = self.reader.read_available()
-        cols = kmsg.TABLE_COLUMNS
-        for entry in entries:
-            log_id = self._next_id
-            self._next_id += 1
-            for table, row in kmsg.rows_for(entry, self.session_id, log_id):
-                self.writer.add(table, tuple(row.get(c) for c in cols[table]))
-        return len(entries)
-
-    def close(self) -> None:
-        if self.reader is not None:
-            self.poll()
-            self.reader.close()

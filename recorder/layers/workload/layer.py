@@ -2,24 +2,21 @@
 collective) and the markers its script calls (recorder.step / lineage / checkpoint).
 
 Libraries are found like the CUDA ones: `libnccl*` and the marker extension `recorder/_markers*.so`
-in each target's /proc/PID/maps (at start, after exec and dlopen, and once a second). The session
-calls `source()` when it compiles, `sinks()` for the ring buffers, `scan(pid, ...)` when it looks at
-a process, and `flush()` before each write.
+in each target's /proc/PID/maps (at start, after exec and dlopen, and once a second); the session
+calls `scan(pid, ...)` when it looks at a process. Its BPF (nccl.bpf.c, lineage.bpf.c and the NCCL
+programs of recorder/layers/workload/nccl.py) is compiled after every other layer's.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
-
-from recorder import events, nccl
-from recorder.libraries import exported_functions, mapped_files, resolve
-from recorder.probes import now_ns
-
-if TYPE_CHECKING:
-    from recorder.session import Session
 
 import bpf
+from recorder.core import events
+from recorder.core.clock import now_ns
+from recorder.core.layer import BaseLayer, Context, Sink
+from recorder.core.libraries import exported_functions, mapped_files, resolve, workload_library_kind
+from recorder.layers.workload import nccl
 
 NCCL_CALL_COLUMNS = ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "count", "datatype", "op",
                      "peer", "handle", "stream", "cgroup_id", "python_stack_id")
@@ -36,31 +33,30 @@ def signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def library_kind(path: str) -> str | None:
-    base = path.rsplit("/", 1)[-1]
-    if base.startswith("libnccl"):
-        return "nccl"
-    if base.startswith("_markers") and base.endswith(".so") and "/recorder/" in path:
-        return "markers"
-    return None
+library_kind = workload_library_kind  # 'nccl', 'markers' or None for a mapped file name
 
 
-class WorkloadLayer:
-    def __init__(self, session: Session) -> None:
-        self.session = session
+class WorkloadLayer(BaseLayer):
+    name = "workload"
+    tables = ("nccl_api", "nccl_call", "nccl_comm", "step_mark", "lineage_mark", "lineage_label", "checkpoint_mark",
+              "library")
+    losses = events.probe_names("PROBE_NCCL", "PROBE_NCCL_MAP", "PROBE_MARKER")
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
         self.raw: dict[str, list[bytes]] = {"nccl": [], "marker": []}
         self.labels_seen: set[int] = set()
         self.attached: set[str] = set()
 
-    def source(self) -> str:
+    def bpf_text(self) -> str:
         return "\n".join([bpf.source("nccl.bpf.c"), bpf.source("lineage.bpf.c"), nccl.bpf_programs()])
 
-    def sinks(self) -> dict:
+    def sinks(self) -> dict[str, Sink]:
         return {"nccl_events": self.raw["nccl"].append, "marker_events": self.raw["marker"].append}
 
     def prepare(self) -> None:
         """Tables and the API list, once the store and writer exist."""
-        s = self.session
+        s = self.context
         s.store.conn.executemany("INSERT OR IGNORE INTO nccl_api (id, name, kind) VALUES (?, ?, ?)",
                                  [(i, a.name, a.kind) for i, a in enumerate(nccl.APIS)])
         s.store.conn.commit()
@@ -77,14 +73,15 @@ class WorkloadLayer:
         for path in mapped_files(pid):
             kind = library_kind(path)
             if kind:
-                self.attach(resolve(pid, path), kind, found_by)
+                self.attach_library(resolve(pid, path), kind, found_by)
 
-    def attach(self, path: str, kind: str, found_by: str) -> None:
+    def attach_library(self, path: str, kind: str, found_by: str) -> None:
         real = os.path.realpath(path)
         if real in self.attached:
             return
         self.attached.add(real)
-        probes = self.session.probes
+        self.context.libraries[real] = kind
+        probes = self.context.probes
         names = exported_functions(real)
         if kind == "nccl":
             wanted = [(f"nccl_entry_{i}", f"nccl_return_{i}", a.name) for i, a in enumerate(nccl.APIS)
@@ -94,25 +91,24 @@ class WorkloadLayer:
             wanted = [(fn, None, sym) for sym, fn in MARKER_SYMBOLS.items() if sym in names]
             layer = "markers"
         if not wanted:
-            probes._cap(layer, f"{kind} library", "absent", "exports none of the traced functions", path)
+            probes.cap(layer, f"{kind} library", "absent", "exports none of the traced functions", path)
             return
         for entry, ret, sym in wanted:
             try:
                 probes.bpf.attach_uprobe(name=real, sym=sym, fn_name=entry)
                 if ret:
                     probes.bpf.attach_uretprobe(name=real, sym=sym, fn_name=ret)
-                probes._cap(layer, sym, "attached", "", path)
+                probes.cap(layer, sym, "attached", "", path)
             except Exception as e:  # BCC raises bare Exception
-                probes._cap(layer, sym, "failed", str(e).splitlines()[0][:200], path)
-        self.session.writer.add("library", (self.session.session_id, path, kind, now_ns(),
-                                            found_by))
+                probes.cap(layer, sym, "failed", str(e).splitlines()[0][:200], path)
+        self.context.writer.add("library", (self.context.session_id, path, kind, now_ns(), found_by))
 
     # -- rows -------------------------------------------------------------------------------------
     def flush(self) -> None:
-        s = self.session
+        s = self.context
         sid, ident, w = s.session_id, s.identity, s.writer
         for kind, records in self.raw.items():
-            s.counters.events[kind] = s.counters.events.get(kind, 0) + len(records)
+            s.count(kind, len(records))
         stacks = s.stacks  # each marker and NCCL entry captured its Python stack under (ts, pid, tid)
         if self.raw["marker"] or stacks.held("marker"):
             records = events.MARKER.iter_unpack(b"".join(self.raw["marker"]))

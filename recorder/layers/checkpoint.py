@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recorder import events
+from recorder.core import events
+from recorder.core.clock import now_ns
+from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.libraries import workload_library_kind
 from store.errors import StoreError
 
 if TYPE_CHECKING:
-    from recorder.session import Session
     from store.db import Store
 
 XATTR = "user.ai.checkpoint"
@@ -63,17 +65,13 @@ _SIZES = {layout.size: layout for layout in (events.CKPT_OPEN, events.CKPT_IO, e
                                                events.CKPT_SCOPE)}
 assert len(_SIZES) == 4, "checkpoint records are told apart by their size"
 
-# layer -> (BPF source, tracepoints it cannot do without); merged into probes.LAYER_SOURCES
-LAYER_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "checkpoint": ("checkpoint.bpf.c", (
-        "syscalls:sys_enter_openat", "syscalls:sys_exit_openat", "syscalls:sys_enter_write",
-        "syscalls:sys_exit_write", "syscalls:sys_enter_close", "syscalls:sys_exit_close")),
-}
-OPTIONAL_TRACEPOINTS: dict[str, tuple[str, ...]] = {
-    "checkpoint": tuple(f"syscalls:sys_enter_{name}" for name in (
+SOURCES = (BpfSource(
+    "checkpoint", "checkpoint.bpf.c",
+    ("syscalls:sys_enter_openat", "syscalls:sys_exit_openat", "syscalls:sys_enter_write",
+     "syscalls:sys_exit_write", "syscalls:sys_enter_close", "syscalls:sys_exit_close"),
+    optional=tuple(f"syscalls:sys_enter_{name}" for name in (
         "open", "creat", "openat2", "pwrite64", "writev", "pwritev", "pwritev2", "sendfile64",
-        "copy_file_range", "lseek", "fsync", "fdatasync", "ftruncate", "rename", "renameat", "renameat2")),
-}
+        "copy_file_range", "lseek", "fsync", "fdatasync", "ftruncate", "rename", "renameat", "renameat2"))),)
 
 FILE_COLUMNS = ("id", "session_id", "ts", "dur", "thread_id", "path", "opted_by", "scope_path", "scope_ts",
                 "scope_thread_id", "scope_end_ts", "tag", "dev_major", "dev_minor", "ino", "modifies_file_id")
@@ -83,10 +81,6 @@ OP_COLUMNS = ("session_id", "file_id", "ts", "dur", "thread_id", "op", "fd", "op
               "error")
 VERIFY_COLUMNS = ("session_id", "file_id", "ts", "dur", "trigger", "method", "path", "state", "ino", "size_bytes",
                   "mtime_ns", "mtime_ts", "sha256", "detail")
-
-
-def now_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
 def db_text(path: str | None) -> str | None:
@@ -342,20 +336,24 @@ class OpenFile:
         self.path = self.path or self.opened
 
 
-class CheckpointLayer:
+class CheckpointLayer(BaseLayer):
     """Rows for checkpoint_file, checkpoint_extent, checkpoint_op and checkpoint_verify; one per session.
 
-    The session calls `sinks()` for the ring buffer, `flush()` with every batch, `process_exited()`
-    for every process exit, and `finish()` before it closes its writer.
+    Besides the contract, the session calls `process_exited()` for every process exit.
     """
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.writer = session.writer
-        self.identity = session.identity
-        self.sid = session.session_id
-        self.probes = session.probes
-        self.enabled = self.probes is not None and "checkpoint" in self.probes.layers
+    name = "checkpoint"
+    sources = SOURCES
+    tables = ("checkpoint_file", "checkpoint_extent", "checkpoint_op", "checkpoint_verify")
+    losses = events.probe_names("PROBE_CKPT", "PROBE_CKPT_MAP")
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self.writer = context.writer
+        self.identity = context.identity
+        self.sid = context.session_id
+        self.probes = None
+        self.enabled = False  # until attach() finds checkpoint.bpf.c compiled
         self.raw: list[bytes] = []
         self.opens: dict[tuple[int, int, int], OpenFile] = {}  # (pid, fd, open_id)
         self.pending: list[OpenFile] = []
@@ -371,19 +369,26 @@ class CheckpointLayer:
         self.attached: set[str] = set()
         self.hasher: Hasher | None = None
         self.events = 0
+        self._next_id = 0
+
+    def prepare(self) -> None:
         for table, cols in (("checkpoint_file", FILE_COLUMNS), ("checkpoint_extent", EXTENT_COLUMNS),
                             ("checkpoint_op", OP_COLUMNS), ("checkpoint_verify", VERIFY_COLUMNS)):
             self.writer.table(table, cols)
-        row = session.store.one("SELECT max(id) AS m FROM checkpoint_file")
+        row = self.context.store.one("SELECT max(id) AS m FROM checkpoint_file")
         self._next_id = ((row or {}).get("m") or 0) + 1
+
+    def attach(self) -> None:
+        self.probes = self.context.probes
+        self.enabled = self.probes is not None and "checkpoint" in self.probes.layers
         if self.enabled:
             self.hasher = Hasher()
             # the recorder's own marker extension: attached before any target maps it, so a scope
             # entered right after `import recorder` is seen
-            for lib in sorted(Path(__file__).resolve().parent.glob("_markers*.so")):
+            for lib in sorted(Path(__file__).resolve().parent.parent.glob("_markers*.so")):
                 self.attach_markers(str(lib))
 
-    def sinks(self) -> dict:
+    def sinks(self) -> dict[str, Sink]:
         return {"checkpoint_events": self.raw.append} if self.enabled else {}
 
     # -- attaching -------------------------------------------------------------------------------
@@ -395,15 +400,14 @@ class CheckpointLayer:
         self.attached.add(real)
         try:
             self.probes.bpf.attach_uprobe(name=real, sym=MARKER_SYMBOL, fn_name="checkpoint_scope")
-            self.probes._cap("checkpoint", MARKER_SYMBOL, "attached", "", real)
+            self.probes.cap("checkpoint", MARKER_SYMBOL, "attached", "", real)
         except Exception as e:  # BCC raises bare Exception
-            self.probes._cap("checkpoint", MARKER_SYMBOL, "failed", str(e).splitlines()[0][:200], real)
+            self.probes.cap("checkpoint", MARKER_SYMBOL, "failed", str(e).splitlines()[0][:200], real)
 
     def _follow_workload_libraries(self) -> None:
-        from recorder.workload_layer import library_kind  # imports recorder.probes, which imports us
-
-        for path in list(self.session.workload.attached):
-            if path not in self.attached and library_kind(path) == "markers":
+        """Copies of the marker extension the workload layer found mapped by a target."""
+        for path in list(self.context.libraries):
+            if path not in self.attached and workload_library_kind(path) == "markers":
                 self.attach_markers(path)
 
     # -- events ----------------------------------------------------------------------------------
@@ -752,7 +756,7 @@ class CheckpointLayer:
             self.sid, file_id, v.ts, v.dur, trigger, v.method, db_text(v.path), v.state, v.ino, v.size_bytes,
             v.mtime_ns, v.mtime_ts, v.sha256, v.detail))
 
-    def finish(self) -> None:
+    def finish(self, ts: int = 0) -> None:
         """At the stop: the exits not judged yet, the hashes still due (up to STOP_HASH_DEADLINE_S),
         then a stat of every hashed file."""
         if not self.enabled:

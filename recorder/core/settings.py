@@ -1,0 +1,117 @@
+"""Every setting of the recorder in one model: the STALL_RECORDER_* environment variables and the
+defaults the command line shows. Read here and nowhere else; a bad value is a one-line UserError that
+names the variable and says what to give instead.
+
+    STALL_RECORDER_DB=PATH               the recording database when --db is not given (stall.db)
+    STALL_RECORDER_MCP_TOKEN=TOKEN       bearer token of `recorder mcp --https` without --token-file
+    STALL_RECORDER_NVML_LIB=PATH         load this libnvidia-ml.so.1 instead of the loader's
+    STALL_RECORDER_GPU_INTERVAL_MS=N     sample the GPUs every N ms (10-60000; 0 turns sampling off)
+    STALL_RECORDER_OFFCPU_STACKS=0       no Python stack at each blocking switch (on unless 0/off/no/false)
+    STALL_RECORDER_BCC_RINGS=1           read the ring buffers through BCC's callbacks, not the mapping
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from store.errors import UserError
+
+PREFIX = "STALL_RECORDER_"
+DEFAULT_DB = "stall.db"
+DEFAULT_GPU_INTERVAL_MS = 100
+_OFF = ("0", "off", "no", "false")
+
+
+class _Invalid(ValueError):
+    """A setting's one-line message, carried through pydantic's ValidationError unchanged."""
+
+
+class Settings(BaseModel):
+    """The recorder's settings; field `x` is read from $STALL_RECORDER_<X>."""
+
+    model_config = ConfigDict(frozen=True)
+
+    db: Path = Path(DEFAULT_DB)
+    mcp_token: str | None = None
+    nvml_lib: Path | None = None
+    gpu_interval_ms: int = DEFAULT_GPU_INTERVAL_MS
+    offcpu_stacks: bool = True
+    bcc_rings: bool = False
+
+    @staticmethod
+    def variable(name: str) -> str:
+        return PREFIX + name.upper()
+
+    @field_validator("db", mode="before")
+    @classmethod
+    def _db(cls, value: object) -> object:
+        return value or DEFAULT_DB
+
+    @field_validator("mcp_token", mode="before")
+    @classmethod
+    def _token(cls, value: object) -> object:
+        return value or None
+
+    @field_validator("nvml_lib", mode="before")
+    @classmethod
+    def _nvml_lib(cls, value: object) -> object:
+        if not value:
+            return None
+        if not Path(str(value)).is_file():
+            raise _Invalid(f"{PREFIX}NVML_LIB={value}: no such file: point it at a libnvidia-ml.so.1 or unset it")
+        return value
+
+    @field_validator("gpu_interval_ms", mode="before")
+    @classmethod
+    def _interval(cls, value: object) -> object:
+        if isinstance(value, int):
+            text = str(value)
+        else:
+            text = str(value or "").strip()
+            if not text:
+                return DEFAULT_GPU_INTERVAL_MS
+        if not text.isdigit() or not (int(text) == 0 or 10 <= int(text) <= 60_000):
+            raise _Invalid(f"{PREFIX}GPU_INTERVAL_MS={text}: give whole milliseconds from 10 to 60000, or 0 for no "
+                           "GPU sampling")
+        return int(text)
+
+    @field_validator("offcpu_stacks", mode="before")
+    @classmethod
+    def _offcpu(cls, value: object) -> object:
+        if isinstance(value, str):  # anything but an explicit "off" keeps the stacks
+            return value.strip().lower() not in _OFF
+        return value
+
+    @field_validator("bcc_rings", mode="before")
+    @classmethod
+    def _bcc_rings(cls, value: object) -> object:
+        if isinstance(value, str):  # only "1" switches to BCC's callbacks
+            return value == "1"
+        return value
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None,
+                         only: Iterable[str] | None = None) -> Settings:
+        """The settings from the environment (os.environ by default); `only` reads just those fields
+        (the others keep their defaults), so a command that does not record is not stopped by a
+        malformed recording setting."""
+        environ = os.environ if environ is None else environ
+        names = tuple(cls.model_fields) if only is None else tuple(only)
+        values = {name: environ[cls.variable(name)] for name in names if cls.variable(name) in environ}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as e:
+            error = e.errors()[0]
+            cause = error.get("ctx", {}).get("error")
+            if isinstance(cause, _Invalid):
+                raise UserError(str(cause)) from None
+            name = str(error["loc"][0]) if error.get("loc") else "?"
+            raise UserError(f"{cls.variable(name)}={values.get(name)!r}: {error['msg']}; fix or unset it") from None
+
+    @property
+    def gpu_interval_s(self) -> float:
+        return self.gpu_interval_ms / 1000

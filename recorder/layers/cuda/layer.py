@@ -1,0 +1,238 @@
+"""The CUDA layer: uprobes on every traced API a mapped libcudart/libcuda exports (apis.py), and the
+rows of `cuda_call` and `cuda_api`."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from collections.abc import Callable
+
+from recorder.core import events
+from recorder.core.clock import now_ns
+from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.libraries import exported_functions
+from recorder.layers.cuda.apis import API_INDEX, APIS, bpf_programs
+
+SOURCES = (BpfSource("cuda", "cuda.bpf.c"),)
+
+
+# -- rows ---------------------------------------------------------------------------------------------
+CUDA_COLUMNS = (
+    "session_id", "ts", "dur", "thread_id", "api_id", "ret", "size_bytes",
+    "size_class", "stream", "function", "pointer", "event_handle", "memcpy_kind", "grid", "block",
+    "shared_mem_bytes", "cgroup_id", "python_stack_id", "native_stack_id",
+)
+# Which cuda_event fields mean something for each argument layout; others are stored as NULL.
+_LAYOUT_FIELDS = {
+    "none": set(),
+    "malloc": {"size", "pointer"},
+    "malloc_async": {"size", "pointer", "stream"},
+    "free": {"pointer"},
+    "free_async": {"pointer", "stream"},
+    "memcpy": {"size", "memcpy_kind"},
+    "memcpy_async": {"size", "memcpy_kind", "stream"},
+    "memcpy_drv": {"size"},
+    "memcpy_drv_async": {"size", "stream"},
+    "stream": {"stream"},
+    "event": {"handle"},
+    "launch_rt": {"function", "launch", "stream"},
+    "launch_drv": {"function", "launch", "stream"},
+    "launch_drv_ex": {"function", "launch", "stream"},
+    "launch_rt_ex": {"function", "launch", "stream"},
+}
+_API_FIELDS = [_LAYOUT_FIELDS[api.layout] for api in APIS]
+# per API: (size, stream, launch, pointer, handle, memcpy_kind) are meaningful
+_API_FLAGS = [tuple(name in fields for name in ("size", "stream", "launch", "pointer", "handle", "memcpy_kind"))
+              for fields in _API_FIELDS]
+# The same as one byte per API, bit i for flag i (recorder/_ingest.c)
+_API_FLAG_BITS = bytes(sum(1 << i for i, flag in enumerate(flags) if flag) for flags in _API_FLAGS)
+# cuda_call's columns as recorder/_ingest.c packs them: 'd' is a launch's "x,y,z" grid or block
+CUDA_PROGRAM = "iiiiiiiiiiiiiddiiii"
+# cuda_event fields recorder/_ingest.c reads, in its order
+CUDA_PACK_FIELDS = ("ts", "dur", "cgroup_id", "ret", "size", "stream", "function", "pointer", "handle",
+                    "py_digest",
+                    "pid", "tid", "api", "memcpy_kind", "grid_x", "grid_y", "grid_z", "block_x",
+                    "block_y", "block_z", "shared_mem", "flags", "native_digest")
+# cuda_event unpacked with its 64-bit fields signed: SQLite's INTEGER is a signed 64-bit value, so a
+# value above 2**63 - 1 (a size_t of -1 passed to cudaMalloc) is stored as its two's complement
+_CUDA_SIGNED = struct.Struct("=8x" + events.CUDA.fmt[1:].replace("Q", "q"))
+_CUDA_PID, _CUDA_TID, _CUDA_DIGEST = (events.CUDA.names.index(n) for n in ("pid", "tid", "py_digest"))
+
+
+def _ingest_module():
+    try:
+        from recorder import _ingest
+    except ImportError:  # not built (no compiler at install time): rows are built in Python
+        return None
+    return _ingest
+
+
+def cuda_stack_key(rec: tuple) -> tuple[int, int, int] | int:
+    """A CUDA call's stack record is keyed by its entry (ts, pid, tid); a stack sent before comes
+    as its digest instead (bpf/pystack.h PYSTACK_CAPTURE_BY_DIGEST)."""
+    return rec[_CUDA_DIGEST] or (rec[0], rec[_CUDA_PID], rec[_CUDA_TID])
+
+
+class CudaLayer(BaseLayer):
+    """CUDA calls of the targets: uprobes on every traced API a mapped libcudart/libcuda exports."""
+
+    name = "cuda"
+    sources = SOURCES
+    tables = ("cuda_api", "cuda_call", "library")
+    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP")
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self.raw: list[bytes] = []
+        self._pack_cuda: Callable | None = None
+
+    def prepare(self) -> None:
+        ctx = self.context
+        ctx.store.conn.executemany(
+            "INSERT OR IGNORE INTO cuda_api (id, name, family, library, arguments) VALUES (?,?,?,?,?)",
+            [(i, a.name, a.family, a.library, a.layout) for i, a in enumerate(APIS)])
+        ctx.store.conn.commit()
+        ctx.writer.table("cuda_call", CUDA_COLUMNS)
+        self._pack_cuda = self._packing()
+
+    def bpf_text(self) -> str:
+        return bpf_programs()
+
+    def attach(self) -> None:
+        probes = self.context.probes
+        try:  # the CUDA entries' native stack walk (bpf/cuda.bpf.c), one program for every API
+            walk = probes.bpf.load_func("cuda_native", probes.BPF.KPROBE)
+            probes.bpf.get_table("cuda_progs")[ctypes.c_int(0)] = ctypes.c_int(walk.fd)
+        except Exception as e:  # the calls are recorded without their native stack
+            probes.cap("cuda", "native stacks", "failed", str(e).splitlines()[0][:200])
+
+    def attach_library(self, path: str, kind: str) -> int:
+        """Attach entry and return probes to every traced API the library exports."""
+        probes = self.context.probes
+        real = os.path.realpath(path)
+        if real in probes.attached_libraries:
+            return 0
+        names = exported_functions(real)
+        wanted = [api for api in APIS if api.library == kind and api.name in names]
+        if not wanted:
+            probes.cap("cuda", f"{kind} library", "absent", "exports no traced CUDA API", path)
+            probes.attached_libraries[real] = 0
+            return 0
+        count = 0
+        for api in wanted:
+            i = API_INDEX[api.name]
+            try:
+                probes.bpf.attach_uprobe(name=real, sym=api.name, fn_name=f"cuda_entry_{i}")
+                probes.bpf.attach_uretprobe(name=real, sym=api.name, fn_name=f"cuda_return_{i}")
+                probes.cap("cuda", api.name, "attached", "", path)
+                count += 1
+            except Exception as e:
+                probes.cap("cuda", api.name, "failed", str(e).splitlines()[0][:200], path)
+        probes.attached_libraries[real] = count
+        return count
+
+    def found(self, path: str, kind: str, found_by: str) -> None:
+        """A CUDA library mapped by a target (or named by --cuda-lib): attach it, and list it in
+        `library` the first time."""
+        probes = self.context.probes
+        before = len(probes.attached_libraries)
+        self.attach_library(path, kind)
+        if len(probes.attached_libraries) > before:
+            self.context.writer.add("library", (self.context.session_id, path, kind, now_ns(), found_by))
+
+    def sinks(self) -> dict[str, Sink]:
+        return {"cuda_events": self.raw.append}
+
+    def blocks(self) -> dict[str, int]:
+        return {"cuda_events": events.CUDA.size}
+
+    def flush(self) -> None:
+        ctx = self.context
+        joined_cuda = b"".join(self.raw)  # blocks of framed records (Probes.open_rings)
+        ctx.events["cuda"] += len(joined_cuda) // events.CUDA.framed_size
+        if self.raw or ctx.stacks.held("cuda"):
+            if self._pack_cuda and joined_cuda:
+                joined_cuda = self._pack_cuda_rows(joined_cuda)
+            ctx.writer.extend("cuda_call", self._cuda_rows(joined_cuda))
+            self.raw.clear()
+
+    def _packing(self) -> Callable | None:
+        """recorder/_ingest.c's pack_cuda with cuda_call declared packed to the writer, or None
+        when the extensions are not built or not safe here (rows are then built in Python)."""
+        writer = self.context.writer
+        ingest = _ingest_module() if writer.packs else None
+        if ingest is None:
+            return None
+        writer.packed_table("cuda_call", CUDA_PROGRAM)
+        self._cuda_offsets = tuple(events.CUDA.offsets()[name] for name in CUDA_PACK_FIELDS)
+        return ingest.pack_cuda
+
+    def _pack_cuda_rows(self, joined: bytes) -> bytes:
+        """Write the cuda_call rows of the records whose thread and stacks are known, packed
+        (recorder/_ingest.c, the same values _cuda_rows() gives); returns the other records."""
+        ctx = self.context
+        framed = events.CUDA.framed_size
+        packed, misses = self._pack_cuda(
+            joined, framed, self._cuda_offsets, ctx.session_id, ctx.identity.threads,
+            ctx.stacks.join_keys(), ctx.stacks.digests(), ctx.stacks.native_cache(),
+            _API_FLAG_BITS, self._learn_cuda)
+        ctx.writer.extend_packed("cuda_call", packed)
+        if not misses:
+            return b""
+        view = memoryview(joined)
+        return b"".join([view[at:at + framed] for at in misses])
+
+    def _learn_cuda(self, ts: int, pid: int, tid: int, native: int) -> None:
+        """A thread or native stack seen for the first time by pack_cuda, at that record (the
+        order the Python path would make them in)."""
+        ctx = self.context
+        if tid not in ctx.identity.threads:
+            ctx.identity.thread(tid, pid, None, ts)
+        if (pid, native) not in ctx.stacks.native_cache():  # a miss is counted at the call's row
+            ctx.stacks.native_id(pid, native, count=False)
+
+    def _cuda_rows(self, joined: bytes) -> list[tuple]:
+        """cuda_call rows from framed cuda_event records (ring header, then the record)."""
+        ctx = self.context
+        sid = ctx.session_id
+        ident = ctx.identity
+        threads = ident.threads
+        stacks = ctx.stacks
+        natives = stacks.native_cache()
+        dims: dict[tuple[int, int, int], str] = {}  # a launch's few distinct grid/block shapes
+        rows = []
+        append = rows.append
+        for rec, py_stack in stacks.join("cuda", _CUDA_SIGNED.iter_unpack(joined), cuda_stack_key):
+            (ts, dur, cg, ret, size, stream, function, pointer, handle, _digest, pid, tid, api, kind,
+             gx, gy, gz, bx, by, bz, shmem, flags, native_stack) = rec
+            has_size, has_stream, launch, has_pointer, has_handle, has_kind = _API_FLAGS[api]
+            th = threads.get(tid) or ident.thread(tid, pid, None, ts)
+            native = natives.get((pid, native_stack))
+            if native is None:
+                native = stacks.native_id(pid, native_stack)
+            grid = block = None
+            if launch:
+                grid = dims.get((gx, gy, gz))
+                if grid is None:
+                    grid = dims[(gx, gy, gz)] = f"{gx},{gy},{gz}"
+                block = dims.get((bx, by, bz))
+                if block is None:
+                    block = dims[(bx, by, bz)] = f"{bx},{by},{bz}"
+            append((
+                sid, ts, dur, th, api, ret,
+                size if has_size else None,
+                (size.bit_length() if size >= 0 else 64) if has_size else None,
+                stream if has_stream else None,
+                function if launch else None,
+                pointer if has_pointer and not flags & 1 else None,
+                handle if has_handle else None,
+                kind if has_kind else None,
+                grid,
+                block,
+                shmem if launch else None,
+                cg,
+                py_stack,
+                native,
+            ))
+        return rows

@@ -1,0 +1,101 @@
+"""The scheduler layer: off-CPU intervals of the target threads (bpf/sched.bpf.c) into
+`offcpu_interval`, each with who woke the thread, who held its CPU, and the Python stack it
+blocked in (unless STALL_RECORDER_OFFCPU_STACKS=0)."""
+
+from __future__ import annotations
+
+import ctypes
+
+from recorder.core import events
+from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+
+SOURCES = (BpfSource("sched", "sched.bpf.c", ("sched:sched_switch", "sched:sched_waking",
+                                               "raw_syscalls:sys_enter", "raw_syscalls:sys_exit")),)
+OFFCPU_COLUMNS = (
+    "session_id", "ts", "dur", "thread_id", "cpu", "state", "syscall", "next_thread_id",
+    "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
+    "open", "python_stack_id",
+)
+_OFF_STACK, _OFF_PID, _OFF_TID = (events.OFFCPU.names.index(n) for n in ("stack_ts", "pid", "tid"))
+
+
+def set_offcpu_stacks(probes, on: bool) -> None:
+    """Capture (or not) the Python stack of a traced thread each time it blocks."""
+    if "sched" in probes.layers:
+        probes.bpf["sched_settings"][ctypes.c_int(0)] = ctypes.c_uint32(int(on))
+
+
+def offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
+    """(stack_ts, pid, tid) of an offcpu_event's Python stack record; None for a preemption."""
+    return (rec[_OFF_STACK], rec[_OFF_PID], rec[_OFF_TID]) if rec[_OFF_STACK] else None
+
+
+class SchedLayer(BaseLayer):
+    name = "sched"
+    sources = SOURCES
+    tables = ("offcpu_interval",)
+    losses = events.probe_names("PROBE_SCHED", "PROBE_SCHED_MAP")
+
+    def __init__(self, context: Context, offcpu_stacks: bool = True) -> None:
+        super().__init__(context)
+        self.offcpu_stacks = offcpu_stacks
+        self.raw: list[bytes] = []
+
+    def prepare(self) -> None:
+        self.context.writer.table("offcpu_interval", OFFCPU_COLUMNS)
+
+    def attach(self) -> None:
+        probes = self.context.probes
+        set_offcpu_stacks(probes, self.offcpu_stacks)
+        if "sched" in probes.layers:
+            # in the sched layer: the python layer is observed only where a process's frames are read
+            on = self.offcpu_stacks
+            probes.cap("sched", "python stacks at blocking switches", "attached" if on else "absent",
+                       "at each blocking switch" if on else "turned off (STALL_RECORDER_OFFCPU_STACKS=0)")
+
+    def sinks(self) -> dict[str, Sink]:
+        return {"offcpu_events": self.raw.append}
+
+    def blocks(self) -> dict[str, int]:
+        return {"offcpu_events": events.OFFCPU.size}
+
+    def flush(self) -> None:
+        ctx = self.context
+        raw_off = self.raw
+        stacks = ctx.stacks
+        joined_off = b"".join(raw_off)  # blocks of framed records (Probes.open_rings)
+        ctx.events["offcpu"] += len(joined_off) // events.OFFCPU.framed_size
+        if not (raw_off or stacks.held("offcpu")):
+            return
+        sid, ident = ctx.session_id, ctx.identity
+        rows = []
+        threads = ident.threads
+        for rec, py_stack in stacks.join("offcpu", events.OFFCPU.iter_framed(joined_off),
+                                         offcpu_stack_key, shared=True):
+            (ts, dur, cg, state, wakeup_ts, contender_run, stack_ts, pid, tid, cpu, next_tid, waker_tid,
+             waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,
+             contender_comm) = rec
+            th = threads.get(tid) or ident.thread(tid, pid, comm, ts)
+            nxt = ident.thread(next_tid, None, next_comm, ts, False) if next_tid else None
+            wk = ident.thread(waker_tid, None, waker_comm, ts, False) if waker_tid else None
+            rival = ident.thread(contender, None, contender_comm, ts, False) if contender else None
+            rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
+                         wk, waker_cpu if waker_tid else None, wakeup_ts or None, in_cpu,
+                         rival, contender_run if contender else None, cg, flags & 1, py_stack))
+        raw_off.clear()
+        ctx.writer.extend("offcpu_interval", rows)
+
+    def finish(self, ts: int) -> None:
+        """Intervals still open at stop (the thread is off CPU now) end at `ts`, marked open."""
+        probes = self.context.probes
+        if "sched" not in probes.layers:
+            return
+        ctx = self.context
+        for k, rec in probes.bpf["offcpu_open"].items():
+            tid = k.value
+            th = ctx.identity.thread(tid, rec.pid, bytes(rec.comm), rec.ts)
+            ctx.writer.add("offcpu_interval", (
+                ctx.session_id, rec.ts, ts - rec.ts, th, rec.cpu, rec.state,
+                rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
+                None, rec.cgroup_id, 1,
+                ctx.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None))

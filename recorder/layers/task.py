@@ -1,0 +1,96 @@
+"""The task layer: forks, execs, exits and dlopen calls of the targets (bpf/task.bpf.c).
+
+It writes no table of its own: each event changes what the session knows (a new process to scan for
+libraries, a new process image, a thread that ended). The session hands it the reactions
+(`TaskHooks`); this layer decides their order within a batch: forks and execs before the batch's
+other rows, so a new process image's events get its identity; exits one flush late, after every
+other layer, so rows held back for their stack record still find the process's caches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from recorder.core import events
+from recorder.core.identity import read_tgid
+from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+
+SOURCES = (BpfSource("task", "task.bpf.c",
+                     ("sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"),
+                     # a forked Python inherits its parent's stack-walking recipe in the kernel
+                     optional=("task:task_newtask",)),)
+_C = events.CONSTANTS
+
+
+@dataclass(frozen=True)
+class TaskHooks:
+    """What the session does when a process appears, ends or maps a library."""
+
+    scan: Callable[[int, str, int], None]  # (pid, found_by, ts): a process to look at
+    known: Callable[[int], bool]  # pid already looked at
+    exited: Callable[[int, int], None]  # (pid, ts): a whole process ended
+    dlopen: Callable[[int], None]  # pid mapped a library
+
+
+class TaskLayer(BaseLayer):
+    name = "task"
+    sources = SOURCES
+    losses = events.probe_names("PROBE_TASK")
+
+    def __init__(self, context: Context, hooks: TaskHooks) -> None:
+        super().__init__(context)
+        self.hooks = hooks
+        self.raw: list[bytes] = []
+        self._deferred_exits: list[tuple] = []  # exit records retired at the next flush
+        self._batch_exits: list[tuple] = []
+
+    def attach(self) -> None:
+        self.context.probes.attach_dlopen()
+
+    def sinks(self) -> dict[str, Sink]:
+        return {"task_events": self.raw.append}
+
+    def pending(self) -> bool:
+        """Records waiting: an exec or dlopen may have mapped a library to attach before its calls."""
+        return bool(self.raw)
+
+    def flush(self) -> None:
+        """Forks, execs and dlopens of this batch now; its exits are kept for the next `retire()`."""
+        self.context.events["task"] += len(self.raw)
+        tasks = list(events.TASK.iter_unpack(b"".join(self.raw))) if self.raw else []
+        self.raw.clear()
+        for rec in tasks:
+            if rec[1] != _C["TASK_EXIT"]:
+                self._event(*rec)
+        self._batch_exits = [rec for rec in tasks if rec[1] == _C["TASK_EXIT"]]
+
+    def retire(self) -> None:
+        """Apply the previous batch's exits (after every other layer's rows of this batch)."""
+        for rec in self._deferred_exits:
+            self._event(*rec)
+        self._deferred_exits = self._batch_exits
+
+    def finish(self, ts: int) -> None:
+        """The last exits, once nothing is held back."""
+        for rec in self._deferred_exits:
+            self._event(*rec)
+        self._deferred_exits = []
+
+    def _event(self, ts: int, kind: int, pid: int, tid: int, child: int, comm: bytes) -> None:
+        ident = self.context.identity
+        if kind == _C["TASK_FORK"]:
+            child_pid = read_tgid(child) or pid
+            if child_pid != pid and not self.hooks.known(child_pid):
+                self.hooks.scan(child_pid, "fork", ts)
+            ident.thread_forked(child, child_pid, ts)
+        elif kind == _C["TASK_EXEC"]:
+            ident.process_exec(pid, ts)
+            ident.thread(tid, pid, comm, ts)
+            self.hooks.scan(pid, "exec", ts)
+        elif kind == _C["TASK_EXIT"]:
+            ident.thread_exited(tid, pid, ts)
+            if tid == pid:
+                self.hooks.exited(pid, ts)
+        elif kind == _C["TASK_DLOPEN"]:
+            self.hooks.dlopen(pid)
