@@ -3,22 +3,32 @@
  * A fork of a traced process adds the child to `targets` in the kernel, before the child runs, so
  * nothing it does is missed; a forked Python also gets its parent's stack-walking recipe there.
  * exec, exit and every return from dlopen() are sent to user space, which reads /proc for names
- * and rescans /proc/PID/maps for CUDA and NCCL libraries.
+ * and rescans /proc/PID/maps for CUDA and NCCL libraries. A rename (prctl(PR_SET_NAME),
+ * pthread_setname_np, a write to /proc/.../comm from the same process) is sent with the new name, so
+ * a thread pool's workers and a data loader's processes are named as they name themselves.
  */
 BPF_RINGBUF_OUTPUT(task_events, 256);
 
-static __always_inline void task_send(u32 kind, u32 tgid, u32 tid, u32 child)
+static __always_inline struct task_event *task_reserve(u32 kind, u32 tgid, u32 tid, u32 child)
 {
     struct task_event *e = task_events.ringbuf_reserve(sizeof(struct task_event));
     if (!e) {
         count_drop(PROBE_TASK);
-        return;
+        return 0;
     }
     e->ts = bpf_ktime_get_ns();
     e->kind = kind;
     e->pid = tgid;
     e->tid = tid;
     e->child_tid = child;
+    return e;
+}
+
+static __always_inline void task_send(u32 kind, u32 tgid, u32 tid, u32 child)
+{
+    struct task_event *e = task_reserve(kind, tgid, tid, child);
+    if (!e)
+        return;
     bpf_get_current_comm(e->comm, sizeof(e->comm));
     task_events.ringbuf_submit(e, 0);
 }
@@ -93,3 +103,20 @@ int task_dlopen_return(struct pt_regs *ctx)
     task_send(TASK_DLOPEN, id >> 32, (u32)id, 0);
     return 0;
 }
+
+#ifdef HAVE_TP_task_task_rename
+/* a task of a target renamed (the renamed task is args->pid: the current task, or a thread of the
+ * same process writing its /proc comm) */
+TRACEPOINT_PROBE(task, task_rename)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    struct task_event *e = task_reserve(TASK_RENAME, id >> 32, (u32)args->pid, 0);
+    if (!e)
+        return 0;
+    bpf_probe_read_kernel(e->comm, sizeof(e->comm), args->newcomm);
+    task_events.ringbuf_submit(e, 0);
+    return 0;
+}
+#endif

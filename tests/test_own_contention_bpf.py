@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import RECORDER, ROOT, needs_bpf, run_recorder, workload_output
+from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 
@@ -42,7 +42,8 @@ def test_contention_from_own_thread_and_own_worker(tmp_path, native):
         return report["primary_cause"]
 
     cause = worst(40)
-    assert cause["contender_relation"] == "same_process", cause
+    # named as they named themselves after they started (task:task_rename)
+    assert cause["contender_relation"] == "same_process" and cause["contender_name"] == "spinner", cause
     assert cause["contender_pid"] == truth["pid"]
     assert "of its own process" in cause["summary"], cause["summary"]
     assert any("set_num_threads" in a for a in cause["next_actions"]), cause["next_actions"]
@@ -50,7 +51,9 @@ def test_contention_from_own_thread_and_own_worker(tmp_path, native):
     assert not any(f"taskset -cp <other cpus> {truth['pid']}" in a for a in cause["next_actions"])
 
     cause = worst(80)
-    assert cause["contender_relation"] == "job", cause
+    assert cause["contender_relation"] == "job" and cause["contender_name"] == "worker-spin", cause
     assert cause["contender_pid"] == truth["child_pid"]
     assert "a process of the recorded job" in cause["summary"], cause["summary"]
     assert any("DataLoader workers" in a for a in cause["next_actions"]), cause["next_actions"]
+    renames = q(db, "SELECT t.tid, n.name FROM thread_name n JOIN thread t ON t.id = n.thread_id ORDER BY n.ts")
+    assert (truth["sibling_tid"], "spinner") in renames and (truth["child_pid"], "worker-spin") in renames, renames

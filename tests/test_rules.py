@@ -168,14 +168,15 @@ def test_the_listings_quote_the_stored_rule(contention: tuple[Path, int]) -> Non
 
 
 def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
-    """A recording made before the rules were rows: `recorder migrate` (a writable open) adds the
-    tables with the rules the views used to hard-code, and its stalls are the same."""
+    """A recording made before the rules were rows: a writable open migrates it, adding the tables
+    with the rules the views used to hard-code, and its stalls are the same."""
     from store import db as store_db
 
     path = tmp_path / "old.db"
     write_scenario("cpu-contention", path)
     conn = sqlite3.connect(path)
-    for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule"):
+    for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule",
+                  "thread_name"):  # and what later versions added
         conn.execute(f"DROP TABLE {table}")
     store_db._drop_views(conn)
     conn.execute("PRAGMA user_version = 9")

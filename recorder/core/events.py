@@ -164,13 +164,13 @@ TASK = Layout(
     "task_event",
     (
         ("ts", "u64"),
-        ("kind", "u32"),  # TASK_FORK / TASK_EXEC / TASK_EXIT / TASK_DLOPEN
+        ("kind", "u32"),  # TASK_FORK / TASK_EXEC / TASK_EXIT / TASK_DLOPEN / TASK_RENAME
         ("pid", "u32"),  # tgid of the task doing it
         ("tid", "u32"),
         ("child_tid", "u32"),  # fork: the new task
-        ("comm", "char16"),
+        ("comm", "char16"),  # the task's name; for TASK_RENAME its new name
     ),
-    "process lifecycle of traced tasks, and library loads that need a rescan",
+    "process lifecycle of traced tasks, their renames, and library loads that need a rescan",
 )
 
 LAYOUTS = (OFFCPU, CUDA, TASK)
@@ -181,6 +181,7 @@ CONSTANTS: dict[str, int] = {
     "TASK_EXEC": 2,
     "TASK_EXIT": 3,
     "TASK_DLOPEN": 4,
+    "TASK_RENAME": 5,  # tid is the renamed task, which may be another thread of the process
     "OFFCPU_FLAG_OPEN": 1,  # still off-CPU when the session stopped: dur runs to the stop
     "CUDA_FLAG_POINTER_UNREAD": 1,  # the allocated pointer could not be read at return
     "MODE_PIDS": 0,

@@ -12,6 +12,7 @@ from store.db import Store, Writer
 PROCESS_COLUMNS = ("id", "session_id", "pid", "start_ticks", "parent_pid", "name", "cmdline", "first_ts")
 CMDLINE_MAX = 1024
 THREAD_COLUMNS = ("id", "session_id", "tid", "process_id", "name", "first_ts", "traced")
+THREAD_NAME_COLUMNS = ("session_id", "thread_id", "ts", "name")
 
 
 def read_proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -59,12 +60,13 @@ class Identity:
         self.writer = writer
         writer.table("process", PROCESS_COLUMNS)
         writer.table("thread", THREAD_COLUMNS)
+        writer.table("thread_name", THREAD_NAME_COLUMNS)
         self._next_process = (store.one("SELECT max(id) AS m FROM process")["m"] or 0) + 1
         self._next_thread = (store.one("SELECT max(id) AS m FROM thread")["m"] or 0) + 1
         self.processes: dict[int, int] = {}  # pid -> process.id
         self.threads: dict[int, int] = {}  # tid -> thread.id, threads of the targets
         self.others: dict[int, int] = {}  # tid -> thread.id, tasks seen as preemptors or wakers
-        self.exited: list[tuple[str, int, int]] = []  # (change, id, ts) to apply after a flush
+        self.exited: list[tuple] = []  # (change, id, ts[, name]) to apply after a flush
         # tid -> (thread.id, exit ts) of threads that exited: rows read after the exit (their records
         # came through another ring, or name the thread as a waker, or as what ran while it finished
         # exiting) still find it. A tid used again is a new thread: a fork says so at once, and
@@ -136,6 +138,18 @@ class Identity:
             if pid_id is not None:
                 self.exited.append(("process", pid_id, ts))
 
+    def thread_renamed(self, tid: int, pid: int, name: bytes, ts: int) -> None:
+        """A thread took a new name: kept with its time in thread_name, and thread.name (and, for a
+        process's main thread, process.name) become it."""
+        text = name.split(b"\0", 1)[0].decode("utf-8", "replace")
+        known = tid in self.threads or tid in self.others
+        tid_id = self.thread(tid, pid, text, ts)  # the kernel sends renames within a traced process
+        self.writer.add("thread_name", (self.session_id, tid_id, ts, text))
+        if known:
+            self.exited.append(("rename", tid_id, ts, text))
+        if tid == pid and pid in self.processes:
+            self.exited.append(("rename-process", self.processes[pid], ts, text))
+
     def process_exec(self, pid: int, ts: int) -> None:
         """After exec the process has a new name and command line: start a new process row."""
         old = self.processes.pop(pid, None)
@@ -147,8 +161,12 @@ class Identity:
     def flush_exits(self) -> None:
         """Queue the updates for exits, execs and promotions on the writer, after its rows."""
         conn = self.writer
-        for table, row_id, ts in self.exited:
-            if table == "traced":
+        for table, row_id, ts, *name in self.exited:
+            if table == "rename":
+                conn.execute("UPDATE thread SET name = ? WHERE id = ?", (name[0], row_id))
+            elif table == "rename-process":
+                conn.execute("UPDATE process SET name = ? WHERE id = ?", (name[0], row_id))
+            elif table == "traced":
                 conn.execute("UPDATE thread SET traced = 1 WHERE id = ?", (row_id,))
             elif table == "process-exec":
                 conn.execute("UPDATE process SET exit_ts = ? WHERE id = ?", (ts, row_id))

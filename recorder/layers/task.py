@@ -1,4 +1,4 @@
-"""The task layer: forks, execs, exits and dlopen calls of the targets (bpf/task.bpf.c).
+"""The task layer: forks, execs, exits, renames and dlopen calls of the targets (bpf/task.bpf.c).
 
 It writes no table of its own: each event changes what the session knows (a new process to scan for
 libraries, a new process image, a thread that ended). The session hands it the reactions
@@ -18,8 +18,9 @@ from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
 
 SOURCES = (BpfSource("task", "task.bpf.c",
                      ("sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"),
-                     # a forked Python inherits its parent's stack-walking recipe in the kernel
-                     optional=("task:task_newtask",)),)
+                     # a forked Python inherits its parent's stack-walking recipe in the kernel;
+                     # renames follow a thread's name after it is first seen
+                     optional=("task:task_newtask", "task:task_rename")),)
 _C = events.CONSTANTS
 
 
@@ -94,3 +95,5 @@ class TaskLayer(BaseLayer):
                 self.hooks.exited(pid, ts)
         elif kind == _C["TASK_DLOPEN"]:
             self.hooks.dlopen(pid)
+        elif kind == _C["TASK_RENAME"]:
+            ident.thread_renamed(tid, pid, comm, ts)
