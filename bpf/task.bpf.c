@@ -112,10 +112,15 @@ TRACEPOINT_PROBE(task, task_rename)
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
+    u64 was[2], now[2]; /* the 16-byte names as two words each */
+    bpf_probe_read_kernel(was, sizeof(was), args->oldcomm);
+    bpf_probe_read_kernel(now, sizeof(now), args->newcomm);
+    if (was[0] == now[0] && was[1] == now[1]) /* an exec of a program of the same name */
+        return 0;
     struct task_event *e = task_reserve(TASK_RENAME, id >> 32, (u32)args->pid, 0);
     if (!e)
         return 0;
-    bpf_probe_read_kernel(e->comm, sizeof(e->comm), args->newcomm);
+    __builtin_memcpy(e->comm, now, sizeof(now));
     task_events.ringbuf_submit(e, 0);
     return 0;
 }

@@ -47,7 +47,7 @@ def test_waits_markers_and_collective_carry_their_line(tmp_path: Path, native) -
     truth = record(db, native)
     lines = tagged_lines()
     here = str(WORKLOAD)
-    main_tid = "x.thread_id = (SELECT id FROM thread WHERE tid = ?)"
+    main_tid = "x.thread_id IN (SELECT id FROM thread WHERE tid = ?)"  # before and after its exec
 
     # the thread blocked at the sleep and at the pipe read: one off-CPU interval each, at that line
     waits = q(db, "SELECT p.qualname, p.line, x.dur, x.state, x.syscall FROM offcpu_interval x"

@@ -141,12 +141,12 @@ class Identity:
     def thread_renamed(self, tid: int, pid: int, name: bytes, ts: int) -> None:
         """A thread took a new name: kept with its time in thread_name, and thread.name (and, for a
         process's main thread, process.name) become it."""
+        tid_id = self.threads.get(tid) or self.others.get(tid)
+        if tid_id is None:  # not seen yet: it is named by its comm when it is
+            return
         text = name.split(b"\0", 1)[0].decode("utf-8", "replace")
-        known = tid in self.threads or tid in self.others
-        tid_id = self.thread(tid, pid, text, ts)  # the kernel sends renames within a traced process
         self.writer.add("thread_name", (self.session_id, tid_id, ts, text))
-        if known:
-            self.exited.append(("rename", tid_id, ts, text))
+        self.exited.append(("rename", tid_id, ts, text))
         if tid == pid and pid in self.processes:
             self.exited.append(("rename-process", self.processes[pid], ts, text))
 

@@ -61,7 +61,12 @@ class TaskLayer(BaseLayer):
         self.context.events["task"] += len(self.raw)
         tasks = list(events.TASK.iter_unpack(b"".join(self.raw))) if self.raw else []
         self.raw.clear()
-        for rec in tasks:
+        # an exec renames the task to the new program just before its exec record: that name
+        # comes with the exec, and is no rename of the old program's thread
+        execs = {(rec[3], i) for i, rec in enumerate(tasks) if rec[1] == _C["TASK_EXEC"]}
+        for i, rec in enumerate(tasks):
+            if rec[1] == _C["TASK_RENAME"] and any((rec[3], j) in execs for j in range(i + 1, min(i + 3, len(tasks)))):
+                continue
             if rec[1] != _C["TASK_EXIT"]:
                 self._event(*rec)
         self._batch_exits = [rec for rec in tasks if rec[1] == _C["TASK_EXIT"]]
