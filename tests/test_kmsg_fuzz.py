@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -286,6 +287,15 @@ def test_roundtrip_block_error(err: str, dev: str, sector: int, op_code: int, op
             f"phys_seg {seg} prio class {prio}")
     assert classify(text) == BlockIOError(error=err, dev=dev, sector=sector, op_code=op_code,
                                           op=op, flags=flags, phys_seg=seg, prio_class=prio)
+
+
+@pytest.mark.parametrize("dev", ["swiotlb0", "oom1", "AER:x", "nvme0n1", "NVRM:", "AMD-Vi", "DMAR:2"])
+def test_a_block_error_on_a_device_named_like_another_subsystem(dev: str) -> None:
+    """The device name is the administrator's: a keyword of another subsystem in it (found by the
+    round trip above) does not make the line that subsystem's."""
+    text = f"I/O error, dev {dev}, sector 42 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 2"
+    assert classify(text) == BlockIOError(error="I/O", dev=dev, sector=42, op_code=1, op="WRITE", flags=0x800,
+                                          phys_seg=1, prio_class=2)
 
 
 pci = st.tuples(u16, u8, st.integers(0, 31), st.integers(0, 7)).map(

@@ -54,12 +54,18 @@ ParsedEvent = (
 
 
 _OOM_WORD = re.compile(r"(?<![A-Za-z])oom")
+# blk_print_req_error(): "<what> error, dev <disk>, sector <n> ..."; no other subsystem prints this
+_BLOCK_ERROR_LINE = re.compile(r" error, dev [^,\s]+, sector \d")
 _AER_OLD_BIT = re.compile(rf"\S+ {_BDF}: +\[")
 
 
 def _subsystem_of(text: str) -> str | None:
     """Which watched subsystem a line belongs to, by cheap substring tests; None for others.
-    Order matters: a PCI driver prefix (`nvme 0000:01:00.0: swiotlb ...`) must not win."""
+    Order matters: a PCI driver prefix (`nvme 0000:01:00.0: swiotlb ...`) must not win, and a block
+    error line names a device the administrator named (`dev swiotlb0`, `dev oom1`), so its own shape
+    is tested before any keyword."""
+    if _BLOCK_ERROR_LINE.search(text):
+        return "block"
     if "NVRM:" in text:
         return "nvidia"
     if text.startswith(("DMAR", "INTR-REMAP")) or "DMAR:" in text:
