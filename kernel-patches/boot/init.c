@@ -21,7 +21,11 @@
  *      split into at least 16 requests, all with tag S.
  *   M  raw disk, io_uring: 8 adjacent 4 KiB O_DIRECT writes with tag M1 in
  *      one submission, then 8 more with tag M2: the writes merge, and each
- *      tag completes exactly 32 KiB (nothing merged across tags).
+ *      tag completes exactly 32 KiB.
+ *   R  raw disk, one plug: a child in a cgroup whose io.max holds its writes
+ *      submits 4 KiB O_DIRECT writes to adjacent blocks tagged P, Q, P, P, Q;
+ *      lifting the limit sends all five under blk-throttle's plug: only P+P
+ *      merge (P: 12 KiB in 2 requests, Q: 8 KiB in 2, one write merge).
  *   D  io_tag:io_tag_write reports the tagged writes with their tag, and no
  *      write of an untagged task.
  *   E  last: with fail_io_timeout, the completion of one O_DIRECT read
@@ -30,7 +34,9 @@
  *
  * It also runs the series' selftests (/selftests/ in the initramfs), checks
  * dma:dma_map_latency, requires that the kernel log has no lockdep report,
- * warning or BUG (after the induced reset, one known 6.12 report aside), dumps every event's tracefs `format`, and prints one line
+ * warning or BUG (after the induced reset, one known 6.12 report aside),
+ * dumps every event's tracefs `format`, writes the raw trace records to
+ * nvme2n1 for the recorder's decoders on the host, and prints one line
  * "stall-recorder boot test: PASS" or "... FAIL" that the script greps.
  */
 #define _GNU_SOURCE
@@ -71,6 +77,8 @@
 #define TAG_S 0x5a5a000000001007ULL
 #define TAG_M1 0x5a5a000000002008ULL
 #define TAG_M2 0x5a5a000000003009ULL
+#define TAG_P 0x5a5a00000000400aULL
+#define TAG_Q 0x5a5a00000000500bULL
 #define MIB (1024 * 1024)
 
 static int failures;
@@ -180,8 +188,9 @@ static int direct_write(const char *path, size_t bytes)
 
 struct ring {
 	int fd;
-	unsigned int *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail;
+	unsigned int *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
 	struct io_uring_sqe *sqes;
+	struct io_uring_cqe *cqes;
 };
 
 static int ring_init(struct ring *r, unsigned int entries)
@@ -210,6 +219,8 @@ static int ring_init(struct ring *r, unsigned int entries)
 	r->sq_array = (unsigned int *)(sq + p.sq_off.array);
 	r->cq_head = (unsigned int *)(cq + p.cq_off.head);
 	r->cq_tail = (unsigned int *)(cq + p.cq_off.tail);
+	r->cq_mask = (unsigned int *)(cq + p.cq_off.ring_mask);
+	r->cqes = (struct io_uring_cqe *)(cq + p.cq_off.cqes);
 	return 0;
 }
 
@@ -238,6 +249,28 @@ static int ring_write_batch(struct ring *r, int fd, char *buf, unsigned int n,
 	__atomic_store_n(r->cq_head, __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE),
 			 __ATOMIC_RELEASE);
 	return 0;
+}
+
+/* One 4 KiB write of @buf at @offset, submitted alone; not waited for. */
+static int ring_submit_one(struct ring *r, int fd, char *buf, off_t offset)
+{
+	unsigned int tail = *r->sq_tail;
+	struct io_uring_sqe *sqe = &r->sqes[tail & *r->sq_mask];
+
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = IORING_OP_WRITE;
+	sqe->fd = fd;
+	sqe->addr = (unsigned long)buf;
+	sqe->len = 4096;
+	sqe->off = offset;
+	r->sq_array[tail & *r->sq_mask] = tail & *r->sq_mask;
+	__atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
+	return syscall(__NR_io_uring_enter, r->fd, 1, 0, 0, NULL, 0) == 1 ? 0 : -1;
+}
+
+static unsigned int ring_ready(struct ring *r)
+{
+	return __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) - *r->cq_head;
 }
 
 /* ---- tracefs ------------------------------------------------------------- */
@@ -335,6 +368,7 @@ static struct tally tallies[] = {
 	{ .tag = TAG_A }, { .tag = TAG_B }, { .tag = TAG_C },
 	{ .tag = TAG_X }, { .tag = TAG_E }, { .tag = TAG_T },
 	{ .tag = TAG_S }, { .tag = TAG_M1 }, { .tag = TAG_M2 },
+	{ .tag = TAG_P }, { .tag = TAG_Q },
 };
 
 static struct tally *tally_of(unsigned long long tag)
@@ -383,6 +417,34 @@ static int parse_completions(void)
 			*end = '\n';
 	}
 	return total;
+}
+
+/* Bio merges (block_bio_backmerge/frontmerge) on @major:@minor in [@from, @to). */
+static int count_merges(int major, int minor, unsigned long long from, unsigned long long to)
+{
+	static const char * const names[] = { "block_bio_backmerge: ", "block_bio_frontmerge: " };
+	char *line, *end, *ev;
+	unsigned int i;
+	int n = 0;
+
+	for (line = trace_buf; line && *line; line = end ? end + 1 : NULL) {
+		end = strchr(line, '\n');
+		if (end)
+			*end = '\0';
+		for (i = 0; i < 2; i++) {
+			unsigned long long sector;
+			int ma, mi;
+
+			ev = strstr(line, names[i]);
+			/* "259,2 WS 2072 + 8 [init]" */
+			if (ev && sscanf(ev + strlen(names[i]), "%d,%d %*s %llu", &ma, &mi, &sector) == 3 &&
+			    ma == major && mi == minor && sector >= from && sector < to)
+				n++;
+		}
+		if (end)
+			*end = '\n';
+	}
+	return n;
 }
 
 /* ---- the O_DIRECT write under cgroup v2 io.max ---------------------------- */
@@ -436,6 +498,120 @@ static double throttled_write(const char *dev_sysfs, const char *path, size_t by
 	return t1 - t0;
 }
 
+/* ---- two tags on adjacent blocks in one plug ----------------------------- */
+
+/* Fields @first and @second (0-based) of /sys/block/@disk/stat. */
+static void disk_stat(const char *disk, int first, int second,
+		      unsigned long long *a, unsigned long long *b)
+{
+	unsigned long long v[11] = { 0 };
+	char path[128], text[512] = "";
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/sys/block/%s/stat", disk);
+	fd = open(path, O_RDONLY);
+	n = fd < 0 ? -1 : read(fd, text, sizeof(text) - 1);
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0 || sscanf(text, "%llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu",
+			     &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7],
+			     &v[8], &v[9], &v[10]) != 11)
+		die(path);
+	*a = v[first];
+	*b = v[second];
+}
+
+static const uint64_t plug_tags[] = { TAG_P, TAG_Q, TAG_P, TAG_P, TAG_Q };
+#define PLUG_WRITES (sizeof(plug_tags) / sizeof(plug_tags[0]))
+
+/*
+ * R: the refusal to merge different tags, provoked.  A child in a cgroup
+ * whose io.max lets nothing through on nvme2n1 (wbps=2, the least io.max
+ * takes) submits five 4 KiB O_DIRECT writes to adjacent blocks with
+ * io_uring, one submission each, changing its tag in between: P, Q, P, P, Q.  blk-throttle holds all five
+ * (no completion arrives while the limit stands); lifting the limit makes its
+ * dispatch worker send them in order under one plug, where each bio is
+ * offered to the request before it (blk_attempt_plug_merge).  Without the
+ * series all five would merge into one request; with it only P+P may.
+ * Returns the number of writes that completed before the limit was lifted
+ * (-1 if the child failed).
+ */
+static int plug_merge_case(const char *disk, off_t offset)
+{
+	char path[64], devno[32] = "", limit[96];
+	int status, fd, pipefd[2], early = -1;
+	pid_t child;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/sys/block/%s/dev", disk);
+	fd = open(path, O_RDONLY);
+	n = fd < 0 ? -1 : read(fd, devno, sizeof(devno) - 1);
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0)
+		die(path);
+	devno[strcspn(devno, "\n")] = '\0';
+	if (mkdir(CGROUP "/plugged", 0755) && errno != EEXIST)
+		die("mkdir cgroup");
+	snprintf(limit, sizeof(limit), "%s wbps=2", devno);
+	if (write_file(CGROUP "/plugged/io.max", limit))
+		die("io.max (plugged)");
+	if (pipe(pipefd))
+		die("pipe");
+
+	child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		struct ring ring;
+		char pid[16], *buf;
+		unsigned int i;
+		int dev;
+
+		snprintf(pid, sizeof(pid), "%d", getpid());
+		snprintf(path, sizeof(path), "/dev/%s", disk);
+		dev = open(path, O_WRONLY | O_DIRECT);
+		if (write_file(CGROUP "/plugged/cgroup.procs", pid) || dev < 0 ||
+		    ring_init(&ring, 8) ||
+		    posix_memalign((void **)&buf, 4096, PLUG_WRITES * 4096))
+			_exit(2);
+		memset(buf, 0x7e, PLUG_WRITES * 4096);
+		for (i = 0; i < PLUG_WRITES; i++) {
+			set_tag(plug_tags[i]);
+			if (ring_submit_one(&ring, dev, buf + i * 4096, offset + i * 4096))
+				_exit(3);
+		}
+		set_tag(0);
+		usleep(200000);
+		/* held by the throttle: nothing may have completed yet */
+		i = ring_ready(&ring);
+		if (write(pipefd[1], &i, sizeof(i)) != sizeof(i))
+			_exit(4);
+		snprintf(limit, sizeof(limit), "%s wbps=max", devno);
+		if (write_file(CGROUP "/plugged/io.max", limit))
+			_exit(5);
+		if (syscall(__NR_io_uring_enter, ring.fd, 0, PLUG_WRITES,
+			    IORING_ENTER_GETEVENTS, NULL, 0) < 0 ||
+		    ring_ready(&ring) != PLUG_WRITES)
+			_exit(6);
+		for (i = 0; i < PLUG_WRITES; i++)
+			if (ring.cqes[(*ring.cq_head + i) & *ring.cq_mask].res != 4096)
+				_exit(7);
+		_exit(0);
+	}
+	close(pipefd[1]);
+	if (read(pipefd[0], &status, sizeof(status)) == sizeof(status))
+		early = status;
+	close(pipefd[0]);
+	if (waitpid(child, &status, 0) != child)
+		die("waitpid");
+	check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "five adjacent io_uring writes with tags P, Q, P, P, Q finished (child status %d)",
+	      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? early : -1;
+}
+
 /* ---- the lost completion -------------------------------------------------- */
 
 static void stop_losing_completions(void)
@@ -486,6 +662,91 @@ static int lost_completion_read(const char *path)
 		usleep(100000);
 	}
 	stop_losing_completions();
+	return -1;
+}
+
+/* ---- the raw records, for the recorder's decoders on the host ------------ */
+
+static size_t read_fd(int fd, char *buf, size_t size)
+{
+	size_t len = 0;
+	ssize_t n;
+
+	while (len < size && (n = read(fd, buf + len, size - len)) > 0)
+		len += n;
+	return len;
+}
+
+/*
+ * Writes what the recorder's tracepoint programs would have received to
+ * @disk at byte @at: events/header_page (the layout of a ring-buffer page),
+ * the id of every enabled event, then each CPU's trace_pipe_raw pages as
+ * they are (the records in the kernel's binary layout, which the `format`
+ * files describe):
+ *
+ *   stall-recorder trace dump 1\n
+ *   header_page <bytes>\n<header_page text>
+ *   event <system/name> <id>\n          (one per event)
+ *   cpu <n> <bytes>\n<pages>              (one per CPU)
+ *   end\n
+ *
+ * kernel-patches/check hands it to tests/test_kernel_series_boot.py.
+ * Returns the bytes written, or -1.
+ */
+static long dump_raw_trace(const char *disk, off_t at, const char * const *names,
+			   unsigned int nr_names)
+{
+	char path[256], head[128];
+	long cpus = sysconf(_SC_NPROCESSORS_CONF), cpu, total = 0;
+	size_t len;
+	unsigned int i;
+	int out, fd;
+
+	snprintf(path, sizeof(path), "/dev/%s", disk);
+	out = open(path, O_WRONLY);
+	if (out < 0 || lseek(out, at, SEEK_SET) != at)
+		return -1;
+#define EMIT(buf, n) do { if (write(out, buf, n) != (ssize_t)(n)) goto fail; total += (n); } while (0)
+	len = snprintf(head, sizeof(head), "stall-recorder trace dump 1\n");
+	EMIT(head, len);
+	fd = open(TRACEFS "/events/header_page", O_RDONLY);
+	if (fd < 0)
+		goto fail;
+	len = read_fd(fd, trace_buf, sizeof(trace_buf));
+	close(fd);
+	EMIT(head, (size_t)snprintf(head, sizeof(head), "header_page %zu\n", len));
+	EMIT(trace_buf, len);
+	for (i = 0; i < nr_names; i++) {
+		char id[32] = "";
+
+		snprintf(path, sizeof(path), TRACEFS "/events/%s/id", names[i]);
+		fd = open(path, O_RDONLY);
+		if (fd < 0)
+			continue;
+		len = read_fd(fd, id, sizeof(id) - 1);
+		close(fd);
+		id[strcspn(id, "\n")] = '\0';
+		EMIT(head, (size_t)snprintf(head, sizeof(head), "event %s %s\n", names[i], id));
+	}
+	for (cpu = 0; cpu < cpus; cpu++) {
+		snprintf(path, sizeof(path), TRACEFS "/per_cpu/cpu%ld/trace_pipe_raw", cpu);
+		fd = open(path, O_RDONLY | O_NONBLOCK);
+		if (fd < 0)
+			continue;
+		len = read_fd(fd, trace_buf, sizeof(trace_buf));
+		close(fd);
+		printf("trace dump: cpu%ld %zu bytes of pages\n", cpu, len);
+		EMIT(head, (size_t)snprintf(head, sizeof(head), "cpu %ld %zu\n", cpu, len));
+		EMIT(trace_buf, len);
+	}
+	EMIT("end\n", 4);
+#undef EMIT
+	if (fsync(out))
+		goto fail;
+	close(out);
+	return total;
+fail:
+	close(out);
 	return -1;
 }
 
@@ -600,7 +861,17 @@ int main(void)
 		"dma/dma_map_latency",
 		"io_tag/io_tag_write",
 	};
-	unsigned long long got = 0;
+	/* enabled too, for the merge counts; their formats are not the series' */
+	static const char * const merge_events[] = {
+		"block/block_bio_backmerge",
+		"block/block_bio_frontmerge",
+	};
+	const char *dumped[sizeof(events) / sizeof(events[0]) +
+			   sizeof(merge_events) / sizeof(merge_events[0])];
+	unsigned long long got = 0, wr0, wr1, merged0, merged1;
+	int held, plug_major = 0, plug_minor = 0, plug_merges;
+	unsigned int nr_dumped = 0;
+	long dumped_bytes;
 	struct tally *t;
 	double throttle_s;
 	char *merge_buf;
@@ -651,6 +922,11 @@ int main(void)
 		}
 		dump_format(events[i]);
 		enable_event(events[i]);
+		dumped[nr_dumped++] = events[i];
+	}
+	for (i = 0; i < sizeof(merge_events) / sizeof(merge_events[0]); i++) {
+		enable_event(merge_events[i]);
+		dumped[nr_dumped++] = merge_events[i];
 	}
 	write_file(TRACEFS "/buffer_size_kb", "16384");
 	write_file(TRACEFS "/tracing_on", "1");
@@ -701,6 +977,16 @@ int main(void)
 	set_tag(0);
 	close(fd);
 
+	/* R: tags P and Q on adjacent blocks of nvme2n1, sent under one plug. */
+	disk_stat("nvme2n1", 4, 5, &wr0, &merged0);
+	held = plug_merge_case("nvme2n1", MIB);
+	disk_stat("nvme2n1", 4, 5, &wr1, &merged1);
+	fd = open("/sys/block/nvme2n1/dev", O_RDONLY);
+	if (fd < 0 || read(fd, merge_buf, 32) <= 0 ||
+	    sscanf(merge_buf, "%d:%d", &plug_major, &plug_minor) != 2)
+		die("/sys/block/nvme2n1/dev");
+	close(fd);
+
 	/* D: io_tag_write saw the tagged writes; an untagged write is ignored. */
 	write_data("/mnt/plain", 4096, 0);
 
@@ -749,6 +1035,20 @@ int main(void)
 	t = tally_of(TAG_M2);
 	check(t->bytes == 8 * 4096, "io_uring: %llu of 32 KiB complete with tag M2 (%d requests)",
 	      t->bytes, t->requests);
+	check(held == 0, "plug: blk-throttle held the five writes until io.max was lifted (%d completed before)",
+	      held);
+	t = tally_of(TAG_P);
+	check(t->bytes == 3 * 4096 && t->requests == 2,
+	      "plug: %llu of 12 KiB complete with tag P in %d requests (2: P+P merged, P never with Q)",
+	      t->bytes, t->requests);
+	t = tally_of(TAG_Q);
+	check(t->bytes == 2 * 4096 && t->requests == 2,
+	      "plug: %llu of 8 KiB complete with tag Q in %d requests (2: Q merged with neither P)",
+	      t->bytes, t->requests);
+	plug_merges = count_merges(plug_major, plug_minor, MIB / 512, (MIB + PLUG_WRITES * 4096) / 512);
+	check(wr1 - wr0 == 4 && merged1 - merged0 == 1 && plug_merges == 1,
+	      "plug: nvme2n1 counts %llu write requests and %llu write merge (4 and 1), the trace %d bio merge",
+	      wr1 - wr0, merged1 - merged0, plug_merges);
 
 	if (dir_exists(TRACEFS "/events/io_tag/io_tag_write")) {
 		char want[64];
@@ -783,6 +1083,14 @@ int main(void)
 	printf("=== trace excerpt ===\n");
 	print_lines("io_tag_write: dev=259,1 ino=");
 	printf("=== end trace excerpt ===\n");
+	printf("=== merges ===\n");
+	print_lines("block_bio_backmerge:");
+	print_lines("block_bio_frontmerge:");
+	printf("=== end merges ===\n");
+
+	/* last: the raw records, for the recorder's decoders on the host */
+	dumped_bytes = dump_raw_trace("nvme2n1", 8 * MIB, dumped, nr_dumped);
+	check(dumped_bytes > 0, "raw trace records written to nvme2n1 at 8 MiB (%ld bytes)", dumped_bytes);
 
 	printf("stall-recorder boot test: %s (%d failed checks)\n",
 	       failures ? "FAIL" : "PASS", failures);
