@@ -5,7 +5,8 @@
 #                       to linux-source-6.12, checkpatch --strict, compile
 #                       with CONFIG_BLK_IO_TAG on and off
 #   make kernel-boot    the same, then build a small kernel and boot it under
-#                       qemu with NVMe disks (tag checked at completion)
+#                       qemu with NVMe disks (tag checked at completion), and
+#                       run the recorder's decoding on the guest's records
 #
 # The tree and build directories live in KERNEL_CHECK_WORK (default
 # /var/cache/stall-recorder-kernel/check) and are reused between runs.
@@ -17,6 +18,6 @@ kernel-check:
 	@$(KERNEL_PATCHES_DIR)/setup.sh
 	$(KERNEL_PATCHES_DIR)/check
 
-kernel-boot:
+kernel-boot: setup-test
 	@$(KERNEL_PATCHES_DIR)/setup.sh --boot
 	$(KERNEL_PATCHES_DIR)/check --boot

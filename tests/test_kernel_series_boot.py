@@ -80,7 +80,8 @@ def ring_record(name: str, ts: int, f: dict) -> tuple[str, bytes] | None:
     no thread), and block requests are sent as block_done sends one whose issue it did not see."""
     if name == "block/block_rq_complete":
         if f["sector"] == NO_SECTOR:
-            # block_done finds no in-flight entry at that sector (entries are keyed by a bio's sector)
+            # the flush machinery's own request or a passthrough command: no bio queues at that
+            # sector, so block_done finds no in-flight entry for it and sends nothing
             return None
         nbytes = f["nr_sector"] << 9
         return "block_events", events.BLOCK.pack(
