@@ -50,7 +50,8 @@ class Format:
         for f in self.fields.values():
             if f.offset + f.size > len(record):
                 raise DumpError(f"{self.name}: record of {len(record)} bytes has no {f.name} at {f.offset}")
-            raw = record[f.offset:f.offset + f.size]
+            # a `char buf[]` of size 0 is the rest of the record (ftrace:print)
+            raw = record[f.offset:f.offset + f.size] if f.size or not f.array else record[f.offset:]
             if f.ctype.startswith("__data_loc"):
                 loc = int.from_bytes(raw, "little")
                 start, length = loc & 0xFFFF, loc >> 16
@@ -131,9 +132,10 @@ def read_dump(data: bytes) -> Dump:
     return Dump(header, ids, cpus, at)
 
 
-def page_records(pages: bytes, header: Format, page_size: int = 4096) -> Iterator[tuple[int, bytes]]:
+def page_records(pages: bytes, header: Format) -> Iterator[tuple[int, bytes]]:
     """(timestamp ns, record) of every event in a CPU's trace_pipe_raw pages, in order."""
     ts_f, commit_f, data_f = header.fields["timestamp"], header.fields["commit"], header.fields["data"]
+    page_size = data_f.offset + data_f.size  # the ring buffer's sub-buffer, a page by default
     for start in range(0, len(pages) - page_size + 1, page_size):
         page = pages[start:start + page_size]
         ts = int.from_bytes(page[ts_f.offset:ts_f.offset + ts_f.size], "little")
