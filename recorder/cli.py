@@ -110,6 +110,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                        help="and ends this long after it (default 30s)")
         f.add_argument("--hang", metavar="DURATION", default="30s",
                        help="a CUDA/NCCL call in flight this long is a hang (default 30s)")
+        f.add_argument("--cooldown", metavar="DURATION", default="5m",
+                       help="a trigger saves at most one incident per DURATION (default 5m; and 12 an hour in all)")
         f.add_argument("--triggers", metavar="LIST", default=",".join(TRIGGERS),
                        help=f"the triggers that save an incident (default {','.join(TRIGGERS)}; '' for none)")
 
@@ -245,7 +247,7 @@ def _flight_options(args):
     options = FlightOptions(
         keep_ns=parse_duration(args.keep), max_bytes=parse_size(args.max_size) if args.max_size else None,
         before_ns=parse_duration(args.before), after_ns=parse_duration(args.after),
-        hang_ns=parse_duration(args.hang),
+        hang_ns=parse_duration(args.hang), cooldown_ns=parse_duration(args.cooldown),
         triggers=frozenset(t.strip() for t in args.triggers.split(",") if t.strip()))
     options.check()
     return options

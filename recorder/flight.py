@@ -143,7 +143,7 @@ class FlightRecorder:
         self._lock = threading.Lock()
         self._monitor: sqlite3.Connection | None = None
         self._last_id: dict[str, int] = {}
-        self._steps: dict[int, tuple[int, deque[int]]] = {}
+        self._steps: dict[int, tuple[int, int, deque[int]]] = {}
         self._rule = None
         self.folder = incidents_dir(session.db_path)
 
@@ -266,23 +266,24 @@ class FlightRecorder:
                 self.seen_calls.clear()
 
     def _step(self, thread_id: int, ts: int, step: int) -> None:
-        """The report's stall rule on a thread's steps as they end, over its last steps (live, the
-        baseline can only be the steps before)."""
+        """The report's stall rule (stall_rule) on a thread's step as it ends. Live, the rolling
+        baseline can only be the steps before: the median of the thread's last `neighbours` steps,
+        and none until there are that many (the report's window has as many on each side)."""
         rule = self._rule
         last = self._steps.get(thread_id)
-        if last is None:
-            self._steps[thread_id] = (ts, deque(maxlen=2 * rule.neighbours))
-            return
-        prev_ts, durs = last
-        dur = ts - prev_ts
-        if len(durs) >= rule.min_baseline_steps:
-            median = statistics.median(durs)
-            if dur >= rule.ratio * median and dur - median >= rule.min_excess_dur and "stall" in self.options.triggers:
-                self._fire("stall", prev_ts + dur, f"the step before step {step} took {dur / 1e6:.0f} ms, "
-                                                  f"{dur / median:.1f}x its rolling median of {median / 1e6:.0f} ms "
-                                                  f"({rule.text()})")
-        durs.append(dur)
-        self._steps[thread_id] = (ts, durs)
+        if last is not None:
+            prev_ts, prev_step, durs = last
+            dur = ts - prev_ts
+            if len(durs) >= max(rule.neighbours, rule.min_baseline_steps) and "stall" in self.options.triggers:
+                median = statistics.median(durs)
+                if dur >= rule.ratio * median and dur - median >= rule.min_excess_dur:
+                    self._fire("stall", ts, f"step {prev_step} took {dur / 1e6:.0f} ms, {dur / median:.1f}x the "
+                                            f"median of the {len(durs)} steps before ({median / 1e6:.0f} ms; a stall "
+                                            f"is {rule.text()})")
+            durs.append(dur)
+        else:
+            durs = deque(maxlen=max(rule.neighbours, rule.min_baseline_steps))
+        self._steps[thread_id] = (ts, step, durs)
 
     def in_flight(self) -> list[tuple[str, str, int, int]]:
         """(table, API name, tid, entry ts) of the CUDA and NCCL calls in flight now, from the BPF maps
