@@ -149,20 +149,23 @@ class FlightRecorder:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        store = self.session.store
-        self.retention = Retention(event_tables(store.conn))
-        self.session.writer.execute(self.retention.setup)
-        self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
         self.session.writer.sync()
         self._monitor = sqlite3.connect(sqlite_uri(self.session.db_path, mode="ro"), uri=True,
                                         check_same_thread=False)
         self._monitor.execute("PRAGMA busy_timeout = 2000")
-        sid = self.session.session_id
+        tables = event_tables(self._monitor)
+        # what earlier sessions left in the file is theirs: the window only applies to this one
+        floors = {t: self._monitor.execute(f'SELECT coalesce(max(id), 0) FROM "{t}"').fetchone()[0]
+                  for t in tables}
+        self.retention = Retention(tables, floors=floors)
+        self.session.writer.execute(self.retention.setup)
+        self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
+        self.session.writer.sync()
         for table, _, _ in WATCHED + (("step_mark", "", ""),):
             self._last_id[table] = self._monitor.execute(
                 f"SELECT coalesce(max(id), 0) FROM {table}").fetchone()[0]
         self._rule = stall_rule(Store(self.session.db_path, self._monitor, True))
-        self.sid = sid
+        self.sid = sid = self.session.session_id
         self.wall_offset = self._monitor.execute("SELECT wall_offset_ns FROM session WHERE id = ?",
                                                  (sid,)).fetchone()[0]
 

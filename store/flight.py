@@ -49,16 +49,19 @@ class Retention:
     """The statements that keep a recording's last `keep_ns`: run by the session's Writer, after a
     batch's rows and in its transaction, so deleting never races inserting."""
 
-    def __init__(self, event_tables: Sequence[str], batch_rows: int = PRUNE_BATCH_ROWS) -> None:
+    def __init__(self, event_tables: Sequence[str], batch_rows: int = PRUNE_BATCH_ROWS,
+                 floors: dict[str, int] | None = None) -> None:
         self.tables = list(event_tables)
         self.batch_rows = batch_rows
+        # rows at or below a table's floor are earlier sessions': a flight recording never deletes them
+        self.floors = {t: (floors or {}).get(t, 0) for t in self.tables}
         self.setup = ("CREATE TEMP TABLE IF NOT EXISTS flight_mark "
                       "(ts INTEGER NOT NULL, tbl TEXT NOT NULL, max_id INTEGER)")
         self.mark = "INSERT INTO temp.flight_mark (ts, tbl, max_id) " + " UNION ALL ".join(
             f"SELECT ?1, '{t}', (SELECT max(id) FROM \"{t}\")" for t in self.tables)
-        self.prune = {t: (f'DELETE FROM "{t}" WHERE id <= min('
+        self.prune = {t: (f'DELETE FROM "{t}" WHERE id > ?3 AND id <= min('
                           f"(SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}' AND ts <= ?1), "
-                          f'(SELECT min(id) FROM "{t}") + ?2)') for t in self.tables}
+                          f'(SELECT min(id) FROM "{t}" WHERE id > ?3) + ?2)') for t in self.tables}
         # marks older than the newest one at or before the cutoff are of no more use
         self.forget = "DELETE FROM temp.flight_mark WHERE ts < ?1"
 
@@ -66,7 +69,7 @@ class Retention:
         """This tick's statements: note the ids written by `now_ns`, delete what was written
         before `cutoff_ns` (at most batch_rows per table)."""
         out: list[tuple[str, tuple]] = [(self.mark, (now_ns,))]
-        out += [(sql, (cutoff_ns, self.batch_rows)) for sql in self.prune.values()]
+        out += [(sql, (cutoff_ns, self.batch_rows, self.floors[t])) for t, sql in self.prune.items()]
         out.append((self.forget, (cutoff_ns - 10_000_000_000,)))
         return out
 

@@ -69,6 +69,22 @@ def test_rows_written_before_the_window_go_and_identities_stay(tmp_path):
     store.close()
 
 
+def test_an_earlier_session_in_the_file_is_never_deleted(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "two.db")
+    for t in range(1, 6):  # an earlier recording, not a flight one
+        writer.extend("offcpu_interval", [(sid, (t - 1) * S + i, 1000, 1, 0, 1, 7) for i in range(100)])
+    writer.flush()
+    floors = {t: store.conn.execute(f"SELECT coalesce(max(id), 0) FROM {t}").fetchone()[0] for t in retention.tables}
+    later = store.db["session"].insert({**store.one("SELECT * FROM session WHERE id = ?", (sid,)), "id": None}).last_pk
+    retention = Retention(retention.tables, floors=floors)
+    for t in range(100, 140):
+        _second(writer, retention, later, t, keep=10 * S)
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval WHERE session_id = ?", (sid,)).fetchone() == (500,)
+    assert store.conn.execute("SELECT min(ts) FROM offcpu_interval WHERE session_id = ?", (later,)).fetchone()[0] \
+        >= 128 * S
+    store.close()
+
+
 def test_a_tick_deletes_at_most_its_batch(tmp_path):
     store, writer, retention, sid = _recording(tmp_path / "b.db")
     retention = Retention(retention.tables, batch_rows=500)
