@@ -218,7 +218,8 @@ class FlightRecorder:
         if self._monitor is not None:
             try:  # the oldest row kept, found by its id (no index on ts while recording)
                 window = self._monitor.execute(
-                    "SELECT ts FROM offcpu_interval WHERE id = (SELECT min(id) FROM offcpu_interval)").fetchone()
+                    "SELECT ts FROM offcpu_interval WHERE id = (SELECT min(id) FROM offcpu_interval WHERE id > ?)",
+                    (self.retention.floors.get("offcpu_interval", 0),)).fetchone()
                 window = window[0] if window else None
             except sqlite3.Error:
                 pass
@@ -300,7 +301,7 @@ class FlightRecorder:
                                        ("nccl_inflight", "nccl_call", NCCL_APIS)):
             try:
                 items = list(bpf.get_table(map_name).items())
-            except (KeyError, Exception):  # the layer compiled no such map
+            except KeyError:  # the layer compiled no such map
                 continue
             for k, v in items:
                 key = k.value

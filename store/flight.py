@@ -111,7 +111,7 @@ def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, 
     for p in (partial, partial.with_name(partial.name + "-wal"), partial.with_name(partial.name + "-shm")):
         p.unlink(missing_ok=True)
     open_store(partial, create=True).close()  # the schema and views of this tool version
-    conn = sqlite3.connect(partial)
+    conn = sqlite3.connect(sqlite_uri(partial), uri=True)  # URIs on: the ATTACH below is one
     rows = 0
     try:
         conn.execute("PRAGMA journal_mode = WAL")
