@@ -92,6 +92,16 @@ def parse_size(text: str) -> int:
     return int(value * _SIZE_UNITS[unit])
 
 
+def next_keep(keep_now: int, keep: int, used: int, max_bytes: int) -> int:
+    """The window to keep next second under --max-size: a tenth shorter while the pages in use pass
+    85% of it (headroom for the log and the pages being reused), back towards --keep under 70%."""
+    if used > max_bytes * 0.85:
+        return max(int(keep_now * 0.9), 5 * NS)
+    if used < max_bytes * 0.7 and keep_now < keep:
+        return min(int(keep_now * 1.05) + NS, keep)
+    return keep_now
+
+
 def incident_name(ts_unix_ns: int, trigger: str) -> str:
     when = dt.datetime.fromtimestamp(ts_unix_ns / NS, dt.timezone.utc)
     return f"{when:%Y%m%dT%H%M%S}.{when.microsecond // 1000:03d}Z-{trigger}.db"
@@ -204,10 +214,7 @@ class FlightRecorder:
         opts = self.options
         if opts.max_bytes is not None and self._monitor is not None:
             used, free = used_bytes(self._monitor)
-            if used > opts.max_bytes * 0.85:  # headroom for the log and the pages being reused
-                self.keep_now = max(int(self.keep_now * 0.9), 5 * NS)
-            elif used < opts.max_bytes * 0.7 and self.keep_now < opts.keep_ns:
-                self.keep_now = min(int(self.keep_now * 1.05) + NS, opts.keep_ns)
+            self.keep_now = next_keep(self.keep_now, opts.keep_ns, used, opts.max_bytes)
             if free > max(used // 4, 8 << 20):  # a burst left many pages free: give them back
                 self.session.writer.execute("PRAGMA incremental_vacuum(2048)")
         for sql, params in self.retention.statements(now, now - self.keep_now):

@@ -113,6 +113,21 @@ def test_the_file_stays_flat_once_the_window_is_full(tmp_path):
     store.close()
 
 
+def test_max_size_shrinks_the_window_and_lets_it_grow_back():
+    from recorder.flight import next_keep
+
+    keep, cap = 600 * S, 100 << 20
+    now = keep
+    for _ in range(10):  # over the size: a tenth less each second
+        now = next_keep(now, keep, int(cap * 0.9), cap)
+    assert now == pytest.approx(keep * 0.9 ** 10, rel=1e-6)
+    assert next_keep(now, keep, int(cap * 0.8), cap) == now  # between 70% and 85%: held
+    for _ in range(200):  # well under: back to --keep, never beyond
+        now = next_keep(now, keep, cap // 2, cap)
+    assert now == keep
+    assert next_keep(5 * S, keep, cap, cap) == 5 * S  # never under 5 s
+
+
 @pytest.fixture()
 def demo_db(tmp_path) -> Path:
     db = tmp_path / "demo.db"
