@@ -202,6 +202,10 @@ class FlightRecorder:
         self.pending.clear()
         if self._saver:
             self._saver.join()
+        held = ", ".join(f"{n} {t}" for t, n in sorted(self.state.suppressed.items()))
+        if held:
+            print(f"recorder: flight recorder: triggers held back by the rate limit (one incident per trigger per "
+                  f"{self.options.cooldown_ns / NS:g} s, {self.options.max_per_hour} an hour): {held}", flush=True)
         if self._monitor:
             self._monitor.close()
 

@@ -140,6 +140,35 @@ def test_a_kernel_log_line_saves_an_incident_that_shows_it(tmp_path):
     assert start <= ts - 3 * S and end >= ts + 1 * S  # 4 s before, 2 s after (the recording may end first)
 
 
+STORM = """
+import os, time
+def line(n):
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    os.write(fd, b"<3>NVRM: Xid (PCI:0000:10:1c): 48, pid=%d, An uncorrectable double bit error.\\n" % (7700 + n))
+    os.close(fd)
+time.sleep(2)
+for n in range(3):  # a storm: one incident
+    line(n)
+    time.sleep(0.2)
+time.sleep(5)  # that incident saved; the next line is within the cooldown
+line(3)
+time.sleep(3)
+"""
+
+
+def test_a_trigger_storm_saves_one_incident(tmp_path):
+    db = tmp_path / "storm.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "30s", *SHORT, "--triggers", "xid", "--",
+                       sys.executable, "-c", STORM, timeout=300)
+    assert res.returncode == 0, res.stderr
+    ours = [p for p in _incidents(db) if q(p, "SELECT count(*) FROM gpu_xid WHERE pid BETWEEN 7700 AND 7703")[0][0]]
+    assert len(ours) == 1, _incidents(db)
+    (detail,), = q(ours[0], "SELECT detail FROM incident WHERE own = 1")
+    assert all(f"pid={7700 + n}" in detail for n in range(3)) and "pid=7703" not in detail, detail
+    assert "triggers held back by the rate limit (one incident per trigger per 300 s, 12 an hour): " in res.stdout
+    assert "pid=7703" not in "".join(q(p, "SELECT detail FROM incident WHERE own = 1")[0][0] for p in _incidents(db))
+
+
 def test_dump_and_sigusr1_save_the_window_while_recording(tmp_path):
     db = tmp_path / "d.db"
     work = subprocess.Popen([sys.executable, "-c", SLEEPER, "60"])
