@@ -335,8 +335,10 @@ def cmd_status(args) -> int:
     flight = st.get("flight")
     if flight:
         cap = f", at most {flight['max_bytes'] / 1e6:.0f} MB" if flight["max_bytes"] else ""
-        print(f"  flight recorder: keeps the last {flight['keep_s']:g} s{cap} (now {flight['kept_s']:g} s; the "
-              f"oldest event kept is {flight['window_s']:g} s old); incidents {flight['before_s']:g} s before to "
+        oldest = ("no off-CPU interval kept yet" if flight["oldest_event_s"] is None
+                  else f"the oldest off-CPU interval kept is {flight['oldest_event_s']:g} s old")
+        print(f"  flight recorder: keeps the last {flight['keep_s']:g} s{cap} (now {flight['kept_s']:g} s; "
+              f"{oldest}); incidents {flight['before_s']:g} s before to "
               f"{flight['after_s']:g} s after a trigger ({', '.join(flight['triggers']) or 'none'})")
         for inc in flight["incidents"]:
             print(f"  incident {inc['file']} ({inc['bytes'] / 1e6:.1f} MB): {inc['detail']}")

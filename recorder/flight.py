@@ -238,7 +238,7 @@ class FlightRecorder:
         return {
             **self.options.describe(),
             "kept_s": round(self.keep_now / NS, 1),
-            "window_s": round((now - window) / NS, 1) if window else 0.0,
+            "oldest_event_s": round((now - window) / NS, 1) if window else None,  # None: no event kept yet
             "db_file_bytes": file_bytes(self.session.db_path),
             "incidents_dir": str(self.folder),
             "incidents": [{k: r[k] for k in ("trigger", "file", "detail", "rows", "bytes")}

@@ -179,6 +179,7 @@ def test_dump_and_sigusr1_save_the_window_while_recording(tmp_path):
         time.sleep(4)
         status = json.loads(run_recorder("status", "--db", str(db), "--json", check=True).stdout)
         assert status["flight"]["keep_s"] == 20 and status["flight"]["incidents"] == []
+        assert 0 < status["flight"]["oldest_event_s"] <= 22
         out = tmp_path / "now.db"
         dump = json.loads(run_recorder("dump", "--db", str(db), "-o", str(out), "--last", "3s", "--json",
                                        check=True).stdout)
