@@ -32,6 +32,7 @@ from store.flight import Retention, event_tables, file_bytes, incidents_dir, sav
 from store.rules import stall_rule
 
 NS = 1_000_000_000
+VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
 TRIGGERS = ("stall", "hung-call", "nvme", "io-error", "xid", "aer", "oom")
 # kernel-log and memory tables a trigger watches: (table, trigger, condition on its rows)
 WATCHED = (
@@ -90,6 +91,13 @@ def parse_size(text: str) -> int:
     if value <= 0 or unit not in _SIZE_UNITS:
         raise UserError(f"cannot read size {text!r}: write e.g. 500MB, 2GB or 1GiB")
     return int(value * _SIZE_UNITS[unit])
+
+
+def vacuum_statements(pages: int) -> list[str]:
+    """Statements that give `pages` free pages back to the file system. sqlite3 steps a statement
+    that returns no rows once, and PRAGMA incremental_vacuum frees one page per step: one statement
+    per page (a few microseconds each)."""
+    return ["PRAGMA incremental_vacuum(1)"] * pages
 
 
 def next_keep(keep_now: int, keep: int, used: int, max_bytes: int) -> int:
@@ -220,7 +228,8 @@ class FlightRecorder:
             used, free = used_bytes(self._monitor)
             self.keep_now = next_keep(self.keep_now, opts.keep_ns, used, opts.max_bytes)
             if free > max(used // 4, 8 << 20):  # a burst left many pages free: give them back
-                self.session.writer.execute("PRAGMA incremental_vacuum(2048)")
+                for sql in vacuum_statements(VACUUM_PAGES_PER_TICK):
+                    self.session.writer.execute(sql)
         for sql, params in self.retention.statements(now, now - self.keep_now):
             self.session.writer.execute(sql, params)
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import q, run_recorder
 
 from recorder.demo import write_scenario
+from recorder.flight import vacuum_statements
 from store.db import Writer, open_store
 from store.flight import Retention, event_tables, save_window
 
@@ -82,6 +83,27 @@ def test_an_earlier_session_in_the_file_is_never_deleted(tmp_path):
     assert store.conn.execute("SELECT count(*) FROM offcpu_interval WHERE session_id = ?", (sid,)).fetchone() == (500,)
     assert store.conn.execute("SELECT min(ts) FROM offcpu_interval WHERE session_id = ?", (later,)).fetchone()[0] \
         >= 128 * S
+    store.close()
+
+
+def test_free_pages_are_given_back_through_the_writer(tmp_path):
+    path = tmp_path / "v.db"
+    store, writer, retention, sid = _recording(path)
+    for t in range(1, 21):
+        _second(writer, retention, sid, t, keep=100 * S, per_second=5000)
+    for _ in range(2):  # 50,000 rows a tick: two ticks delete the 100,000 written
+        for sql, params in retention.statements(21 * S, 21 * S):
+            writer.execute(sql, params)
+        writer.flush()
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone() == (0,)
+    free = store.conn.execute("PRAGMA freelist_count").fetchone()[0]
+    assert free > 800
+    for sql in vacuum_statements(free):  # as the flight recorder does after a burst
+        writer.execute(sql)
+    writer.flush()
+    assert store.conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert path.stat().st_size < free * 4096 / 2
     store.close()
 
 
