@@ -63,7 +63,7 @@ class FlightOptions:
             raise UserError(f"--keep {self.keep_ns // NS}s is shorter than an incident (--before "
                             f"{self.before_ns // NS}s + --after {self.after_ns // NS}s + 5s): keep more or "
                             "save less")
-        if self.max_bytes is not None and self.max_bytes < 16 << 20:
+        if self.max_bytes is not None and self.max_bytes < 16_000_000:
             raise UserError("--max-size must be at least 16MB: pass e.g. --max-size 2GB")
         unknown = self.triggers - set(TRIGGERS)
         if unknown:

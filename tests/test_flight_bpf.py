@@ -41,7 +41,7 @@ while time.monotonic() < end:
 
 def test_the_window_stays_bounded_while_recording(tmp_path):
     db = tmp_path / "w.db"
-    res = run_recorder("record", "--db", str(db), "--keep", "12s", *SHORT, "--triggers", "", "--",
+    res = run_recorder("record", "--db", str(db), "--keep", "12s", "--max-size", "16MB", *SHORT, "--triggers", "", "--",
                        sys.executable, "-c", SLEEPER, "30", timeout=300)
     assert res.returncode == 0, res.stderr
     (started, stopped), = q(db, "SELECT started_ts, stopped_ts FROM session")
