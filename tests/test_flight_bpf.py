@@ -140,6 +140,42 @@ def test_a_kernel_log_line_saves_an_incident_that_shows_it(tmp_path):
     assert start <= ts - 3 * S and end >= ts + 1 * S  # 4 s before, 2 s after (the recording may end first)
 
 
+DEVICE_LINES = {
+    "nvme": "nvme nvme7: I/O tag 489 (d1e9) opcode 0x1 (I/O Cmd) QID 3 timeout, aborting req_op:WRITE(1) "
+            "size:524288",
+    "io-error": "I/O error, dev nvme7n1, sector 6011360 op 0x1:(WRITE) flags 0x8800 phys_seg 1 prio class 2",
+    "aer": "pcieport 0000:77:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, "
+           "(Receiver ID)",
+    "oom": "Memory cgroup out of memory: Killed process 77123 (python) total-vm:2676kB, anon-rss:84kB, "
+           "file-rss:1468kB, shmem-rss:4kB, UID:0 pgtables:40kB oom_score_adj:0",
+}
+LINES_SPACED = """
+import os, sys, time
+time.sleep(2)
+for line in sys.argv[1:]:
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    os.write(fd, ("<3>" + line + "\\n").encode())
+    os.close(fd)
+    time.sleep(3.5)  # past the incident's after part: each line its own incident
+"""
+
+
+def test_each_device_trigger_saves_its_incident(tmp_path):
+    db = tmp_path / "dev.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "30s", *SHORT, "--cooldown", "0s",
+                       "--triggers", "nvme,io-error,aer,oom", "--", sys.executable, "-c", LINES_SPACED,
+                       *DEVICE_LINES.values(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    details = {p: q(p, "SELECT trigger, detail FROM incident WHERE own = 1")[0] for p in _incidents(db)}
+    for trigger, line in DEVICE_LINES.items():
+        # another test's kernel-log line may come first and take ours into its incident: ours is named
+        ours = [p for p, (_, detail) in details.items() if line in detail]
+        assert len(ours) == 1, (trigger, details)
+        assert f"{trigger}: " in details[ours[0]][1]
+        report = _explain(ours[0])
+        assert line in report["session"]["incident"]
+
+
 STORM = """
 import os, time
 def line(n):
