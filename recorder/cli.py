@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from recorder.core.settings import Settings
+from recorder.flight import TRIGGERS
 from store.errors import UserError
 
 EXAMPLES = {
@@ -18,9 +19,13 @@ EXAMPLES = {
               "  recorder start -p 4242 -p 4243 --db /var/tmp/incident.db\n"
               "  recorder start -c /sys/fs/cgroup/unified/job42   # a cgroup v2 subtree\n"
               "  recorder start --all --cuda-lib "
-              "/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"),
+              "/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12\n"
+              "  recorder start --all --keep 10m --max-size 2GB --db /var/lib/stall/flight.db   # always on"),
     "stop": "recorder stop\n  recorder stop --db /var/tmp/incident.db",
     "status": "recorder status\n  recorder status --json",
+    "dump": ("recorder dump                          # the kept window of a flight recording, now\n"
+             "  recorder dump --db /var/lib/stall/flight.db --last 60s -o /tmp/what-i-saw.db\n"
+             "  kill -USR1 $(cat /var/lib/stall/flight.db.lock)   # the same, into flight.db.incidents/"),
     "record": ("recorder record -- python train.py --epochs 1\n"
                "  recorder record --db run.db -- torchrun --nproc-per-node 2 train.py"),
     "explain": ("recorder explain                       # the latest session, whole\n"
@@ -93,6 +98,22 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
             p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
         else:
             p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+        f = p.add_argument_group("flight recorder (docs/flight-recorder.md)")
+        f.add_argument("--keep", metavar="DURATION",
+                       help="record continuously but keep only the last DURATION (10m, 1h); incidents are "
+                            "saved by themselves into DB.incidents/")
+        f.add_argument("--max-size", metavar="SIZE", help="with --keep: at most SIZE on disk (500MB, 2GB); "
+                                                          "the window kept shrinks to fit")
+        f.add_argument("--before", metavar="DURATION", default="60s",
+                       help="an incident recording starts this long before its trigger (default 60s)")
+        f.add_argument("--after", metavar="DURATION", default="30s",
+                       help="and ends this long after it (default 30s)")
+        f.add_argument("--hang", metavar="DURATION", default="30s",
+                       help="a CUDA/NCCL call in flight this long is a hang (default 30s)")
+        f.add_argument("--cooldown", metavar="DURATION", default="5m",
+                       help="a trigger saves at most one incident per DURATION (default 5m; and 12 an hour in all)")
+        f.add_argument("--triggers", metavar="LIST", default=",".join(TRIGGERS),
+                       help=f"the triggers that save an incident (default {','.join(TRIGGERS)}; '' for none)")
 
     p = _sub(subs, "stop", "stop the background recorder: flush, build indexes, mark complete")
     _db_arg(p, db)
@@ -101,6 +122,15 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = _sub(subs, "status", "live counters of the background recorder")
     _db_arg(p, db)
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "dump", "save the kept window of a recording (a flight recording while it records) as a "
+                           "recording of its own")
+    _db_arg(p, db)
+    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+                   help="the recording to write (default DB.incidents/<UTC time>-dump.db)")
+    p.add_argument("--last", metavar="DURATION", help="only the last DURATION (default: all that is kept)")
+    p.add_argument("--session", type=int, help="session id (default: the latest)")
+    p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
 
     p = _sub(subs, "explain", "explain a stall: the slowest step (or slow CUDA calls) and what caused it")
     _db_arg(p, db)
@@ -205,6 +235,24 @@ def cmd_doctor(args) -> int:
     return 0 if doctor.can_record(checks) else 1
 
 
+def _flight_options(args):
+    """--keep and its companions as FlightOptions, or None without --keep."""
+    from recorder.flight import FlightOptions, parse_size
+    from store.session import parse_duration
+
+    if not args.keep:
+        if args.max_size:
+            raise UserError("--max-size bounds a flight recording: add --keep DURATION (e.g. --keep 10m)")
+        return None
+    options = FlightOptions(
+        keep_ns=parse_duration(args.keep), max_bytes=parse_size(args.max_size) if args.max_size else None,
+        before_ns=parse_duration(args.before), after_ns=parse_duration(args.after),
+        hang_ns=parse_duration(args.hang), cooldown_ns=parse_duration(args.cooldown),
+        triggers=frozenset(t.strip() for t in args.triggers.split(",") if t.strip()))
+    options.check()
+    return options
+
+
 def cmd_start(args) -> int:
     from recorder.core.loader import TargetSpec, check_privileges
     from recorder.daemon import start_background
@@ -212,9 +260,10 @@ def cmd_start(args) -> int:
     chosen = sum(bool(x) for x in (args.pid, args.cgroup, args.all))
     if chosen != 1:
         raise UserError("say what to record: -p PID (repeatable), -c CGROUP_PATH or --all")
+    flight = _flight_options(args)
     check_privileges()
     target = TargetSpec(pids=tuple(args.pid), cgroup=args.cgroup, everything=args.all)
-    reply = start_background(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv))
+    reply = start_background(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv), flight)
     if args.json:
         print(json.dumps(reply, indent=1))
         return 0
@@ -234,6 +283,11 @@ def cmd_start(args) -> int:
     if not reply["libraries"]:
         print("recorder: warning: no CUDA library is mapped by the target yet; its calls are traced once it "
               "loads one (dlopen is watched), or pass --cuda-lib PATH", file=sys.stderr)
+    if flight:
+        print(f"flight recorder: keeping the last {args.keep}"
+              + (f", at most {args.max_size}" if args.max_size else "")
+              + f"; incidents ({args.before} before to {args.after} after a trigger) go into "
+              f"{reply['db']}.incidents/; recorder dump --db {reply['db']} saves the window now")
     print(f"stop with: recorder stop --db {reply['db']}")
     return 0
 
@@ -245,8 +299,10 @@ def cmd_record(args) -> int:
     argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not argv:
         raise UserError("nothing to run: recorder record [--db PATH] -- COMMAND [ARGS...]")
+    flight = _flight_options(args)
     check_privileges()
-    code, summary = record_command(args.db.resolve(), argv, tuple(args.cuda_lib), shlex.join(sys.argv))
+    code, summary = record_command(args.db.resolve(), argv, tuple(args.cuda_lib), shlex.join(sys.argv),
+                                   flight=flight)
     _print_summary(summary)
     return code
 
@@ -276,6 +332,60 @@ def cmd_status(args) -> int:
         print(f"  {kind:8s} {n:>10d} events  {rate:>10.1f}/s")
     print(f"  dropped  {st.get('dropped', 0):>10d}")
     print(f"  database {st.get('db_bytes', 0) / 1e6:.1f} MB  {st.get('db')}")
+    flight = st.get("flight")
+    if flight:
+        cap = f", at most {flight['max_bytes'] / 1e6:.0f} MB" if flight["max_bytes"] else ""
+        oldest = ("no off-CPU interval kept yet" if flight["oldest_event_s"] is None
+                  else f"the oldest off-CPU interval kept is {flight['oldest_event_s']:g} s old")
+        print(f"  flight recorder: keeps the last {flight['keep_s']:g} s{cap} (now {flight['kept_s']:g} s; "
+              f"{oldest}); incidents {flight['before_s']:g} s before to "
+              f"{flight['after_s']:g} s after a trigger ({', '.join(flight['triggers']) or 'none'})")
+        for inc in flight["incidents"]:
+            print(f"  incident {inc['file']} ({inc['bytes'] / 1e6:.1f} MB): {inc['detail']}")
+        for p in flight["pending"]:
+            print(f"  incident waiting: {p['trigger']}, saved in {p['due_in_s']:g} s")
+        for trigger, n in flight["suppressed"].items():
+            print(f"  {n} {trigger} trigger(s) not saved (rate limit: one per {flight['cooldown_s']:g} s per kind, "
+                  f"{flight['max_per_hour']} an hour)")
+        for err in flight["errors"]:
+            print(f"  error: {err}")
+        print(f"  incidents folder {flight['incidents_dir']}")
+    return 0
+
+
+def cmd_dump(args) -> int:
+    from recorder.flight import incident_name, save_incident
+    from store.db import open_store
+    from store.flight import incidents_dir
+    from store.report import parse_duration, session_end, session_row
+
+    db = args.db.resolve()
+    with open_store(db, readonly=True) as store:
+        session = session_row(store, args.session)
+        end = session_end(store, session)
+        if session["stopped_ts"] is None:  # still recording: up to now
+            from recorder.core.clock import now_ns
+
+            end = max(end, now_ns())
+        start = session["started_ts"]
+        first = store.one("SELECT min(ts) AS ts FROM offcpu_interval WHERE session_id = ?", (session["id"],))
+        if first and first["ts"]:
+            start = max(start, first["ts"])
+        if args.last:
+            start = max(start, end - parse_duration(args.last))
+    out = args.output
+    if out is None:
+        folder = incidents_dir(db)
+        folder.mkdir(exist_ok=True)
+        out = folder / incident_name(end + session["wall_offset_ns"], "dump")
+    row = save_incident(db, out.resolve(), session["id"], start, end, trigger="dump",
+                        detail=f"recorder dump{' --last ' + args.last if args.last else ''}", ts=end)
+    if args.json:
+        print(json.dumps(row, indent=1))
+    else:
+        print(f"wrote {row['file']} ({row['bytes'] / 1e6:.1f} MB): session {row['session_id']}, "
+              f"{(row['end_ts'] - row['start_ts']) / 1e9:.1f} s, {row['rows']} rows; explain it with: "
+              f"recorder explain --db {shlex.quote(row['file'])}")
     return 0
 
 
@@ -430,7 +540,8 @@ def cmd_mcp(args) -> int:
 
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
-    "status": cmd_status, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top, "demo": cmd_demo,
+    "status": cmd_status, "dump": cmd_dump, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top,
+    "demo": cmd_demo,
     "export": cmd_export, "report": cmd_report, "cluster": cmd_cluster,
     "verify-checkpoints": cmd_verify_checkpoints,
     "mcp": cmd_mcp,

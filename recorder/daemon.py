@@ -12,7 +12,15 @@ from pathlib import Path
 
 from recorder.core.loader import TargetSpec
 from recorder.errors import UserError
-from recorder.session import Session, already_recording, install_stop_signals, log_path, status_path
+from recorder.flight import FlightOptions
+from recorder.session import (
+    Session,
+    already_recording,
+    install_dump_signal,
+    install_stop_signals,
+    log_path,
+    status_path,
+)
 from store.db import lock_holder
 
 
@@ -27,7 +35,8 @@ def check_db_path(db: Path) -> None:
         raise UserError(f"cannot write {db} ({e.strerror}): pass a writable --db path") from None
 
 
-def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str) -> dict:
+def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
+                     flight: FlightOptions | None = None) -> dict:
     """Fork a detached recorder; return its attach summary once the probes are attached."""
     check_db_path(db)
     holder = lock_holder(db)
@@ -58,7 +67,7 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
     os.dup2(log, 2)
     status = 0
     try:
-        session = Session(db, target, cuda_libs, command)
+        session = Session(db, target, cuda_libs, command, flight=flight)
         install_stop_signals(session)
         summary = session.begin()
         os.write(write_fd, json.dumps(summary).encode())
@@ -119,7 +128,8 @@ def read_status(db: Path) -> dict:
 
 
 def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], command: str,
-                   on_started: Callable[[int], None] | None = None) -> tuple[int, dict]:
+                   on_started: Callable[[int], None] | None = None,
+                   flight: FlightOptions | None = None) -> tuple[int, dict]:
     """Run argv under recording (children included); return (its exit status, session summary).
 
     `on_started(pid)` is called once the probes are attached and the command runs.
@@ -142,7 +152,7 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
             os._exit(127)
     os.close(go_r)
     session = Session(db, TargetSpec(pids=(child,)), cuda_libs, command,
-                      described_target="command " + " ".join(argv))
+                      described_target="command " + " ".join(argv), flight=flight)
     try:
         session.begin()
     except BaseException:
@@ -152,6 +162,7 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
     # Ctrl-C reaches the command (same process group); the recorder keeps recording until it exits.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))
+    install_dump_signal(session)
     os.write(go_w, b"1")
     os.close(go_w)
     if on_started:

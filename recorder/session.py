@@ -29,6 +29,7 @@ from recorder.core.loader import Probes, TargetSpec
 from recorder.core.settings import Settings
 from recorder.core.stacks import StackRecorder
 from recorder.errors import TargetError, UserError
+from recorder.flight import FlightOptions, FlightRecorder
 from recorder.layers.checkpoint import CheckpointLayer
 from recorder.layers.cuda import CudaLayer
 from recorder.layers.gpu import GpuLayer, GpuSettings
@@ -79,7 +80,7 @@ class Session:
 
     def __init__(self, db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
                  described_target: str | None = None, gpu: GpuSettings | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, flight: FlightOptions | None = None) -> None:
         self.db_path = db
         self.target = target
         self.cuda_libs = cuda_libs
@@ -95,6 +96,8 @@ class Session:
         self.gpu_settings = gpu
         self.settings = settings
         self.gpu: GpuLayer | None = None
+        self.flight_options = flight
+        self.flight: FlightRecorder | None = None  # with --keep: the window kept, incidents saved
 
     # -- start ------------------------------------------------------------------------------------
     def begin(self) -> dict:
@@ -121,6 +124,7 @@ class Session:
         self.writer.table("capability", CAPABILITY_COLUMNS)
         self.writer.table("loss", ("session_id", "ts", "probe", "dropped"))
         self.writer.table("library", ("session_id", "path", "kind", "first_ts", "found_by"))
+        self.writer.table("incident", ("session_id", "ts", "trigger", "detail", "start_ts", "end_ts", "file"))
         self.identity = Identity(self.store, self.writer, self.session_id)
         self.context = Context(self.store, self.writer, self.session_id, started, self.identity,
                                self.counters.events)
@@ -163,6 +167,9 @@ class Session:
         self._store_capabilities()
         self.gpu.flush()
         self.writer.flush()
+        if self.flight_options:
+            self.flight = FlightRecorder(self, self.flight_options)
+            self.flight.start()
         return self.summary_at_start()
 
     def layer_order(self, settings: Settings, gpu_settings: GpuSettings) -> list[Layer]:
@@ -323,6 +330,8 @@ class Session:
             for path, kind in gpu_libraries(pid):
                 self.cuda.found(resolve(pid, path), kind, "rescan")
             self.workload.scan(pid, "rescan")
+        if self.flight:
+            self.flight.tick()
         self._write_status()
 
     def _write_status(self) -> None:
@@ -340,6 +349,8 @@ class Session:
             "libraries": sorted(p for p, n in self.probes.attached_libraries.items() if n),
             "updated_unix": time.time(),
         }
+        if self.flight:
+            status["flight"] = self.flight.status()
         tmp = status_path(self.db_path).with_suffix(".tmp")
         tmp.write_text(json.dumps(status, indent=1))
         tmp.replace(status_path(self.db_path))
@@ -362,6 +373,9 @@ class Session:
         self.kernel_log.finish(stop)
         self.io.flush()
         self.checkpoints.finish(stop)  # waits for the last hashes (bounded)
+        if self.flight:  # incidents still waiting end at the stop (the maps tell what is in flight)
+            self.writer.sync()
+            self.flight.finish(stop)
         self.writer.close()
         self.probes.cleanup()
         self.store.conn.execute(
@@ -369,6 +383,8 @@ class Session:
             (stop, self.session_id),
         )
         self.store.conn.commit()
+        if self.flight:
+            self.flight.store_saved(self.store)
         self.store.build_indexes()
         infer_steps(self.store, self.session_id)  # steps of processes that called no recorder.step
         self.store.store_baselines(self.session_id)
@@ -419,3 +435,14 @@ def install_stop_signals(session: Session) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    install_dump_signal(session)
+
+
+def install_dump_signal(session: Session) -> None:
+    """SIGUSR1 saves a flight recording's kept window now (the next tick does the work)."""
+    def dump(signum, frame):
+        if session.flight:
+            session.flight.dump_requested = True
+
+    if session.flight_options:
+        signal.signal(signal.SIGUSR1, dump)

@@ -162,6 +162,17 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
     return analyse(store, session_id, window, since, worst, step).to_json()
 
 
+def _incident(store: Store, sid: int) -> dict:
+    """{'incident': what saved it} for an incident recording (store/flight.py), else nothing."""
+    row = store.one("SELECT trigger, detail, ts FROM incident WHERE session_id = ? AND own = 1 ORDER BY id LIMIT 1",
+                    (sid,))
+    if row is None:
+        return {}
+    off = store.one("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
+    return {"incident": f"saved by the flight recorder ({row['trigger']}, {utc(row['ts'] + off)}): {row['detail']}"
+            if row["trigger"] not in ("dump", "signal") else f"saved on request ({row['trigger']}): {row['detail']}"}
+
+
 def _report(store: Store, session_id: int | None, window: str | None, since: str | None, worst: bool,
             step: int | None) -> StepReport | CallReport:
     session = session_row(store, session_id)
@@ -230,7 +241,7 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
     return CallReport(
         mode="call",
         session={"id": sid, "state": state, "host": session["hostname"],
-                 "kernel": session["kernel_release"], "target": session["target"]},
+                 "kernel": session["kernel_release"], "target": session["target"], **_incident(store, sid)},
         window={"start_ts": start, "end_ts": end, "start_utc": utc(start + off),
                 "end_utc": utc(end + off), "dur_ns": end - start},
         stall=primary is not None,
@@ -641,7 +652,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
     base = {
         "mode": "step",
         "session": {"id": sid, "state": state, "host": session["hostname"], "kernel": session["kernel_release"],
-                    "target": session["target"]},
+                    "target": session["target"], **_incident(store, sid)},
         "observed_layers": caps["observed"], "not_observed": caps["not_observed"],
         "loss": {"dropped_events": sum(r["dropped"] for r in lost),
                  "by_probe": {r["probe"]: r["dropped"] for r in lost}},

@@ -353,6 +353,10 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
             )
         _views_to(conn, temp=True)
         return store
+    if not tables:
+        # before the first table or never: a flight recording (recorder start --keep) deletes old rows
+        # all the time, and gives the free pages back with PRAGMA incremental_vacuum
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA foreign_keys = OFF")  # referential integrity is the writer's job; cheaper

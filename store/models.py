@@ -28,6 +28,8 @@ class Session(Part):
     host: str | None
     kernel: str | None
     target: str | None
+    incident: str | None = Field(None, description="an incident recording: what saved it (the flight "
+                                                    "recorder's trigger, or a dump), absent otherwise")
 
 
 class Window(Part):

@@ -52,6 +52,7 @@ def render_text(report: Report, stack: bool = False) -> str:
     lines = [
         "Stall report",
         f"Session: {s.id} on {s.host} ({s.state}), target {s.target}",
+        *([f"Incident: {s.incident}"] if s.incident else []),
         f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)",
         f"Symptom: {r.symptom}",
     ]
@@ -82,6 +83,8 @@ def render_step_text(report: Report, stack: bool = False) -> str:
     assert isinstance(r, StepReport), "render_step_text takes a step report"
     w, s = r.window, r.session
     lines = ["Stall report", f"Session: {s.id} on {s.host} ({s.state}), target {s.target}"]
+    if s.incident:
+        lines.append(f"Incident: {s.incident}")
     st = r.step
     if st:
         t = st.thread

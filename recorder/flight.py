@@ -1,0 +1,420 @@
+"""The flight recorder: a session that keeps only its last minutes and saves the incidents by itself.
+
+`recorder start --keep 10m` runs a normal session whose Writer also deletes what fell out of the
+window (store/flight.py); once a second `FlightRecorder.tick()` looks for a trigger in what was
+just written (a stalled step by the report's stall rule, a kernel-log device error or OOM kill) and
+in the BPF maps of calls in flight (a CUDA or NCCL call in flight longer than --hang). A trigger
+saves [its time - before, its time + after] into <db>.incidents/<UTC time>-<trigger>.db once the
+after part has been recorded; the copy runs in a thread of its own so the ring buffers keep being
+drained. SIGUSR1 saves the kept window at once (trigger 'signal').
+
+Trigger storms: a trigger that fires while an incident is waiting for its after part joins it
+(named in its detail); each trigger kind fires at most once per `cooldown`, and at most
+`max_per_hour` incidents are saved per hour; the rest are counted in the status file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sqlite3
+import statistics
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recorder.core.clock import now_ns
+from recorder.steps_infer import infer_steps
+from store.db import Store, open_store, sqlite_uri
+from store.errors import UserError
+from store.flight import Retention, event_tables, file_bytes, incidents_dir, save_window, used_bytes
+from store.rules import stall_rule
+
+NS = 1_000_000_000
+VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
+TRIGGERS = ("stall", "hung-call", "nvme", "io-error", "xid", "aer", "oom")
+# kernel-log and memory tables a trigger watches: (table, trigger, condition on its rows)
+WATCHED = (
+    ("nvme_event", "nvme", "kind <> 'power_saving_hint'"),
+    ("block_error", "io-error", "1"),
+    ("gpu_xid", "xid", "1"),
+    ("aer_event", "aer", "1"),
+    ("oom_kill", "oom", "1"),
+    ("oom_victim", "oom", "1"),
+)
+
+
+@dataclass(frozen=True)
+class FlightOptions:
+    keep_ns: int                         # the window kept
+    max_bytes: int | None = None         # and at most this much on disk (the window shrinks to fit)
+    before_ns: int = 60 * NS             # an incident covers its trigger's time - before ...
+    after_ns: int = 30 * NS              # ... to + after
+    hang_ns: int = 30 * NS               # a CUDA/NCCL call in flight this long is a hang
+    triggers: frozenset[str] = frozenset(TRIGGERS)
+    cooldown_ns: int = 300 * NS          # one incident per trigger kind per cooldown
+    max_per_hour: int = 12               # and at most this many incidents an hour
+
+    def check(self) -> None:
+        if self.keep_ns < 10 * NS:
+            raise UserError("--keep must be at least 10s: pass e.g. --keep 10m")
+        if self.before_ns + self.after_ns + 5 * NS > self.keep_ns:
+            raise UserError(f"--keep {self.keep_ns // NS}s is shorter than an incident (--before "
+                            f"{self.before_ns // NS}s + --after {self.after_ns // NS}s + 5s): keep more or "
+                            "save less")
+        if self.max_bytes is not None and self.max_bytes < 16_000_000:
+            raise UserError("--max-size must be at least 16MB: pass e.g. --max-size 2GB")
+        unknown = self.triggers - set(TRIGGERS)
+        if unknown:
+            raise UserError(f"no trigger {', '.join(sorted(unknown))}: choose from {', '.join(TRIGGERS)}")
+
+    def describe(self) -> dict:
+        return {"keep_s": self.keep_ns / NS, "max_bytes": self.max_bytes, "before_s": self.before_ns / NS,
+                "after_s": self.after_ns / NS, "hang_s": self.hang_ns / NS, "triggers": sorted(self.triggers),
+                "cooldown_s": self.cooldown_ns / NS, "max_per_hour": self.max_per_hour}
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'500MB', '2GiB', '1g' -> bytes."""
+    t = text.strip().lower()
+    digits = t.rstrip("abgikmt")
+    unit = t[len(digits):]
+    try:
+        value = float(digits)
+    except ValueError:
+        value = -1
+    if value <= 0 or unit not in _SIZE_UNITS:
+        raise UserError(f"cannot read size {text!r}: write e.g. 500MB, 2GB or 1GiB")
+    return int(value * _SIZE_UNITS[unit])
+
+
+def vacuum_statements(pages: int) -> list[str]:
+    """Statements that give `pages` free pages back to the file system. sqlite3 steps a statement
+    that returns no rows once, and PRAGMA incremental_vacuum frees one page per step: one statement
+    per page (a few microseconds each)."""
+    return ["PRAGMA incremental_vacuum(1)"] * pages
+
+
+def next_keep(keep_now: int, keep: int, used: int, max_bytes: int) -> int:
+    """The window to keep next second under --max-size: a tenth shorter while the pages in use pass
+    85% of it (headroom for the log and the pages being reused), back towards --keep under 70%."""
+    if used > max_bytes * 0.85:
+        return max(int(keep_now * 0.9), 5 * NS)
+    if used < max_bytes * 0.7 and keep_now < keep:
+        return min(int(keep_now * 1.05) + NS, keep)
+    return keep_now
+
+
+def incident_name(ts_unix_ns: int, trigger: str) -> str:
+    when = dt.datetime.fromtimestamp(ts_unix_ns / NS, dt.timezone.utc)
+    return f"{when:%Y%m%dT%H%M%S}.{when.microsecond // 1000:03d}Z-{trigger}.db"
+
+
+def save_incident(src: Path, out: Path, session_id: int, start: int, end: int, *, trigger: str, detail: str,
+                  ts: int, open_calls: list[tuple[str, dict]] | None = None) -> dict:
+    """save_window(), then the steps a recording's stop would infer: a normal, complete recording."""
+    row = save_window(src, out, session_id, start, end, trigger=trigger, detail=detail, ts=ts,
+                      open_calls=open_calls or ())
+    with open_store(out) as store:
+        infer_steps(store, session_id)
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return row
+
+
+@dataclass
+class Pending:
+    trigger: str
+    ts: int
+    details: list[str]
+    due: int                 # monotonic ns the window ends (the after part recorded)
+    start: int
+
+
+@dataclass
+class FlightState:
+    saved: list[dict] = field(default_factory=list)
+    suppressed: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+class FlightRecorder:
+    """Keeps a session's window and saves its incidents. Driven by the Session: start() once the
+    session is written, tick() every second, finish() at stop."""
+
+    def __init__(self, session, options: FlightOptions) -> None:
+        self.session = session
+        self.options = options
+        self.keep_now = options.keep_ns  # shrinks while the database is above --max-size
+        self.state = FlightState()
+        self.pending: list[Pending] = []
+        self.last_fired: dict[str, int] = {}
+        self.fired_hour: deque[int] = deque()
+        self.seen_calls: set[tuple[str, int, int]] = set()
+        self.dump_requested = False
+        self._saver: threading.Thread | None = None
+        self._results: list[dict] = []
+        self._lock = threading.Lock()
+        self._monitor: sqlite3.Connection | None = None
+        self._last_id: dict[str, int] = {}
+        self._steps: dict[int, tuple[int, int, deque[int]]] = {}
+        self._rule = None
+        self.folder = incidents_dir(session.db_path)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.session.writer.sync()
+        self._monitor = sqlite3.connect(sqlite_uri(self.session.db_path, mode="ro"), uri=True,
+                                        check_same_thread=False)
+        self._monitor.execute("PRAGMA busy_timeout = 2000")
+        tables = event_tables(self._monitor)
+        # what earlier sessions left in the file is theirs: the window only applies to this one
+        floors = {t: self._monitor.execute(f'SELECT coalesce(max(id), 0) FROM "{t}"').fetchone()[0]
+                  for t in tables}
+        self.retention = Retention(tables, floors=floors)
+        self.session.writer.execute(self.retention.setup)
+        self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
+        self.session.writer.sync()
+        for table, _, _ in WATCHED + (("step_mark", "", ""),):
+            self._last_id[table] = self._monitor.execute(
+                f"SELECT coalesce(max(id), 0) FROM {table}").fetchone()[0]
+        self._rule = stall_rule(Store(self.session.db_path, self._monitor, True))
+        self.sid = sid = self.session.session_id
+        self.wall_offset = self._monitor.execute("SELECT wall_offset_ns FROM session WHERE id = ?",
+                                                 (sid,)).fetchone()[0]
+
+    def tick(self) -> None:
+        """Once a second: keep the window, watch the triggers, save what is due."""
+        now = now_ns()
+        self._collect_saved()
+        self._keep(now)
+        try:
+            self._watch(now)
+        except sqlite3.Error as e:  # a busy moment of the writer: look again next second
+            self._note_error(f"trigger check: {e}")
+        if self.dump_requested:
+            self.dump_requested = False
+            self._fire("signal", now, "SIGUSR1: the kept window saved on request", force=True)
+        for p in [p for p in self.pending if now >= p.due]:
+            self.pending.remove(p)
+            self._save(p, now)
+
+    def finish(self, stop: int) -> None:
+        """At stop: save the incidents still waiting (their window ends at the stop)."""
+        for p in self.pending:
+            self._save(p, stop, background=False)
+        self.pending.clear()
+        if self._saver:
+            self._saver.join()
+        held = ", ".join(f"{n} {t}" for t, n in sorted(self.state.suppressed.items()))
+        if held:
+            print(f"recorder: flight recorder: triggers held back by the rate limit (one incident per trigger per "
+                  f"{self.options.cooldown_ns / NS:g} s, {self.options.max_per_hour} an hour): {held}", flush=True)
+        if self._monitor:
+            self._monitor.close()
+
+    def store_saved(self, store: Store) -> None:
+        """List the incidents saved in the recording (after the writer is closed)."""
+        self._collect_saved(direct=store)
+
+    # -- the window -------------------------------------------------------------------------------
+    def _keep(self, now: int) -> None:
+        opts = self.options
+        if opts.max_bytes is not None and self._monitor is not None:
+            used, free = used_bytes(self._monitor)
+            self.keep_now = next_keep(self.keep_now, opts.keep_ns, used, opts.max_bytes)
+            if free > max(used // 4, 8 << 20):  # a burst left many pages free: give them back
+                for sql in vacuum_statements(VACUUM_PAGES_PER_TICK):
+                    self.session.writer.execute(sql)
+        for sql, params in self.retention.statements(now, now - self.keep_now):
+            self.session.writer.execute(sql, params)
+
+    def status(self) -> dict:
+        window = None
+        if self._monitor is not None:
+            try:  # the oldest row kept, found by its id (no index on ts while recording)
+                window = self._monitor.execute(
+                    "SELECT ts FROM offcpu_interval WHERE id = (SELECT min(id) FROM offcpu_interval WHERE id > ?)",
+                    (self.retention.floors.get("offcpu_interval", 0),)).fetchone()
+                window = window[0] if window else None
+            except sqlite3.Error:
+                pass
+        now = now_ns()
+        return {
+            **self.options.describe(),
+            "kept_s": round(self.keep_now / NS, 1),
+            "oldest_event_s": round((now - window) / NS, 1) if window else None,  # None: no event kept yet
+            "db_file_bytes": file_bytes(self.session.db_path),
+            "incidents_dir": str(self.folder),
+            "incidents": [{k: r[k] for k in ("trigger", "file", "detail", "rows", "bytes")}
+                          for r in self.state.saved],
+            "pending": [{"trigger": p.trigger, "due_in_s": round((p.due - now) / NS, 1)} for p in self.pending],
+            "suppressed": dict(self.state.suppressed),
+            "errors": self.state.errors[-5:],
+        }
+
+    # -- triggers ---------------------------------------------------------------------------------
+    def _watch(self, now: int) -> None:
+        mon = self._monitor
+        trig = self.options.triggers
+        for table, trigger, cond in WATCHED:
+            rows = mon.execute(
+                f"SELECT e.id, e.ts, coalesce(k.text, '') FROM {table} e "
+                f"LEFT JOIN kernel_log k ON k.id = {'e.kernel_log_id' if table != 'oom_victim' else 'NULL'} "
+                f"WHERE e.id > ? AND e.session_id = ? AND {cond} ORDER BY e.id",
+                (self._last_id[table], self.sid)).fetchall()
+            if rows:
+                self._last_id[table] = rows[-1][0]
+            if trigger in trig:
+                for _, ts, text in rows:
+                    self._fire(trigger, ts, f"{table}: {text}" if text else table)
+        marks = mon.execute("SELECT id, thread_id, ts, step FROM step_mark WHERE id > ? AND session_id = ? "
+                            "ORDER BY id", (self._last_id["step_mark"], self.sid)).fetchall()
+        if marks:
+            self._last_id["step_mark"] = marks[-1][0]
+        for _, thread_id, ts, step in marks:
+            self._step(thread_id, ts, step)
+        if "hung-call" in trig:
+            for table, api, tid, ts in self.in_flight():
+                age = now - ts
+                key = (table, tid, ts)
+                if age >= self.options.hang_ns and key not in self.seen_calls:
+                    self.seen_calls.add(key)
+                    self._fire("hung-call", now, f"{api} in flight for {age / NS:.1f} s on thread {tid} "
+                                                 f"(--hang {self.options.hang_ns / NS:g}s)")
+            if len(self.seen_calls) > 10_000:
+                self.seen_calls.clear()
+
+    def _step(self, thread_id: int, ts: int, step: int) -> None:
+        """The report's stall rule (stall_rule) on a thread's step as it ends. Live, the rolling
+        baseline can only be the steps before: the median of the thread's last `neighbours` steps,
+        and none until there are that many (the report's window has as many on each side)."""
+        rule = self._rule
+        last = self._steps.get(thread_id)
+        if last is not None:
+            prev_ts, prev_step, durs = last
+            dur = ts - prev_ts
+            if len(durs) >= max(rule.neighbours, rule.min_baseline_steps) and "stall" in self.options.triggers:
+                median = statistics.median(durs)
+                if dur >= rule.ratio * median and dur - median >= rule.min_excess_dur:
+                    self._fire("stall", ts, f"step {prev_step} took {dur / 1e6:.0f} ms, {dur / median:.1f}x the "
+                                            f"median of the {len(durs)} steps before ({median / 1e6:.0f} ms; a stall "
+                                            f"is {rule.text()})")
+            durs.append(dur)
+        else:
+            durs = deque(maxlen=max(rule.neighbours, rule.min_baseline_steps))
+        self._steps[thread_id] = (ts, step, durs)
+
+    def in_flight(self) -> list[tuple[str, str, int, int]]:
+        """(table, API name, tid, entry ts) of the CUDA and NCCL calls in flight now, from the BPF maps
+        of calls entered and not yet returned (a thread gone is no call in flight)."""
+        from recorder.layers.cuda.apis import APIS as CUDA_APIS
+        from recorder.layers.workload.nccl import APIS as NCCL_APIS
+
+        out = []
+        bpf = self.session.probes.bpf
+        for map_name, table, names in (("cuda_inflight", "cuda_call", CUDA_APIS),
+                                       ("nccl_inflight", "nccl_call", NCCL_APIS)):
+            try:
+                items = list(bpf.get_table(map_name).items())
+            except KeyError:  # the layer compiled no such map
+                continue
+            for k, v in items:
+                key = k.value
+                tid, api = key >> 32, key & 0xFFFFFFFF
+                if v.ts == 0 or api >= len(names) or not os.path.exists(f"/proc/{tid}"):
+                    continue
+                out.append((table, names[api].name, tid, v.ts))
+        return out
+
+    def open_calls(self, end: int) -> list[tuple[str, dict]]:
+        """The calls in flight at `end`, as rows of cuda_call or nccl_call ending there."""
+        rows = []
+        threads = self.session.identity.threads
+        for table, api_name, tid, ts in self.in_flight():
+            thread_id = threads.get(tid)
+            if thread_id is None or ts >= end:
+                continue
+            api_id = self._api_id(table, api_name)
+            row = {"session_id": self.sid, "ts": ts, "dur": end - ts, "thread_id": thread_id, "api_id": api_id,
+                   "ret": 0, "cgroup_id": 0}
+            rows.append((table, row))
+        return rows
+
+    def _api_id(self, table: str, name: str) -> int:
+        api_table = "cuda_api" if table == "cuda_call" else "nccl_api"
+        return self._monitor.execute(f"SELECT id FROM {api_table} WHERE name = ?", (name,)).fetchone()[0]
+
+    def _fire(self, trigger: str, ts: int, detail: str, force: bool = False) -> None:
+        opts = self.options
+        now = now_ns()
+        for p in self.pending:  # a storm joins the incident already waiting
+            if p.due > now and not force:
+                if len(p.details) < 20:
+                    p.details.append(f"{trigger}: {detail}")
+                return
+        last = self.last_fired.get(trigger)
+        while self.fired_hour and now - self.fired_hour[0] > 3600 * NS:
+            self.fired_hour.popleft()
+        if not force and ((last is not None and now - last < opts.cooldown_ns)
+                          or len(self.fired_hour) >= opts.max_per_hour):
+            self.state.suppressed[trigger] = self.state.suppressed.get(trigger, 0) + 1
+            return
+        self.last_fired[trigger] = now
+        self.fired_hour.append(now)
+        if force:  # the kept window, now
+            self.pending.append(Pending(trigger, ts, [detail], now, now - self.keep_now))
+            return
+        start = max(ts - opts.before_ns, now - self.keep_now)
+        self.pending.append(Pending(trigger, ts, [f"{trigger}: {detail}"], max(ts, now) + opts.after_ns, start))
+
+    # -- saving -----------------------------------------------------------------------------------
+    def _save(self, p: Pending, end: int, background: bool = True) -> None:
+        self.folder.mkdir(exist_ok=True)
+        out = self.folder / incident_name(p.ts + self.wall_offset, p.trigger)
+        open_calls = self.open_calls(end)
+        detail = "; ".join(p.details)
+        if self._saver:
+            self._saver.join()  # one copy at a time
+        if background:
+            self.session.writer.sync()  # the window's rows are committed before the copy reads them
+
+        def work() -> None:
+            try:
+                row = save_incident(self.session.db_path, out, self.sid, p.start, end, trigger=p.trigger,
+                                    detail=detail, ts=p.ts, open_calls=open_calls)
+            except (UserError, sqlite3.Error, OSError) as e:
+                self._note_error(f"saving {out.name}: {e}")
+                return
+            with self._lock:
+                self._results.append(row)
+            print(f"recorder: incident saved: {out} ({row['rows']} rows; {detail})", flush=True)
+
+        if background:
+            self._saver = threading.Thread(target=work, name="stall-incident", daemon=True)
+            self._saver.start()
+        else:
+            work()
+
+    def _collect_saved(self, direct: Store | None = None) -> None:
+        with self._lock:
+            results, self._results = self._results, []
+        for row in results:
+            self.state.saved.append(row)
+            values = (row["session_id"], row["ts"], row["trigger"], row["detail"], row["start_ts"], row["end_ts"],
+                      row["file"])
+            if direct is not None:
+                direct.conn.execute("INSERT INTO incident (session_id, ts, trigger, detail, start_ts, end_ts, file) "
+                                    "VALUES (?, ?, ?, ?, ?, ?, ?)", values)
+                direct.conn.commit()
+            else:
+                self.session.writer.add("incident", values)
+
+    def _note_error(self, text: str) -> None:
+        self.state.errors.append(text)
+        print(f"recorder: flight recorder: {text}", flush=True)
+

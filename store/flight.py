@@ -1,0 +1,188 @@
+"""The flight recorder's store side: keep only the last DURATION of a recording, and cut a time
+window out of a recording into an incident recording of its own (docs/flight-recorder.md).
+
+Old rows are found by insertion order, not by time: every second the recorder notes the highest
+row id of each event table with the time it noted it (a TEMP table of its own connection). A row
+is written after its event ended, so every row at or below the id noted at time T is about
+something over by T; once T falls out of the window those rows go, a bounded range of row ids
+per table at a time. Rowid ranges need no index (the recording builds its indexes at stop) and
+each deletion costs the same whatever the table's size.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from store.db import Store, open_store, sqlite_uri
+from store.errors import UserError
+
+# Event tables (id, session_id, ts) whose rows are kept whatever their age: decisions and
+# identities later rows refer to (capability rows, thread renames, checkpoint files), incidents.
+NEVER_PRUNED = frozenset({"capability", "checkpoint_file", "thread_name", "incident"})
+PRUNE_BATCH_ROWS = 20_000  # per table and tick: ~10 ms of SQLite work on a loaded host
+
+
+def columns(conn: sqlite3.Connection, table: str, schema: str = "main") -> list[str]:
+    return [r[1] for r in conn.execute(f'PRAGMA "{schema}".table_info("{table}")')]
+
+
+def tables(conn: sqlite3.Connection, schema: str = "main") -> list[str]:
+    return [r[0] for r in conn.execute(
+        f"SELECT name FROM \"{schema}\".sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY name")]
+
+
+def event_tables(conn: sqlite3.Connection) -> list[str]:
+    """The tables whose rows are events in time: what a window keeps or cuts."""
+    out = []
+    for name in tables(conn):
+        cols = columns(conn, name)
+        if cols[:1] == ["id"] and "session_id" in cols and "ts" in cols and name not in NEVER_PRUNED:
+            out.append(name)
+    return out
+
+
+class Retention:
+    """The statements that keep a recording's last `keep_ns`: run by the session's Writer, after a
+    batch's rows and in its transaction, so deleting never races inserting."""
+
+    def __init__(self, event_tables: Sequence[str], batch_rows: int = PRUNE_BATCH_ROWS,
+                 floors: dict[str, int] | None = None) -> None:
+        self.tables = list(event_tables)
+        self.batch_rows = batch_rows
+        # rows at or below a table's floor are earlier sessions': a flight recording never deletes them
+        self.floors = {t: (floors or {}).get(t, 0) for t in self.tables}
+        self.setup = ("CREATE TEMP TABLE IF NOT EXISTS flight_mark "
+                      "(ts INTEGER NOT NULL, tbl TEXT NOT NULL, max_id INTEGER)")
+        self.mark = "INSERT INTO temp.flight_mark (ts, tbl, max_id) " + " UNION ALL ".join(
+            f"SELECT ?1, '{t}', (SELECT max(id) FROM \"{t}\")" for t in self.tables)
+        self.prune = {t: (f'DELETE FROM "{t}" WHERE id > ?3 AND id <= min('
+                          f"(SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}' AND ts <= ?1), "
+                          f'(SELECT min(id) FROM "{t}" WHERE id > ?3) + ?2)') for t in self.tables}
+        # marks older than the newest one at or before the cutoff are of no more use
+        self.forget = "DELETE FROM temp.flight_mark WHERE ts < ?1"
+
+    def statements(self, now_ns: int, cutoff_ns: int) -> list[tuple[str, tuple]]:
+        """This tick's statements: note the ids written by `now_ns`, delete what was written
+        before `cutoff_ns` (at most batch_rows per table)."""
+        out: list[tuple[str, tuple]] = [(self.mark, (now_ns,))]
+        out += [(sql, (cutoff_ns, self.batch_rows, self.floors[t])) for t, sql in self.prune.items()]
+        out.append((self.forget, (cutoff_ns - 10_000_000_000,)))
+        return out
+
+
+def used_bytes(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(bytes in pages holding data, bytes in free pages) of the database `conn` reads."""
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    count = conn.execute("PRAGMA page_count").fetchone()[0]
+    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    return (count - free) * page, free * page
+
+
+def file_bytes(db: Path) -> int:
+    """The database and its write-ahead log, as they take space on disk."""
+    total = 0
+    for p in (db, db.with_name(db.name + "-wal")):
+        try:
+            total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, trigger: str,
+                detail: str, ts: int, open_calls: Iterable[tuple[str, dict]] = ()) -> dict:
+    """Copy session `session_id`'s rows of [start, end] from recording `src` (live or not) into a
+    new recording `out`: the events that overlap the window, every identity, stack, capability and
+    library of the session, and the session row ending at `end`. `open_calls` are (table, row)
+    of calls still in flight, written as rows ending at `end` and listed in open_call.
+
+    The copy is written next to `out` and renamed into place when complete: a reader never sees
+    half an incident. Returns the incident row (with the copied row count).
+    """
+    if out.exists():
+        raise UserError(f"{out} exists: pass another -o FILE (a dump never overwrites a recording)")
+    if not out.parent.is_dir():
+        raise UserError(f"folder {out.parent} does not exist: create it or pass another -o FILE")
+    partial = out.with_name(out.name + ".partial")
+    for p in (partial, partial.with_name(partial.name + "-wal"), partial.with_name(partial.name + "-shm")):
+        p.unlink(missing_ok=True)
+    open_store(partial, create=True).close()  # the schema and views of this tool version
+    conn = sqlite3.connect(sqlite_uri(partial), uri=True)  # URIs on: the ATTACH below is one
+    rows = 0
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("ATTACH DATABASE ? AS src", (sqlite_uri(src, mode="ro"),))
+        if conn.execute("SELECT 1 FROM src.session WHERE id = ?", (session_id,)).fetchone() is None:
+            raise UserError(f"no session {session_id} in {src}: pass the session a recorder wrote there")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO main.session SELECT * FROM src.session WHERE id = ?", (session_id,))
+        conn.execute("UPDATE main.session SET started_ts = max(started_ts, ?), stopped_ts = ?, "
+                     "status = 'complete' WHERE id = ?", (start, end, session_id))
+        windowed = set(event_tables(conn))
+        source_tables = set(tables(conn, "src"))
+        for name in tables(conn):
+            if name in ("session", "incident", "open_call") or name not in source_tables:
+                continue
+            cols = columns(conn, name)
+            if cols != columns(conn, name, "src"):
+                raise UserError(f"{src} has another schema than this recorder: dump it with the version that "
+                                "recorded it")
+            listed = ",".join(f'"{c}"' for c in cols)
+            head = f'INSERT INTO main."{name}" ({listed}) SELECT {listed} FROM src."{name}"'
+            if name in windowed:
+                overlap = "ts + dur >= :a" if "dur" in cols else "ts >= :a"
+                cur = conn.execute(f"{head} WHERE session_id = :s AND ts <= :b AND {overlap}",
+                                   {"s": session_id, "a": start, "b": end})
+            elif "session_id" in cols:
+                cur = conn.execute(f"{head} WHERE session_id = ?", (session_id,))
+            elif conn.execute(f'SELECT 1 FROM main."{name}" LIMIT 1').fetchone() is None:
+                cur = conn.execute(head)  # stacks, interned text, the API tables
+            else:
+                continue  # filled by the migrations (rules, decodings): this tool's copy is there
+            rows += max(cur.rowcount, 0)
+        for table, row in open_calls:
+            names = list(row)
+            cur = conn.execute(f'INSERT INTO main."{table}" ({",".join(names)}) VALUES '
+                               f'({",".join("?" * len(names))})', [row[n] for n in names])
+            conn.execute("INSERT INTO open_call (session_id, call_table, call_id) VALUES (?, ?, ?)",
+                         (session_id, table, cur.lastrowid))
+            rows += 1
+        incident = {"session_id": session_id, "ts": ts, "trigger": trigger, "detail": detail,
+                    "start_ts": start, "end_ts": end, "file": str(out)}
+        conn.execute("INSERT INTO incident (session_id, ts, trigger, detail, start_ts, end_ts, file, own) "
+                     "VALUES (:session_id, :ts, :trigger, :detail, :start_ts, :end_ts, :file, 1)", incident)
+        conn.commit()
+        conn.execute("DETACH DATABASE src")
+    except BaseException:
+        conn.close()
+        for p in (partial, partial.with_name(partial.name + "-wal"), partial.with_name(partial.name + "-shm")):
+            p.unlink(missing_ok=True)
+        raise
+    conn.close()
+    with open_store(partial) as store:
+        finish_recording(store, session_id)
+    os.replace(partial, out)
+    return {**incident, "rows": rows, "bytes": out.stat().st_size}
+
+
+def finish_recording(store: Store, session_id: int) -> None:
+    """What a stop does to a recording (indexes, baselines), then one file with no log beside it."""
+    store.build_indexes()
+    store.store_baselines(session_id)
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.conn.execute("PRAGMA journal_mode = DELETE")
+
+
+def incidents_dir(db: Path) -> Path:
+    """Where a flight recording's incidents go: <db>.incidents/ next to it."""
+    return db.with_name(db.name + ".incidents")
+
+
+def list_incidents(db: Path) -> list[dict]:
+    """The incidents listed in recording `db`, oldest first (empty for a recording that has none)."""
+    with open_store(db, readonly=True) as store:
+        return store.query("SELECT * FROM incident ORDER BY id")

@@ -1,0 +1,231 @@
+"""The flight recorder's store side on real SQLite files: the window kept (rows written before the
+cutoff deleted in bounded batches, identities kept, the file's size flat), and incident recordings
+cut out of a recording (`recorder dump`) that `recorder explain` reads like any other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import q, run_recorder
+
+from recorder.demo import write_scenario
+from recorder.flight import vacuum_statements
+from store.db import Writer, open_store
+from store.flight import Retention, event_tables, save_window
+
+S = 1_000_000_000
+OFFCPU = ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id")
+
+
+def _recording(path: Path) -> tuple:
+    store = open_store(path, create=True)
+    sid = store.db["session"].insert({
+        "started_ts": 0, "wall_offset_ns": 0, "status": "recording", "recorder_pid": 1, "hostname": "h",
+        "kernel_release": "k", "boot_id": "b", "cpu_count": 1, "target": "t", "command": "c",
+        "tool_version": "0"}).last_pk
+    store.conn.execute("INSERT INTO thread (id, session_id, tid, name, first_ts) VALUES (1, ?, 100, 'w', 0)", (sid,))
+    store.conn.execute("INSERT INTO capability (session_id, layer, probe, status, ts) "
+                       "VALUES (?, 'sched', 'sched:sched_switch', 'attached', 0)", (sid,))
+    store.conn.commit()
+    writer = Writer(store)
+    writer.table("offcpu_interval", OFFCPU)
+    writer.table("loss", ("session_id", "ts", "probe", "dropped"))
+    retention = Retention(event_tables(store.conn), batch_rows=50_000)
+    writer.execute(retention.setup)
+    writer.flush()
+    return store, writer, retention, sid
+
+
+def _second(writer: Writer, retention: Retention, sid: int, t: int, keep: int, per_second: int = 2000) -> None:
+    """One recorded second: rows of events that ended by t, then the tick's statements."""
+    base = (t - 1) * S
+    writer.extend("offcpu_interval", [(sid, base + i * (S // per_second), 1000, 1, 0, 1, 7)
+                                      for i in range(per_second)])
+    writer.add("loss", (sid, base, "sched", 1))
+    for sql, params in retention.statements(t * S, t * S - keep):
+        writer.execute(sql, params)
+    writer.flush()
+
+
+def test_a_new_recording_can_give_pages_back(tmp_path):
+    open_store(tmp_path / "n.db", create=True).close()
+    assert q(tmp_path / "n.db", "PRAGMA auto_vacuum") == [(2,)]  # INCREMENTAL, set before any table
+
+
+def test_rows_written_before_the_window_go_and_identities_stay(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "w.db")
+    keep = 10 * S
+    for t in range(1, 41):
+        _second(writer, retention, sid, t, keep)
+    lo, hi, n = store.conn.execute("SELECT min(ts), max(ts), count(*) FROM offcpu_interval").fetchone()
+    assert hi == 39 * S + (S - S // 2000)
+    # what was written by t=30 s (every event over by then) is gone, what came after is all there
+    assert 29 * S <= lo <= 30 * S, lo / S
+    assert n == 2000 * round((hi - lo) / S), n
+    assert store.conn.execute("SELECT min(ts) FROM loss").fetchone()[0] >= 29 * S
+    assert store.conn.execute("SELECT count(*) FROM thread").fetchone()[0] == 1
+    assert store.conn.execute("SELECT count(*) FROM capability").fetchone()[0] == 1
+    store.close()
+
+
+def test_an_earlier_session_in_the_file_is_never_deleted(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "two.db")
+    for t in range(1, 6):  # an earlier recording, not a flight one
+        writer.extend("offcpu_interval", [(sid, (t - 1) * S + i, 1000, 1, 0, 1, 7) for i in range(100)])
+    writer.flush()
+    floors = {t: store.conn.execute(f"SELECT coalesce(max(id), 0) FROM {t}").fetchone()[0] for t in retention.tables}
+    later = store.db["session"].insert({**store.one("SELECT * FROM session WHERE id = ?", (sid,)), "id": None}).last_pk
+    retention = Retention(retention.tables, floors=floors)
+    for t in range(100, 140):
+        _second(writer, retention, later, t, keep=10 * S)
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval WHERE session_id = ?", (sid,)).fetchone() == (500,)
+    assert store.conn.execute("SELECT min(ts) FROM offcpu_interval WHERE session_id = ?", (later,)).fetchone()[0] \
+        >= 128 * S
+    store.close()
+
+
+def test_free_pages_are_given_back_through_the_writer(tmp_path):
+    path = tmp_path / "v.db"
+    store, writer, retention, sid = _recording(path)
+    for t in range(1, 21):
+        _second(writer, retention, sid, t, keep=100 * S, per_second=5000)
+    for _ in range(2):  # 50,000 rows a tick: two ticks delete the 100,000 written
+        for sql, params in retention.statements(21 * S, 21 * S):
+            writer.execute(sql, params)
+        writer.flush()
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone() == (0,)
+    free = store.conn.execute("PRAGMA freelist_count").fetchone()[0]
+    assert free > 800
+    for sql in vacuum_statements(free):  # as the flight recorder does after a burst
+        writer.execute(sql)
+    writer.flush()
+    assert store.conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert path.stat().st_size < free * 4096 / 2
+    store.close()
+
+
+def test_a_tick_deletes_at_most_its_batch(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "b.db")
+    retention = Retention(retention.tables, batch_rows=500)
+    for t in range(1, 6):
+        _second(writer, retention, sid, t, keep=100 * S)  # nothing old enough yet
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone()[0] == 5 * 2000
+    for sql, params in retention.statements(6 * S, 6 * S):  # everything is older than the cutoff
+        writer.execute(sql, params)
+    writer.flush()
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone()[0] == 5 * 2000 - 501
+    store.close()
+
+
+def test_the_file_stays_flat_once_the_window_is_full(tmp_path):
+    path = tmp_path / "flat.db"
+    store, writer, retention, sid = _recording(path)
+    keep = 10 * S
+    sizes = {}
+    for t in range(1, 81):
+        _second(writer, retention, sid, t, keep, per_second=5000)
+        if t % 20 == 0:
+            store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            sizes[t] = path.stat().st_size
+    # the window is full after 10 s; from then on freed pages are reused
+    assert sizes[80] <= sizes[20] * 1.1, sizes
+    store.close()
+
+
+def test_max_size_shrinks_the_window_and_lets_it_grow_back():
+    from recorder.flight import next_keep
+
+    keep, cap = 600 * S, 100 << 20
+    now = keep
+    for _ in range(10):  # over the size: a tenth less each second
+        now = next_keep(now, keep, int(cap * 0.9), cap)
+    assert now == pytest.approx(keep * 0.9 ** 10, rel=1e-6)
+    assert next_keep(now, keep, int(cap * 0.8), cap) == now  # between 70% and 85%: held
+    for _ in range(200):  # well under: back to --keep, never beyond
+        now = next_keep(now, keep, cap // 2, cap)
+    assert now == keep
+    assert next_keep(5 * S, keep, cap, cap) == 5 * S  # never under 5 s
+
+
+@pytest.fixture()
+def demo_db(tmp_path) -> Path:
+    db = tmp_path / "demo.db"
+    write_scenario("nvme-timeout-checkpoint", db)
+    return db
+
+
+def _explain(db: Path) -> dict:
+    res = run_recorder("explain", "--db", str(db), "--json", check=True)
+    return json.loads(res.stdout)
+
+
+def test_a_dump_is_a_recording_explain_reads_with_the_same_stall(demo_db, tmp_path):
+    whole = _explain(demo_db)
+    out = tmp_path / "cut.db"
+    res = run_recorder("dump", "--db", str(demo_db), "-o", str(out), "--json", check=True)
+    row = json.loads(res.stdout)
+    assert row["file"] == str(out) and row["trigger"] == "dump" and row["rows"] > 100
+    cut = _explain(out)
+    assert cut["session"]["incident"].startswith("saved on request (dump)")
+    assert cut["step"]["step"] == whole["step"]["step"]
+    assert cut["primary_cause"]["kind"] == whole["primary_cause"]["kind"]
+    text = run_recorder("explain", "--db", str(out), check=True).stdout
+    assert "Incident: saved on request (dump)" in text
+    assert "Incident:" not in run_recorder("explain", "--db", str(demo_db), check=True).stdout
+    assert q(out, "SELECT count(*) FROM session") == [(1,)]
+    assert q(out, "SELECT status FROM session") == [("complete",)]
+    assert not Path(f"{out}-wal").exists() and not Path(f"{out}.partial").exists()
+
+
+def test_a_dump_of_the_last_seconds_keeps_only_the_rows_in_them(demo_db, tmp_path):
+    out = tmp_path / "last.db"
+    run_recorder("dump", "--db", str(demo_db), "-o", str(out), "--last", "2s", check=True)
+    (start, end), = q(out, "SELECT start_ts, end_ts FROM incident")
+    assert end - start == 2 * S
+    assert q(out, "SELECT count(*) FROM offcpu_interval WHERE ts > ? OR ts + dur < ?", (end, start)) == [(0,)]
+    whole = q(demo_db, "SELECT count(*) FROM offcpu_interval")[0][0]
+    kept = q(out, "SELECT count(*) FROM offcpu_interval")[0][0]
+    assert 0 < kept < whole
+    # every thread and stack the kept rows refer to is there
+    assert q(out, "SELECT count(*) FROM offcpu_interval o LEFT JOIN thread t ON t.id = o.thread_id "
+                  "WHERE t.id IS NULL") == [(0,)]
+    assert q(out, "SELECT count(*) FROM cuda_call c LEFT JOIN python_stack p ON p.id = c.python_stack_id "
+                  "WHERE c.python_stack_id IS NOT NULL AND p.id IS NULL") == [(0,)]
+
+
+def test_a_dump_goes_into_the_incidents_folder_by_default_and_never_overwrites(demo_db, tmp_path):
+    res = run_recorder("dump", "--db", str(demo_db), "--json", check=True)
+    out = Path(json.loads(res.stdout)["file"])
+    assert out.parent == tmp_path / "demo.db.incidents" and out.name.endswith("-dump.db")
+    again = run_recorder("dump", "--db", str(demo_db), "-o", str(out))
+    assert again.returncode == 2
+    assert again.stderr.strip() == f"recorder: {out} exists: pass another -o FILE (a dump never overwrites a recording)"
+
+
+def test_save_window_of_an_unknown_session_is_refused(demo_db, tmp_path):
+    from store.errors import UserError
+
+    with pytest.raises(UserError, match="no session 9"):
+        save_window(demo_db, tmp_path / "x.db", 9, 0, 1, trigger="dump", detail="", ts=0)
+    assert not (tmp_path / "x.db").exists() and not (tmp_path / "x.db.partial").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--max-size", "1GB"), "--max-size bounds a flight recording: add --keep DURATION (e.g. --keep 10m)"),
+    (("--keep", "5s"), "--keep must be at least 10s: pass e.g. --keep 10m"),
+    (("--keep", "60s"), "--keep 60s is shorter than an incident (--before 60s + --after 30s + 5s): keep more or "
+                        "save less"),
+    (("--keep", "10m", "--max-size", "lots"), "cannot read size 'lots': write e.g. 500MB, 2GB or 1GiB"),
+    (("--keep", "10m", "--max-size", "1MB"), "--max-size must be at least 16MB: pass e.g. --max-size 2GB"),
+    (("--keep", "10m", "--triggers", "stall,moon"),
+     "no trigger moon: choose from stall, hung-call, nvme, io-error, xid, aer, oom"),
+    (("--keep", "ten"), "cannot read duration 'ten': write e.g. 30s, 5m, 1h or 500ms"),
+])
+def test_bad_flight_options_are_one_line_errors(tmp_path, args, message):
+    res = run_recorder("record", "--db", str(tmp_path / "f.db"), *args, "--", "true")
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"recorder: {message}"
+    assert not (tmp_path / "f.db").exists()

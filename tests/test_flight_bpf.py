@@ -1,0 +1,244 @@
+"""The flight recorder on real probes: the window kept stays bounded while recording, and a live
+stall, a hung CUDA call and a kernel-log line each save an incident recording by themselves that
+`recorder explain` explains; `recorder dump` and SIGUSR1 save the window while it records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, needs_bpf, q, run_recorder
+
+pytestmark = [needs_bpf, pytest.mark.bpf, pytest.mark.slow]
+
+S = 1_000_000_000
+TRAIN = str(ROOT / "tests" / "workloads" / "train_steps.py")
+SHORT = ("--before", "4s", "--after", "2s")
+
+
+def _incidents(db: Path) -> list[Path]:
+    folder = db.with_name(db.name + ".incidents")
+    return sorted(folder.glob("*.db")) if folder.is_dir() else []
+
+
+def _explain(db: Path) -> dict:
+    return json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
+
+
+SLEEPER = """
+import sys, time
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    time.sleep(0.002)
+"""
+
+
+def test_the_window_stays_bounded_while_recording(tmp_path):
+    db = tmp_path / "w.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "12s", "--max-size", "16MB", *SHORT, "--triggers", "", "--",
+                       sys.executable, "-c", SLEEPER, "30", timeout=300)
+    assert res.returncode == 0, res.stderr
+    (started, stopped), = q(db, "SELECT started_ts, stopped_ts FROM session")
+    assert stopped - started >= 30 * S
+    lo, n = q(db, "SELECT min(ts), count(*) FROM offcpu_interval")[0]
+    # rows written more than 12 s (and a tick or two) before the stop are gone; the last 12 s are there
+    assert lo >= stopped - 15 * S, (stopped - lo) / S
+    assert lo <= stopped - 10 * S, (stopped - lo) / S
+    assert n > 1000
+    # the workload's identity and the capability rows outlive its first events
+    assert q(db, "SELECT count(*) FROM thread WHERE name = 'python3' OR name LIKE 'python%'")[0][0] >= 1
+    assert q(db, "SELECT count(*) FROM capability WHERE layer = 'sched' AND status = 'attached'")[0][0] >= 1
+    assert _incidents(db) == []
+
+
+def test_a_live_stall_saves_an_incident_that_explains_it(tmp_path, native):
+    db = tmp_path / "s.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "30s", *SHORT, "--triggers", "stall", "--cooldown", "0s",
+                       "--", sys.executable, TRAIN, "--libdir", str(native["dir"]), "--markers", "--steps", "160",
+                       "--slow-step", "120", "--slow-ms", "1200", timeout=300)
+    assert res.returncode == 0, res.stderr
+    incidents = _incidents(db)
+    assert incidents and all(p.name.endswith("-stall.db") for p in incidents), incidents
+    # a loaded host may stall a step of its own (the same rule says so): the one of step 120 is there
+    ours = [r for r in map(_explain, incidents) if "step 120 took" in r["session"]["incident"]]
+    assert len(ours) == 1, [r["session"]["incident"] for r in map(_explain, incidents)]
+    report = ours[0]
+    assert report["stall"] is True
+    assert report["step"]["step"] == 120
+    assert report["session"]["incident"].startswith("saved by the flight recorder (stall,")
+    assert {t for t, in q(db, "SELECT trigger FROM incident WHERE own = 0")} == {"stall"}
+
+
+HANG = """
+import ctypes, os, sys, time
+rt = ctypes.CDLL(os.path.join(sys.argv[1], "libcudart.so.12"))
+rt.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+rt.standin_configure(b"cudaStreamSynchronize", ctypes.c_uint64(0), ctypes.c_uint64(1_000_000), 0)
+for _ in range(60):
+    rt.cudaStreamSynchronize(ctypes.c_void_p(0x51))
+    time.sleep(0.01)
+rt.standin_configure(b"cudaStreamSynchronize", ctypes.c_uint64(0), ctypes.c_uint64(9_000_000_000), 0)
+rt.cudaStreamSynchronize(ctypes.c_void_p(0x51))
+"""
+
+
+def test_a_hung_call_saves_an_incident_with_the_call_still_in_flight(tmp_path, native):
+    db = tmp_path / "h.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "30s", *SHORT, "--hang", "2s", "--triggers",
+                       "hung-call", "--", sys.executable, "-c", HANG, str(native["dir"]), timeout=300)
+    assert res.returncode == 0, res.stderr
+    incidents = _incidents(db)
+    assert len(incidents) == 1 and incidents[0].name.endswith("-hung-call.db"), incidents
+    inc = incidents[0]
+    (dur,), = q(inc, "SELECT c.dur FROM open_call o JOIN cuda_call c ON c.id = o.call_id "
+                     "JOIN cuda_api a ON a.id = c.api_id WHERE o.call_table = 'cuda_call' "
+                     "AND a.name = 'cudaStreamSynchronize'")
+    assert 3.5 * S <= dur <= 8 * S, dur / S  # in flight 2 s at the trigger, saved 2 s later
+    report = _explain(inc)
+    assert report["stall"] is True
+    assert "cudaStreamSynchronize in flight for" in report["session"]["incident"]
+    # a step report when steps were inferred from the calls' period, else a slow-call report
+    text = run_recorder("explain", "--db", str(inc), check=True).stdout
+    cause = next(line for line in text.splitlines() if line.startswith("Primary cause:"))
+    assert "cudaStreamSynchronize" in cause, text
+    # the finished recording has the real call, 9 s long
+    assert q(db, "SELECT max(dur) >= 9e9 FROM cuda_call") == [(1,)]
+
+
+KMSG = """
+import os, time
+time.sleep(2)
+fd = os.open("/dev/kmsg", os.O_WRONLY)
+os.write(fd, b"<3>NVRM: Xid (PCI:0000:10:1c): 79, pid=4242, GPU has fallen off the bus.\\n")
+os.close(fd)
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    time.sleep(0.002)
+"""
+
+
+def test_a_kernel_log_line_saves_an_incident_that_shows_it(tmp_path):
+    db = tmp_path / "k.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "30s", *SHORT, "--triggers", "xid", "--",
+                       sys.executable, "-c", KMSG, timeout=300)
+    assert res.returncode == 0, res.stderr
+    ours = [p for p in _incidents(db)
+            if q(p, "SELECT count(*) FROM gpu_xid WHERE pid = 4242 AND xid = 79") == [(1,)]]
+    assert len(ours) == 1, _incidents(db)
+    report = _explain(ours[0])
+    assert "NVRM: Xid (PCI:0000:10:1c): 79" in report["session"]["incident"]
+    text = run_recorder("explain", "--db", str(ours[0]), check=True).stdout
+    assert "Incident: saved by the flight recorder (xid," in text
+    (start, end), = q(ours[0], "SELECT start_ts, end_ts FROM incident WHERE own = 1")
+    (ts,), = q(ours[0], "SELECT ts FROM gpu_xid WHERE pid = 4242")
+    assert start <= ts - 3 * S and end >= ts + 1 * S  # 4 s before, 2 s after (the recording may end first)
+
+
+DEVICE_LINES = {
+    "nvme": "nvme nvme7: I/O tag 489 (d1e9) opcode 0x1 (I/O Cmd) QID 3 timeout, aborting req_op:WRITE(1) "
+            "size:524288",
+    "io-error": "I/O error, dev nvme7n1, sector 6011360 op 0x1:(WRITE) flags 0x8800 phys_seg 1 prio class 2",
+    "aer": "pcieport 0000:77:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, "
+           "(Receiver ID)",
+    "oom": "Memory cgroup out of memory: Killed process 77123 (python) total-vm:2676kB, anon-rss:84kB, "
+           "file-rss:1468kB, shmem-rss:4kB, UID:0 pgtables:40kB oom_score_adj:0",
+}
+LINES_SPACED = """
+import os, sys, time
+time.sleep(2)
+for line in sys.argv[1:]:
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    os.write(fd, ("<3>" + line + "\\n").encode())
+    os.close(fd)
+    time.sleep(3.5)  # past the incident's after part: each line its own incident
+"""
+
+
+def test_each_device_trigger_saves_its_incident(tmp_path):
+    db = tmp_path / "dev.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "30s", *SHORT, "--cooldown", "0s",
+                       "--triggers", "nvme,io-error,aer,oom", "--", sys.executable, "-c", LINES_SPACED,
+                       *DEVICE_LINES.values(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    details = {p: q(p, "SELECT trigger, detail FROM incident WHERE own = 1")[0] for p in _incidents(db)}
+    for trigger, line in DEVICE_LINES.items():
+        # another test's kernel-log line may come first and take ours into its incident: ours is named
+        ours = [p for p, (_, detail) in details.items() if line in detail]
+        assert len(ours) == 1, (trigger, details)
+        assert f"{trigger}: " in details[ours[0]][1]
+        report = _explain(ours[0])
+        assert line in report["session"]["incident"]
+
+
+STORM = """
+import os, time
+def line(n):
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    os.write(fd, b"<3>NVRM: Xid (PCI:0000:10:1c): 48, pid=%d, An uncorrectable double bit error.\\n" % (7700 + n))
+    os.close(fd)
+time.sleep(2)
+for n in range(3):  # a storm: one incident
+    line(n)
+    time.sleep(0.2)
+time.sleep(5)  # that incident saved; the next line is within the cooldown
+line(3)
+time.sleep(3)
+"""
+
+
+def test_a_trigger_storm_saves_one_incident(tmp_path):
+    db = tmp_path / "storm.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "30s", *SHORT, "--triggers", "xid", "--",
+                       sys.executable, "-c", STORM, timeout=300)
+    assert res.returncode == 0, res.stderr
+    ours = [p for p in _incidents(db) if q(p, "SELECT count(*) FROM gpu_xid WHERE pid BETWEEN 7700 AND 7703")[0][0]]
+    assert len(ours) == 1, _incidents(db)
+    (detail,), = q(ours[0], "SELECT detail FROM incident WHERE own = 1")
+    assert all(f"pid={7700 + n}" in detail for n in range(3)) and "pid=7703" not in detail, detail
+    assert "triggers held back by the rate limit (one incident per trigger per 300 s, 12 an hour): " in res.stdout
+    assert "pid=7703" not in "".join(q(p, "SELECT detail FROM incident WHERE own = 1")[0][0] for p in _incidents(db))
+
+
+def test_dump_and_sigusr1_save_the_window_while_recording(tmp_path):
+    db = tmp_path / "d.db"
+    work = subprocess.Popen([sys.executable, "-c", SLEEPER, "60"])
+    try:
+        res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--keep", "20s", *SHORT, "--json")
+        assert res.returncode == 0, res.stderr
+        pid = json.loads(res.stdout)["recorder_pid"]
+        time.sleep(4)
+        status = json.loads(run_recorder("status", "--db", str(db), "--json", check=True).stdout)
+        assert status["flight"]["keep_s"] == 20 and status["flight"]["incidents"] == []
+        assert 0 < status["flight"]["oldest_event_s"] <= 22
+        out = tmp_path / "now.db"
+        dump = json.loads(run_recorder("dump", "--db", str(db), "-o", str(out), "--last", "3s", "--json",
+                                       check=True).stdout)
+        assert 2.9 * S <= dump["end_ts"] - dump["start_ts"] <= 3.1 * S
+        report = _explain(out)
+        assert report["session"]["state"] == "complete"
+        assert report["session"]["incident"] == "saved on request (dump): recorder dump --last 3s"
+        assert q(out, "SELECT count(*) FROM offcpu_interval o JOIN thread t ON t.id = o.thread_id "
+                      "WHERE t.tid = ?", (work.pid,))[0][0] > 50
+        os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not _incidents(db) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        saved = _incidents(db)
+        assert len(saved) == 1 and saved[0].name.endswith("-signal.db")
+        time.sleep(1.5)  # the next status names it
+        status = json.loads(run_recorder("status", "--db", str(db), "--json", check=True).stdout)
+        assert [i["file"] for i in status["flight"]["incidents"]] == [str(saved[0])]
+        text = run_recorder("status", "--db", str(db), check=True).stdout
+        assert f"incident {saved[0]}" in text and "flight recorder: keeps the last 20 s" in text
+    finally:
+        run_recorder("stop", "--db", str(db))
+        work.kill()
+        work.wait()
+    assert q(db, "SELECT trigger, file FROM incident") == [("signal", str(saved[0]))]
+    assert _explain(saved[0])["session"]["incident"].startswith("saved on request (signal)")
