@@ -316,6 +316,7 @@ class Session:
             self.writer.add("loss", (self.session_id, second, "ring record of unexpected size", skipped))
         for reason, n in self.stacks.housekeeping(ts).items():
             self.writer.add("loss", (self.session_id, second, reason, n))
+        self.io.sweep(ts)  # in-flight block requests nothing ended, into `loss`
         for pid in list(self.known_pids):
             if not Path(f"/proc/{pid}").exists():
                 self.known_pids.discard(pid)

@@ -180,6 +180,8 @@ class Probes:
             f"#define TARGET_CGROUP_LEVEL {cg_level}",
             f"#define SELF_TGID {os.getpid()}",
             f"#define RING_CPUS {possible_cpus()}",
+            f"#define BLOCK_INFLIGHT_ENTRIES {self.settings.block_inflight}",
+            f"#define BLOCK_RING_PAGES {self.settings.block_ring_pages}",
             bpf.source("common.h"),
             # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
             # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec
