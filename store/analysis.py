@@ -477,7 +477,8 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
         how = f"in {syscall}()" if syscall == cand.get("reason") else (
             f"{cand.get('reason')}" + (f" in {syscall}()" if syscall else ""))
         facts["summary"] = (f"blocked {how} for {ms(dur)}"
-                            + (f", woken by {wait.get('waker_name')} (pid {wait.get('waker_pid')})"
+                            + (f", woken by {wait.get('waker_name')}"
+                               + (f" (pid {wait.get('waker_pid')})" if wait.get("waker_pid") is not None else "")
                                if wait.get("waker_name") else ""))
         path = [f"{syscall}()" if syscall else cand.get("reason")]
     names = _thread_names(store, step) if kind == "cpu_contention" else {}

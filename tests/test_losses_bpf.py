@@ -73,3 +73,22 @@ def test_bio_only_device_does_not_fill_the_in_flight_map(tmp_path, zram, loop_de
     report = run_recorder("explain", "--db", str(db), check=True).stdout
     assert "Lost in this window" not in report
     assert "Data loss: none" in report
+
+
+def test_timer_wake_ups_are_not_blamed_on_the_interrupted_task(tmp_path):
+    """20 plain 20 ms sleeps of a thread pinned to CPU 0 while a busy loop runs there: the timer
+    interrupt that ends each sleep lands on the busy loop, which must not be named the waker; each
+    sleep is woken by 'timer', with no waker thread."""
+    if 0 not in os.sched_getaffinity(0):
+        pytest.skip("needs CPU 0")
+    db = tmp_path / "timer.db"
+    script = ("taskset -c 0 sh -c 'while :; do :; done' & busy=$!; "
+              "taskset -c 0 python3 -c 'import time; [time.sleep(0.02) for _ in range(20)]'; kill $busy")
+    _record(db, {}, "sh", "-c", script)
+    sleeps = q(db, "SELECT waker_name, waker_tid, waker_pid, waker_context, waker_cpu FROM offcpu"
+                   " WHERE syscall_name = 'clock_nanosleep' AND dur >= 15000000")
+    assert len(sleeps) == 20, sleeps
+    assert {s[:4] for s in sleeps} == {("timer", None, None, "timer")}, sleeps
+    assert {s[4] for s in sleeps} == {0}
+    assert q(db, "SELECT count(*) FROM capability WHERE probe = 'timer:hrtimer_expire_entry'"
+                 " AND status = 'attached'")[0][0] == 1

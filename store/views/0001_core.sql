@@ -58,8 +58,9 @@ SELECT
     o.contender_run_dur,                -- ns that task ran meanwhile
     w.tid AS waker_tid,                 -- task that woke it
     wp.pid AS waker_pid,
-    w.name AS waker_name,
-    o.waker_cpu
+    coalesce(w.name, o.waker_context) AS waker_name, -- its name, or 'timer', 'interrupt', 'softirq'
+    o.waker_cpu,
+    o.waker_context                     -- 'timer', 'interrupt', 'softirq': no task woke it
 FROM offcpu_interval o
 LEFT JOIN task_state s ON s.state = o.state
 LEFT JOIN syscall_name sc ON sc.nr = o.syscall
