@@ -311,6 +311,9 @@ class Session:
             if dropped:
                 self.counters.dropped += dropped
                 self.writer.add("loss", (self.session_id, second, events.PROBE_NAMES[probe], dropped))
+        for probe, missed in self.probes.read_recursion_misses():
+            self.counters.dropped += missed
+            self.writer.add("loss", (self.session_id, second, probe, missed))
         skipped = self.probes.skipped_records()
         if skipped:
             self.writer.add("loss", (self.session_id, second, "ring record of unexpected size", skipped))

@@ -54,10 +54,11 @@ def describe(probe: str) -> tuple[str, str, str]:
     for prefix, layer, what in PREFIXES:
         if probe.startswith(prefix):
             return layer, what, probe[len(prefix):]
-    if probe.startswith("bpf program ") and probe.endswith(")") and " (" in probe:
+    if probe.startswith("bpf program ") and probe.endswith(")") and " skipped (" in probe:
         # "bpf program sched_waking skipped (sched)": the kernel did not run it (recursion)
-        name, layer = probe[len("bpf program "):-1].rsplit(" (", 1)
-        return layer, "events", f"{name}"
+        name, layer = probe[len("bpf program "):-1].rsplit(" skipped (", 1)
+        short = name.rsplit("__", 1)[-1]  # tracepoint__sched__sched_waking -> sched_waking
+        return layer, f"{short} runs", "the kernel skipped them: another BPF program was running on the CPU"
     head = probe.split(" ", 1)[0].split(":", 1)[0]
     return head, "events", probe
 

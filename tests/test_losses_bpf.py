@@ -4,7 +4,9 @@ BPF, zram or loop devices are missing; devices made here are removed even when a
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -65,14 +67,21 @@ def test_bio_only_device_does_not_fill_the_in_flight_map(tmp_path, zram, loop_de
     rows = dict(q(db, "SELECT device || ' ' || op, count(*) FROM block_request WHERE submitter_kind = 'target'"
                       " AND device IN (?, ?) GROUP BY device, op", (zram, loop_dev)))
     # each O_SYNC write to the loop device is followed by a cache flush, a request of its own
-    assert rows == {f"{zram} write": 300, f"{loop_dev} write": 8, f"{loop_dev} flush": 8}, rows
+    expected = {f"{zram} write": 300, f"{loop_dev} write": 8, f"{loop_dev} flush": 8}
+    # a run of a block program the kernel skipped (another BPF program was running on its CPU: other
+    # recorders on a shared machine) may cost a row, and is counted
+    skipped = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe LIKE 'bpf program tracepoint__block__%'"
+                    " OR probe IN ('block request completion not seen', 'block request aged out')")[0][0]
+    assert all(rows.get(k, 0) <= n for k, n in expected.items()), rows
+    assert sum(expected.values()) - sum(rows.values()) <= skipped, (rows, skipped)
+    if not skipped:
+        assert rows == expected
     # the zram rows were ended by their bio completion: queued and completed, never issued
-    assert q(db, "SELECT count(*), sum(size_bytes), count(issue_ts), min(dur) > 0 FROM block_request"
-                 " WHERE device = ?", (zram,))[0] == (300, 300 * 4096, 0, 1)
-    assert q(db, "SELECT count(*) FROM loss WHERE probe LIKE 'block%'")[0][0] == 0
+    assert q(db, "SELECT count(*), count(issue_ts), min(dur) > 0 FROM block_request WHERE device = ?",
+             (zram,))[0] == (rows[f"{zram} write"], 0, 1)
+    assert _lost(db, "block in-flight map full") == 0 and _lost(db, "block ring buffer") == 0
     report = run_recorder("explain", "--db", str(db), check=True).stdout
-    assert "Lost in this window" not in report
-    assert "Data loss: none" in report
+    assert "in-flight map full" not in report, report
 
 
 def test_timer_wake_ups_are_not_blamed_on_the_interrupted_task(tmp_path):
@@ -88,7 +97,41 @@ def test_timer_wake_ups_are_not_blamed_on_the_interrupted_task(tmp_path):
     sleeps = q(db, "SELECT waker_name, waker_tid, waker_pid, waker_context, waker_cpu FROM offcpu"
                    " WHERE syscall_name = 'clock_nanosleep' AND dur >= 15000000")
     assert len(sleeps) == 20, sleeps
-    assert {s[:4] for s in sleeps} == {("timer", None, None, "timer")}, sleeps
-    assert {s[4] for s in sleeps} == {0}
+    # a wake-up whose program the kernel skipped (another BPF program was running on the CPU: other
+    # recorders, a map syscall) has no waker, and is counted
+    woken = [s for s in sleeps if s[0] is not None]
+    skipped = _lost(db, "bpf program tracepoint__sched__sched_waking skipped (sched)")
+    assert 20 - len(woken) <= skipped, (sleeps, skipped)
+    assert {s[:4] for s in woken} == {("timer", None, None, "timer")}, sleeps
+    assert {s[4] for s in woken} == {0}
     assert q(db, "SELECT count(*) FROM capability WHERE probe = 'timer:hrtimer_expire_entry'"
                  " AND status = 'attached'")[0][0] == 1
+
+
+def test_programs_the_kernel_skipped_are_counted_and_reported(tmp_path):
+    """bpftool's map and program listings (BPF syscalls: while one runs, even preempted, the kernel
+    runs no tracepoint program on its CPU) on CPU 0 beside a thread there that sleeps 1 ms 3,000
+    times: the sched_waking runs the kernel skipped are counted per program in `loss`, and the report
+    names them for the scheduler layer instead of calling it checked and clean."""
+    if not shutil.which("bpftool"):
+        pytest.skip("needs bpftool (to make BPF syscalls on a CPU)")
+    db = tmp_path / "skipped.db"
+    script = ("taskset -c 0 sh -c 'for i in $(seq 200); do bpftool map show >/dev/null 2>&1; "
+              "bpftool prog show >/dev/null 2>&1; done' & "
+              "taskset -c 0 python3 -c 'import time; [time.sleep(0.001) for _ in range(3000)]'; wait")
+    _record(db, {}, "sh", "-c", script)
+    probe = "bpf program tracepoint__sched__sched_waking skipped (sched)"
+    skipped = _lost(db, probe)
+    assert skipped > 0
+    # each skipped run is a sleep of a traced thread without its wake-up: at most that many
+    unwoken = q(db, "SELECT count(*) FROM offcpu WHERE syscall_name = 'clock_nanosleep' AND wakeup_ts IS NULL")[0][0]
+    assert 0 < unwoken <= skipped, (unwoken, skipped)
+    report = run_recorder("explain", "--db", str(db), check=True).stdout
+    assert f"scheduler (off-CPU intervals): {skipped:,} sched_waking runs lost after " in report, report
+    assert "(the kernel skipped them: another BPF program was running on the CPU)" in report
+    assert "scheduler (off-CPU intervals) (records lost in this window)" in report
+    clean = next((line for line in report.splitlines() if line.startswith("Checked and clean")), "")
+    assert "for a CPU" not in clean, report
+    as_json = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
+    lost = {x["probe"]: x for x in as_json["loss"]["in_window"]}
+    assert lost[probe]["count"] == skipped and lost[probe]["layer"] == "sched", lost
