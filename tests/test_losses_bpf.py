@@ -135,3 +135,23 @@ def test_programs_the_kernel_skipped_are_counted_and_reported(tmp_path):
     as_json = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
     lost = {x["probe"]: x for x in as_json["loss"]["in_window"]}
     assert lost[probe]["count"] == skipped and lost[probe]["layer"] == "sched", lost
+
+
+def test_a_full_ring_is_counted_and_reported(tmp_path, zram):
+    """A one-page block ring (about 25 records) and 2,000 direct writes to a zram device as fast as
+    they go: the ring fills between two reads; every write is a row or counted as lost to the full
+    ring, and the report says how many requests the block layer lost and why."""
+    db = tmp_path / "ring.db"
+    _record(db, {"STALL_RECORDER_BLOCK_RING_PAGES": "1"}, "dd", "if=/dev/zero", f"of=/dev/{zram}", "bs=4k",
+            "count=2000", "oflag=direct", "status=none")
+    rows = q(db, "SELECT count(*) FROM block_request WHERE device = ? AND op = 'write'", (zram,))[0][0]
+    full = _lost(db, "block ring buffer")
+    skipped = _lost(db, "bpf program tracepoint__block__block_bio_complete skipped (block)") + _lost(
+        db, "bpf program tracepoint__block__block_bio_queue skipped (block)")
+    assert full > 0
+    assert 2000 - skipped <= rows + full <= 2000, (rows, full, skipped)
+    report = run_recorder("explain", "--db", str(db), check=True).stdout
+    assert f"block I/O requests: {full:,} requests lost after " in report, report
+    assert "(ring buffer full)" in report
+    assert "block I/O requests (records lost in this window)" in report
+    assert "no block I/O errors;" not in report and not report.rstrip().endswith("no block I/O errors")
