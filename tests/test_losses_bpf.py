@@ -8,13 +8,15 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
-from conftest import needs_bpf, q, run_recorder
+from conftest import ROOT, needs_bpf, q, run_recorder
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 ZRAM_CONTROL = Path("/sys/class/zram-control")
+WRITES_SRC = ROOT / "tests" / "workloads" / "parallel_writes.c"
 
 
 @pytest.fixture
@@ -155,3 +157,78 @@ def test_a_full_ring_is_counted_and_reported(tmp_path, zram):
     assert "(ring buffer full)" in report
     assert "block I/O requests (records lost in this window)" in report
     assert "no block I/O errors;" not in report and not report.rstrip().endswith("no block I/O errors")
+
+
+@pytest.fixture
+def held_writes(tmp_path):
+    """(loop device, cgroup.procs, writer binary): writes to the loop device stay in flight for
+    seconds. The loop device (direct I/O) is backed by a file on a second loop device, which a
+    cgroup v1 blkio throttle holds to 10 writes a second for the cgroup's I/O (the loop worker
+    writes on behalf of the cgroup of the request). The writer is a static binary on tmpfs, so the
+    traced process does no other block I/O."""
+    blkio = Path("/sys/fs/cgroup/blkio")
+    if not (blkio / "cgroup.procs").exists():
+        pytest.skip("needs the cgroup v1 blkio controller")
+    if not Path("/dev/loop-control").exists() or not shutil.which("gcc"):
+        pytest.skip("needs loop devices and gcc")
+    binary = Path("/dev/shm") / f"stall-test-writes-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["gcc", "-static", "-pthread", "-O2", "-o", str(binary), str(WRITES_SRC)], check=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    outer = tmp_path / "outer.img"
+    subprocess.run(["truncate", "-s", "64M", str(outer)], check=True)
+    cg = blkio / f"stall-test-{uuid.uuid4().hex[:8]}"
+    lower = inner = ""
+    mounted = False
+    try:
+        lower = subprocess.run(["losetup", "-f", "--show", str(outer)], capture_output=True, text=True,
+                               check=True).stdout.strip()
+        subprocess.run(["mkfs.ext4", "-q", "-F", lower], check=True)
+        subprocess.run(["mount", lower, str(mnt)], check=True)
+        mounted = True
+        subprocess.run(["truncate", "-s", "16M", str(mnt / "inner.img")], check=True)
+        inner = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(mnt / "inner.img")],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        cg.mkdir()
+        majmin = Path(f"/sys/block/{Path(lower).name}/dev").read_text().strip()
+        (cg / "blkio.throttle.write_iops_device").write_text(f"{majmin} 10")
+        yield Path(inner).name, cg / "cgroup.procs", binary
+    finally:
+        if cg.exists():
+            for pid in (cg / "cgroup.procs").read_text().split():
+                try:
+                    (blkio / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            cg.rmdir()
+        if inner:
+            subprocess.run(["losetup", "-d", inner], check=False)
+        if mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+        if lower:
+            subprocess.run(["losetup", "-d", lower], check=False)
+        binary.unlink(missing_ok=True)
+
+
+def test_a_full_in_flight_map_is_counted_and_reported(tmp_path, held_writes):
+    """100 threads each write 4 KiB at once to a device that holds them in flight for seconds, with
+    room for 64 requests in flight: every write is a row or counted as lost to the full map, and the
+    report says how many block requests were lost, after when and why, and no longer calls the block
+    layer checked and clean."""
+    device, procs, binary = held_writes
+    db = tmp_path / "map.db"
+    res = _record(db, {"STALL_RECORDER_BLOCK_INFLIGHT": "64"}, str(binary), f"/dev/{device}", "100", str(procs))
+    assert '"failed": 0' in res.stdout, res.stdout
+    rows = q(db, "SELECT count(*) FROM block_request WHERE device = ? AND op = 'write' AND submitter_kind = 'target'",
+             (device,))[0][0]
+    full = _lost(db, "block in-flight map full")
+    skipped = _lost(db, "bpf program tracepoint__block__block_bio_queue skipped (block)") + _lost(
+        db, "bpf program tracepoint__block__block_rq_complete skipped (block)")
+    # at most 64 in flight (those that finished before the last thread wrote freed their place)
+    assert full >= 100 - 64 - 10, (rows, full)
+    assert 100 - skipped <= rows + full <= 100, (rows, full, skipped)
+    report = run_recorder("explain", "--db", str(db), check=True).stdout
+    assert f"Lost in this window: block I/O requests: {full:,} requests lost after " in report, report
+    assert "(in-flight map full)" in report
+    clean = next((line for line in report.splitlines() if line.startswith("Checked and clean")), "")
+    assert "no block I/O errors" not in clean.replace("no block I/O errors in the kernel log", ""), report
