@@ -417,7 +417,10 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                                   "delayed_wakeups": c["delayed_wakeups"]} for c in everyone])
 
         def who(c: dict) -> str:
-            pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
+            if not c["n"]:  # its threads' processes were not found (gone before they were read)
+                pids = f"tid {c['tids']}" if c.get("tids") else "process not known"
+            else:
+                pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
             threads = f"{c['threads']} threads" if c["threads"] > 1 else "a thread"
             pids += {"same_process": f", {threads} of its own process",
                      "job": ", a process of the recorded job",
@@ -491,6 +494,8 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                "oom_kill": kills[0]["detail"] if kills else None, "peer_host": peer.split(":")[0],
                "cpu_count": (store.one("SELECT cpu_count FROM session WHERE id = ?", (step["session_id"],))
                              or {}).get("cpu_count", "?") if kind == "cpu_contention" else None}
+    if kind == "cpu_contention" and facts.get("contender_pid") is None:  # its process was not read
+        context["contender_tid_only"] = (cand.get("contender") or {}).get("contender_tid")
     # CPU contention from the job's own threads and processes, or from the recorder, is fixed elsewhere
     # than contention from another task
     actions_of = f"{kind}_{facts['contender_relation']}" if facts.get("contender_relation") else kind

@@ -101,17 +101,20 @@ SELECT
     max(0, min(st.end_ts, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS runq_dur, -- of which waiting for a CPU
     min(st.end_ts, o.ts + o.dur) - o.ts
       - max(0, min(st.end_ts, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS blocked_dur, -- of which blocked
-    coalesce(o.contender_pid, o.next_pid) AS contender_pid,  -- process that held the CPU meanwhile
+    -- process that held the CPU meanwhile: the contender's, else the next task's (of one task)
+    CASE WHEN o.contender_tid IS NOT NULL THEN o.contender_pid ELSE o.next_pid END AS contender_pid,
     -- its process's name; a thread of the stalled thread's own process by its own name (a pool's
     -- worker, a loader thread), since the process's name is the stalled thread's too
     CASE WHEN ct.process_id = me.process_id THEN coalesce(ct.name, o.contender_name, o.next_name)
-         ELSE coalesce(o.contender_name, o.next_process_name, o.next_name) END AS contender_name,
+         WHEN o.contender_tid IS NOT NULL THEN o.contender_name
+         ELSE coalesce(o.next_process_name, o.next_name) END AS contender_name,
     coalesce(o.contender_tid, o.next_tid) AS contender_tid,
     -- what the task that held the CPU is to the stalled thread: 'recorder' (the recording process
     -- itself), 'same_process' (a sibling thread: more runnable threads than CPUs), 'job' (another
     -- recorded process, e.g. a data-loader worker) or 'other' (a task outside the recording)
     CASE
-        WHEN coalesce(o.contender_pid, o.next_pid) = ss.recorder_pid THEN 'recorder'
+        WHEN CASE WHEN o.contender_tid IS NOT NULL THEN o.contender_pid ELSE o.next_pid END = ss.recorder_pid
+            THEN 'recorder'
         WHEN ct.process_id = me.process_id THEN 'same_process'
         WHEN ct.traced = 1 THEN 'job'
         ELSE 'other'
