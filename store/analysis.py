@@ -353,8 +353,9 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
     if kind == "nvme_timeout":
         nv = _nvme_facts(store, cand)
         facts.update(nv)
-        facts["summary"] = (f"NVMe timeout on {disk} (controller {nv['controller']}, queue {nv['queue']}, "
-                            f"request tag {nv['request_tag']})" +
+        where = [f"controller {nv['controller']}"] + [f"{name} {nv[key]}" for name, key in (
+            ("queue", "queue"), ("request tag", "request_tag")) if nv[key] is not None]
+        facts["summary"] = (f"NVMe timeout on {disk} ({', '.join(where)})" +
                             (", then controller reset" if "controller reset" in nv["actions"] else "") +
                             f": the thread waited {ms(dur)} for I/O")
         path = io_path + ["NVMe timeout"] + nv["actions"][:4] + ["request completed"]

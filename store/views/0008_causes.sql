@@ -181,11 +181,14 @@ LEFT JOIN block_device d
 CREATE VIEW block_request_device_event AS
 SELECT r.block_request_id, r.session_id, 'nvme_event' AS event_table, e.id AS event_id, e.ts,
        'nvme_' || e.kind AS kind, e.controller AS device, 'device' AS match,
-       CASE e.kind WHEN 'timeout' THEN 'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.tag, '?')
-                                       || coalesce(', ' || e.action, '')
-                   WHEN 'abort_status' THEN printf('abort status 0x%x', e.status)
-                   WHEN 'controller_down' THEN printf('controller down, CSTS=0x%x', e.csts)
+       CASE e.kind WHEN 'timeout' THEN 'timeout' || coalesce(' on queue ' || e.qid, '')
+                                       || coalesce(', request tag ' || e.tag, '') || coalesce(', ' || e.action, '')
+                   WHEN 'abort_status' THEN 'abort status ' || iif(e.status IS NULL, 'not printed', printf('0x%x', e.status))
+                   WHEN 'controller_down' THEN 'controller down' || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
                    WHEN 'resetting' THEN 'controller reset'
+                   WHEN 'not_ready' THEN 'not ready' || coalesce(', ' || e.action, '')
+                                         || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
+                   WHEN 'reset_failure' THEN 'reset failed' || iif(e.errno IS NULL, '', printf(' (errno %d)', e.errno))
                    ELSE replace(e.kind, '_', ' ') END AS detail
 FROM block_request_device r
 JOIN nvme_event e ON e.session_id = r.session_id AND e.controller = r.controller
@@ -194,7 +197,7 @@ UNION ALL
 SELECT r.block_request_id, r.session_id, 'nvme_timeout_action', e.id, e.ts,
        'nvme_timeout_' || e.action, coalesce(e.disk, e.controller),
        CASE WHEN e.sector = r.sector THEN 'sector' ELSE 'device' END,
-       'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.rq_tag, '?')
+       'timeout' || coalesce(' on queue ' || e.qid, '') || coalesce(', request tag ' || e.rq_tag, '')
 FROM block_request_device r
 JOIN nvme_timeout_action e ON e.session_id = r.session_id AND e.controller = r.controller
                           AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
@@ -336,7 +339,15 @@ SELECT st.step_mark_id, st.session_id, st.step, 'swiotlb_event', e.id, e.ts, 'sw
 FROM step st JOIN swiotlb_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
 UNION ALL
 SELECT st.step_mark_id, st.session_id, st.step, 'nvme_event', e.id, e.ts, 'nvme_' || e.kind, e.controller,
-       'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.tag, '?')
+       CASE e.kind WHEN 'timeout' THEN 'timeout' || coalesce(' on queue ' || e.qid, '')
+                                       || coalesce(', request tag ' || e.tag, '') || coalesce(', ' || e.action, '')
+                   WHEN 'abort_status' THEN 'abort status ' || iif(e.status IS NULL, 'not printed', printf('0x%x', e.status))
+                   WHEN 'controller_down' THEN 'controller down' || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
+                   WHEN 'resetting' THEN 'controller reset'
+                   WHEN 'not_ready' THEN 'not ready' || coalesce(', ' || e.action, '')
+                                         || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
+                   WHEN 'reset_failure' THEN 'reset failed' || iif(e.errno IS NULL, '', printf(' (errno %d)', e.errno))
+                   ELSE replace(e.kind, '_', ' ') END
 FROM step st JOIN nvme_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts;
 
 -- view: step_cause
