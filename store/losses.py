@@ -35,7 +35,8 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "nccl in-flight map full": ("nccl", "NCCL calls", "in-flight map full"),
     "marker ring buffer": ("markers", "step and lineage marks", "ring buffer full"),
     "checkpoint ring buffer": ("checkpoint", "checkpoint events", "ring buffer full"),
-    "checkpoint descriptor map full": ("checkpoint", "checkpoint files", "descriptor map full"),
+    "checkpoint descriptor map full": ("checkpoint", "checkpoint files", "descriptor map full"),  # before v14
+    "checkpoint map full": ("checkpoint", "checkpoint file operations", "descriptor or call map full"),
     "nvml_sample": ("gpu", "GPU samples", "the GPU did not answer"),
     "ring record of unexpected size": ("recorder", "ring records", "unexpected size"),
 }

@@ -64,6 +64,16 @@ def test_a_layer_that_lost_records_in_the_window_is_named_and_not_checked(record
         "count": 16680, "first_utc": first, "last_utc": utc(second + 2 * NS + off),
         "text": f"block I/O requests: 16,680 requests lost after {first} (in-flight map full)"}]
     assert report["loss"]["dropped_events"] == 16685
+    # MCP: the report is the same; the session's capabilities list every loss with its layer and time
+    from test_mcp_tools import over_stdio
+
+    stall, caps = over_stdio(recording, [("explain_stall", {}), ("capabilities", {})])
+    assert stall["loss"]["in_window"] == report["loss"]["in_window"]
+    by_probe = {x["probe"]: x for x in caps["dropped_by_probe"]}
+    assert by_probe["block in-flight map full"] == {
+        "probe": "block in-flight map full", "dropped": 16680, "layer": "block", "what": "requests",
+        "reason": "in-flight map full", "first_utc": first, "last_utc": utc(second + 2 * NS + off)}
+    assert by_probe["mm ring buffer"]["first_utc"] == utc(second - 3600 * NS + off)
 
 
 def test_every_loss_name_the_recorder_writes_has_a_layer_and_a_reason() -> None:

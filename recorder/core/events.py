@@ -560,7 +560,7 @@ CONSTANTS.update({
 })
 PROBE_NAMES.update({
     CONSTANTS["PROBE_CKPT"]: "checkpoint ring buffer",
-    CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint descriptor map full",
+    CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint map full",  # its descriptors or calls in flight
 })
 
 
