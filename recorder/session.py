@@ -367,6 +367,7 @@ class Session:
         self.io.flush()
         self.checkpoints.finish(stop)  # waits for the last hashes (bounded)
         self.writer.close()
+        self.stacks.amend_capabilities()  # 'attached' only where a process's stacks were read
         self.probes.cleanup()
         self.store.conn.execute(
             "UPDATE session SET status = 'complete', stopped_ts = ? WHERE id = ?",

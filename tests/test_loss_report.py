@@ -111,3 +111,38 @@ def test_a_contender_of_unknown_process_is_not_given_another_tasks_pid(recording
     assert f"behind ffmpeg (tid {tid}; 240 ms)" in text, text
     assert "777" not in text and "None" not in text, text
     assert f"grep Tgid /proc/{tid}/status" in text
+
+
+def test_a_process_whose_stacks_were_not_read_is_not_attached(recording: Path) -> None:
+    """Every Python stack of one process could not be read: its 'cpython frames' row is 'failed'
+    and says '0 of N stacks read' with the reason; a process whose stacks were read keeps
+    'attached' and says how many."""
+    from recorder.core.stacks import CAPABILITY_PROBE, amend_stack_capabilities
+
+    conn = sqlite3.connect(recording)
+    # the events of pid 4100 that carry a stack: its CUDA and NCCL calls, off-CPU intervals, block requests
+    n = sum(conn.execute(f"SELECT count(*) FROM {table} e JOIN thread t ON t.id = e.thread_id JOIN process p"
+                         " ON p.id = t.process_id WHERE p.pid = 4100 AND e.python_stack_id IS NOT NULL").fetchone()[0]
+            for table in ("cuda_call", "nccl_call", "offcpu_interval", "block_request"))
+    # a second process with the same kind of calls, whose stacks all failed to read
+    proc = conn.execute("INSERT INTO process (session_id, pid, name, first_ts) VALUES (1, 4200, 'python3', 0)"
+                        ).lastrowid
+    thread = conn.execute("INSERT INTO thread (session_id, tid, process_id, name, first_ts) VALUES (1, 4200, ?,"
+                          " 'python3', 0)", (proc,)).lastrowid
+    bad = conn.execute("INSERT INTO python_stack (session_id, hash, depth, status) VALUES (1, 'x', 0,"
+                       " 'read error')").lastrowid
+    cols = [c[1] for c in conn.execute("PRAGMA table_info(cuda_call)") if c[1] not in ("id", "thread_id",
+                                                                                      "python_stack_id")]
+    conn.execute(f"INSERT INTO cuda_call ({', '.join(cols)}, thread_id, python_stack_id) SELECT {', '.join(cols)},"
+                 " ?, ? FROM cuda_call WHERE python_stack_id IS NOT NULL LIMIT 400", (thread, bad))
+    for pid in (4100, 4200):
+        conn.execute("INSERT INTO capability (session_id, layer, probe, target, status, detail, ts)"
+                     " VALUES (1, 'python', ?, ?, 'attached', 'CPython 3.12 (libpython3.12.so)', 0)",
+                     (CAPABILITY_PROBE, f"pid {pid}"))
+    assert amend_stack_capabilities(conn, 1) == 2
+    rows = dict(((t, (s, d)) for t, s, d in conn.execute(
+        "SELECT target, status, detail FROM capability WHERE probe = ?", (CAPABILITY_PROBE,))))
+    conn.close()
+    assert rows["pid 4200"] == ("failed", "walker attached, 0 of 400 stacks read (read error: 400); "
+                                          "CPython 3.12 (libpython3.12.so)")
+    assert rows["pid 4100"] == ("attached", f"CPython 3.12 (libpython3.12.so); {n:,} of {n:,} stacks read")
