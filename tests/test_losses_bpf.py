@@ -161,7 +161,7 @@ def test_a_full_ring_is_counted_and_reported(tmp_path, zram):
 
 @pytest.fixture
 def held_writes(tmp_path):
-    """(loop device, cgroup.procs, writer binary): writes to the loop device stay in flight for
+    """(loop device, cgroup.procs, writer binary, throttle): writes to the loop device stay in flight for
     seconds. The loop device (direct I/O) is backed by a file on a second loop device, which a
     cgroup v1 blkio throttle holds to 10 writes a second for the cgroup's I/O (the loop worker
     writes on behalf of the cgroup of the request). The writer is a static binary on tmpfs, so the
@@ -192,7 +192,11 @@ def held_writes(tmp_path):
         cg.mkdir()
         majmin = Path(f"/sys/block/{Path(lower).name}/dev").read_text().strip()
         (cg / "blkio.throttle.write_iops_device").write_text(f"{majmin} 10")
-        yield Path(inner).name, cg / "cgroup.procs", binary
+
+        def throttle(iops: int) -> None:
+            (cg / "blkio.throttle.write_iops_device").write_text(f"{majmin} {iops}")
+
+        yield Path(inner).name, cg / "cgroup.procs", binary, throttle
     finally:
         if cg.exists():
             for pid in (cg / "cgroup.procs").read_text().split():
@@ -215,7 +219,7 @@ def test_a_full_in_flight_map_is_counted_and_reported(tmp_path, held_writes):
     room for 64 requests in flight: every write is a row or counted as lost to the full map, and the
     report says how many block requests were lost, after when and why, and no longer calls the block
     layer checked and clean."""
-    device, procs, binary = held_writes
+    device, procs, binary, _ = held_writes
     db = tmp_path / "map.db"
     res = _record(db, {"STALL_RECORDER_BLOCK_INFLIGHT": "64"}, str(binary), f"/dev/{device}", "100", str(procs))
     assert '"failed": 0' in res.stdout, res.stdout
@@ -232,3 +236,26 @@ def test_a_full_in_flight_map_is_counted_and_reported(tmp_path, held_writes):
     assert "(in-flight map full)" in report
     clean = next((line for line in report.splitlines() if line.startswith("Checked and clean")), "")
     assert "no block I/O errors" not in clean.replace("no block I/O errors in the kernel log", ""), report
+
+
+def test_requests_nothing_ends_in_time_are_aged_out_and_counted(tmp_path, held_writes):
+    """100 writes held in flight for up to 20 s (5 writes a second) with in-flight entries aged out
+    after 5 s: the entries older than that are removed from the map and counted, each write is a
+    row or counted as aged out (its completion then finds no entry), and the report says so."""
+    device, procs, binary, throttle = held_writes
+    throttle(5)
+    db = tmp_path / "aged.db"
+    res = _record(db, {"STALL_RECORDER_INFLIGHT_MAX_AGE_S": "5"}, str(binary), f"/dev/{device}", "100", str(procs))
+    assert '"failed": 0' in res.stdout, res.stdout
+    rows = q(db, "SELECT count(*) FROM block_request WHERE device = ? AND op = 'write' AND submitter_kind = 'target'",
+             (device,))[0][0]
+    aged = _lost(db, "block request aged out")
+    skipped = _lost(db, "bpf program tracepoint__block__block_bio_queue skipped (block)")
+    assert aged > 0, rows
+    assert 100 - skipped <= rows + aged <= 100, (rows, aged, skipped)
+    # counted in the second each aged-out bio was queued, inside the session
+    assert q(db, "SELECT count(*) FROM loss l JOIN session s ON s.id = l.session_id WHERE l.probe ="
+                 " 'block request aged out' AND (l.ts < s.started_ts - 1000000000 OR l.ts > s.stopped_ts)")[0][0] == 0
+    report = run_recorder("explain", "--db", str(db), check=True).stdout
+    assert f"block I/O requests: {aged:,} requests lost after " in report, report
+    assert "(no end seen, aged out of the in-flight map)" in report
