@@ -187,6 +187,7 @@ struct irq_ctx_t {
     u64 hardirq;  /* `args` of a program in this CPU's hardirq context, 0: not seen yet */
     u64 softirq;
     u64 timer;    /* `args` of the timer callback running now, 0: none */
+    u64 outer;    /* the callback it interrupted (a softirq timer under a hardirq one), 0: none */
 };
 BPF_PERCPU_ARRAY(irq_ctx, struct irq_ctx_t, 1);
 #define WAKER_TIMER 1
@@ -199,12 +200,18 @@ static __always_inline void irq_note(int which, u64 at)
     struct irq_ctx_t *c = irq_ctx.lookup(&zero);
     if (!c)
         return;
-    if (which == WAKER_INTERRUPT)
+    if (which == WAKER_INTERRUPT) {
         c->hardirq = at;
-    else if (which == WAKER_SOFTIRQ)
+    } else if (which == WAKER_SOFTIRQ) {
         c->softirq = at;
-    else
+    } else if (at) {  /* a timer callback starts */
+        c->outer = c->timer;
         c->timer = at;
+    } else {  /* it ends: the one it interrupted (in another context), if any, runs again */
+        /* an outer of the same context is an end the kernel skipped: dropped, not restored */
+        c->timer = c->outer != c->timer ? c->outer : 0;
+        c->outer = 0;
+    }
 }
 
 #ifdef HAVE_TP_irq_irq_handler_entry
