@@ -23,7 +23,10 @@
  * syscalls (open, getdents), and few of those ever reach a kworker. Kernel-thread I/O of no
  * target's intent (writeback, journal) has none.
  */
-BPF_RINGBUF_OUTPUT(block_events, 256);
+#ifndef BLOCK_RING_PAGES
+#define BLOCK_RING_PAGES 256 /* the loader defines the session's setting */
+#endif
+BPF_RINGBUF_OUTPUT(block_events, BLOCK_RING_PAGES);
 
 /* Waking the consumer for every request (ringbuf_output's default when it waits) cost the
  * completion program ~1.5 us (irq_work) and the request a consumer wakeup competing for the CPUs
@@ -81,7 +84,14 @@ struct io_intent {
     char comm[16];
 };
 
-BPF_HASH(block_inflight, struct block_key, struct block_event, 16384);
+/* Bounded and drained: an entry ends at the request's completion (block_done), at a bio-only device's
+ * bio completion (block_bio_complete), when merged away (block_bio_backmerge, block_rq_merge), or
+ * when user space ages it out (IoLayer.sweep, counted in `loss`); a full map is counted per bio
+ * (PROBE_BLOCK_MAP), and the bio is not followed. */
+#ifndef BLOCK_INFLIGHT_ENTRIES
+#define BLOCK_INFLIGHT_ENTRIES 16384 /* the loader defines the session's setting */
+#endif
+BPF_HASH(block_inflight, struct block_key, struct block_event, BLOCK_INFLIGHT_ENTRIES);
 BPF_HASH(part_disk, u32, struct part_info, 1024);
 BPF_HASH(target_devs, u32, u8, 1024);
 BPF_HASH(io_intent, u32, struct io_intent, 1024);
@@ -426,6 +436,34 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 #endif
     return 0;
 }
+
+#ifdef HAVE_TP_block_block_bio_complete
+/* A bio ends. Devices that complete bios without making requests (zram, brd, device mapper, md)
+ * end them here only, and so does a bio failed before it became a request: the entry is sent as a
+ * row (no issue time) and removed. On a request-based disk this fires after block_rq_complete sent
+ * and removed the request's entry, for each of its bios; an entry found here then belongs to a
+ * request seen by the request tracepoints (insert or issue time set) or has another size, and is
+ * left to block_done. */
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+    u64 sector = args->sector;
+    u32 dev = disk_of(args->dev, &sector);
+    struct block_key k = {.sector = sector, .dev = dev};
+    struct block_event *e = block_inflight.lookup(&k);
+    if (!e || e->insert_ts || e->issue_ts || e->nr_bytes != ((u64)args->nr_sector << 9))
+        return 0;
+    e->complete_ts = bpf_ktime_get_ns();
+    e->flags |= BLOCK_FLAG_BIO;
+    if (args->error) {
+        e->flags |= BLOCK_FLAG_ERROR;
+        e->error = args->error;
+    }
+    if (block_events.ringbuf_output(e, sizeof(*e), block_rb_flags(e->complete_ts)))
+        count_drop(PROBE_BLOCK);
+    block_inflight.delete(&k);
+    return 0;
+}
+#endif
 
 #ifdef HAVE_TP_nvme_nvme_timeout
 BPF_RINGBUF_OUTPUT(nvme_ai_events, 16);

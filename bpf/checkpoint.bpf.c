@@ -141,7 +141,8 @@ static __always_inline int ckpt_fd_enter(u32 op, s64 fd, s64 offset, u64 count)
     c.fd = (s32)fd;
     c.op = op;
     u32 tid = (u32)id;
-    ckpt_calls.update(&tid, &c);
+    if (ckpt_calls.update(&tid, &c))
+        count_drop(PROBE_CKPT_MAP);
     if (op == CKPT_OP_CLOSE) {
         /* forget the descriptor now, before close frees its number for reuse */
         struct ckpt_fd_key k = {.tgid = tgid, .fd = (s32)fd};
@@ -221,7 +222,8 @@ static __always_inline int ckpt_open_enter(s64 dirfd, u64 path, u64 flags)
     c.fd = (s32)dirfd;
     c.op = CKPT_OP_OPEN;
     c.in_scope = ckpt_scope.lookup(&tid) ? 1 : 0;
-    ckpt_calls.update(&tid, &c);
+    if (ckpt_calls.update(&tid, &c))
+        count_drop(PROBE_CKPT_MAP);
     return 0;
 }
 
@@ -485,7 +487,8 @@ static __always_inline int ckpt_rename_enter(s64 olddirfd, u64 oldpath, s64 newd
     c.fd = (s32)olddirfd;
     c.fd2 = (s32)newdirfd;
     c.op = CKPT_OP_RENAME;
-    ckpt_calls.update(&tid, &c);
+    if (ckpt_calls.update(&tid, &c))
+        count_drop(PROBE_CKPT_MAP);
     return 0;
 }
 

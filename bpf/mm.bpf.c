@@ -17,6 +17,8 @@ static __always_inline void mm_send(void *rec, u32 size)
         count_drop(PROBE_MM);
 }
 
+/* per thread in reclaim: removed at the end of its reclaim; a thread that exits in reclaim (an OOM
+ * kill) leaves its entry, overwritten when its tid is reused; a full map is counted (PROBE_MM_MAP) */
 BPF_HASH(reclaim_open, u32, struct reclaim_event, 4096);
 
 static __always_inline void reclaim_begin(u32 kind, int order, u64 gfp_flags)
@@ -34,7 +36,8 @@ static __always_inline void reclaim_begin(u32 kind, int order, u64 gfp_flags)
     e.tid = tid;
     e.cgroup_id = bpf_get_current_cgroup_id();
     bpf_get_current_comm(e.comm, sizeof(e.comm));
-    reclaim_open.update(&tid, &e);
+    if (reclaim_open.update(&tid, &e))
+        count_drop(PROBE_MM_MAP);
 }
 
 static __always_inline void reclaim_end(u64 nr_reclaimed)

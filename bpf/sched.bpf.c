@@ -170,6 +170,94 @@ TRACEPOINT_PROBE(sched, sched_switch)
     return 0;
 }
 
+/* Wake-ups from interrupt context. A wake-up from a timer, a device interrupt or a softirq runs on
+ * top of whatever task the interrupt hit: that task is not the waker. The task struct's preempt
+ * count is a kernel layout, so the context is told apart without it: the kernel hands a tracepoint's
+ * BPF program a per-CPU buffer of the perf recursion context it runs in (task, softirq, hardirq,
+ * NMI: perf_trace_buf_alloc), so the program's `args` pointer is the same for every tracepoint that
+ * fires in one context on one CPU, and differs between contexts. irq_handler_entry and
+ * softirq_entry note their CPU's hardirq and softirq buffers; a timer callback notes its buffer
+ * while it runs (hrtimer_expire_entry..exit, timer_expire_entry..exit). sched_waking compares its
+ * own `args` with them: the waker is then 'timer', 'interrupt' or 'softirq' (tid 0), never the
+ * interrupted task. A CPU that has not taken a device interrupt or softirq since the start has no
+ * buffer noted yet: a wake-up there from a hardirq that is no timer (an IPI, irq_work) still names
+ * the interrupted task. The cost: one per-CPU array store per interrupt and timer callback
+ * (docs/benchmarks.md). */
+struct irq_ctx_t {
+    u64 hardirq;  /* `args` of a program in this CPU's hardirq context, 0: not seen yet */
+    u64 softirq;
+    u64 timer;    /* `args` of the timer callback running now, 0: none */
+    u64 outer;    /* the callback it interrupted (a softirq timer under a hardirq one), 0: none */
+};
+BPF_PERCPU_ARRAY(irq_ctx, struct irq_ctx_t, 1);
+#define WAKER_TIMER 1
+#define WAKER_INTERRUPT 2
+#define WAKER_SOFTIRQ 3
+
+static __always_inline void irq_note(int which, u64 at)
+{
+    u32 zero = 0;
+    struct irq_ctx_t *c = irq_ctx.lookup(&zero);
+    if (!c)
+        return;
+    if (which == WAKER_INTERRUPT) {
+        c->hardirq = at;
+    } else if (which == WAKER_SOFTIRQ) {
+        c->softirq = at;
+    } else if (at) {  /* a timer callback starts */
+        c->outer = c->timer;
+        c->timer = at;
+    } else {  /* it ends: the one it interrupted (in another context), if any, runs again */
+        /* an outer of the same context is an end the kernel skipped: dropped, not restored */
+        c->timer = c->outer != c->timer ? c->outer : 0;
+        c->outer = 0;
+    }
+}
+
+#ifdef HAVE_TP_irq_irq_handler_entry
+TRACEPOINT_PROBE(irq, irq_handler_entry)
+{
+    irq_note(WAKER_INTERRUPT, (u64)args);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_irq_softirq_entry
+TRACEPOINT_PROBE(irq, softirq_entry)
+{
+    irq_note(WAKER_SOFTIRQ, (u64)args);
+    return 0;
+}
+#endif
+
+#if defined(HAVE_TP_timer_hrtimer_expire_entry) && defined(HAVE_TP_timer_hrtimer_expire_exit)
+TRACEPOINT_PROBE(timer, hrtimer_expire_entry)
+{
+    irq_note(WAKER_TIMER, (u64)args);
+    return 0;
+}
+
+TRACEPOINT_PROBE(timer, hrtimer_expire_exit)
+{
+    irq_note(WAKER_TIMER, 0);
+    return 0;
+}
+#endif
+
+#if defined(HAVE_TP_timer_timer_expire_entry) && defined(HAVE_TP_timer_timer_expire_exit)
+TRACEPOINT_PROBE(timer, timer_expire_entry)
+{
+    irq_note(WAKER_TIMER, (u64)args);
+    return 0;
+}
+
+TRACEPOINT_PROBE(timer, timer_expire_exit)
+{
+    irq_note(WAKER_TIMER, 0);
+    return 0;
+}
+#endif
+
 TRACEPOINT_PROBE(sched, sched_waking)
 {
     u32 wakee = args->pid;
@@ -177,9 +265,21 @@ TRACEPOINT_PROBE(sched, sched_waking)
         return 0;
     struct waker_t w = {};
     w.ts = bpf_ktime_get_ns();
-    w.tid = (u32)bpf_get_current_pid_tgid();
     w.cpu = bpf_get_smp_processor_id();
-    bpf_get_current_comm(w.comm, sizeof(w.comm));
+    u32 zero = 0;
+    u64 at = (u64)args;
+    struct irq_ctx_t *c = irq_ctx.lookup(&zero);
+    /* the waker's tid is 0 and its name the context (recorder/layers/sched.py reads it so) */
+    if (c && c->timer == at) {
+        __builtin_memcpy(w.comm, "timer", 6);
+    } else if (c && c->hardirq == at) {
+        __builtin_memcpy(w.comm, "interrupt", 10);
+    } else if (c && c->softirq == at) {
+        __builtin_memcpy(w.comm, "softirq", 8);
+    } else {
+        w.tid = (u32)bpf_get_current_pid_tgid();
+        bpf_get_current_comm(w.comm, sizeof(w.comm));
+    }
     offcpu_waker.update(&wakee, &w);
     return 0;
 }

@@ -91,8 +91,15 @@ class LayerStatus(Result):
 
 
 class DroppedByProbe(Result):
+    """Records of one kind the session lost (store/losses.py): its layer, what and why, and when."""
+
     probe: OptText
     dropped: int
+    layer: str | None = None
+    what: str | None = None
+    reason: str | None = None
+    first_utc: OptText = None  # start of the first second with a loss
+    last_utc: OptText = None  # end of the last one
 
 
 class Capabilities(Result):

@@ -14,6 +14,7 @@ from store.causes import all_steps, find_stalls
 from store.db import Store
 from store.errors import UserError
 from store.listing import STALLS_ANALYSED
+from store.losses import losses
 from store.report import LAYERS, analyse_step, resolve_window, session_row, session_state, slow_calls, utc
 from store.rules import slow_call_rule, stall_rule
 
@@ -82,13 +83,15 @@ def capabilities(store: Store, session_id: int | None) -> dict:
     layers = [row["layer"] for row in store.query(
         "SELECT DISTINCT layer FROM capability WHERE session_id = ? ORDER BY layer", (sid,))]
     all_layers = list(LAYERS) + [x for x in layers if x not in LAYERS]
-    loss = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe"
-                       " ORDER BY dropped DESC", (sid,))
+    loss = losses(store, sid)
+    off = session["wall_offset_ns"]
     return {
         "session_id": sid, "state": session_state(store, session),
         "layers": [layer_status(store, sid, layer) for layer in all_layers],
-        "dropped_events": sum(r["dropped"] for r in loss),
-        "dropped_by_probe": [{"probe": r["probe"], "dropped": r["dropped"]} for r in loss],
+        "dropped_events": sum(r["count"] for r in loss),
+        "dropped_by_probe": [{"probe": r["probe"], "dropped": r["count"], "layer": r["layer"], "what": r["what"],
+                              "reason": r["reason"], "first_utc": utc(r["first_ts"] + off),
+                              "last_utc": utc(r["last_ts"] + off)} for r in loss],
     }
 
 

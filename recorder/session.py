@@ -318,11 +318,15 @@ class Session:
             if dropped:
                 self.counters.dropped += dropped
                 self.writer.add("loss", (self.session_id, second, events.PROBE_NAMES[probe], dropped))
+        for probe, missed in self.probes.read_recursion_misses():
+            self.counters.dropped += missed
+            self.writer.add("loss", (self.session_id, second, probe, missed))
         skipped = self.probes.skipped_records()
         if skipped:
             self.writer.add("loss", (self.session_id, second, "ring record of unexpected size", skipped))
         for reason, n in self.stacks.housekeeping(ts).items():
             self.writer.add("loss", (self.session_id, second, reason, n))
+        self.io.sweep(ts)  # in-flight block requests nothing ended, into `loss`
         for pid in list(self.known_pids):
             if not Path(f"/proc/{pid}").exists():
                 self.known_pids.discard(pid)
@@ -377,6 +381,7 @@ class Session:
             self.writer.sync()
             self.flight.finish(stop)
         self.writer.close()
+        self.stacks.amend_capabilities()  # 'attached' only where a process's stacks were read
         self.probes.cleanup()
         self.store.conn.execute(
             "UPDATE session SET status = 'complete', stopped_ts = ? WHERE id = ?",

@@ -62,10 +62,14 @@ STEP_ACTIONS: dict[str, list[Action]] = {
         "(recorder doctor says whether it can)",
     ],
     "cpu_contention": [
-        "See what {contender_name} (pid {contender_pid}) is and why it runs there: "
-        "ps -o pid,psr,pcpu,cmd -p {contender_pid}",
-        "Keep it off the training threads' CPUs: an exclusive cpuset for the job, "
-        "or taskset -cp <other cpus> {contender_pid}",
+        ("See what {contender_name} (pid {contender_pid}) is and why it runs there: "
+         "ps -o pid,psr,pcpu,cmd -p {contender_pid}", "contender_pid"),
+        ("Keep it off the training threads' CPUs: an exclusive cpuset for the job, "
+         "or taskset -cp <other cpus> {contender_pid}", "contender_pid"),
+        # a contender whose process was not read (it was gone): only its thread is known
+        ("Find the process of {contender_name} (thread {contender_tid_only}) if it still runs: "
+         "grep Tgid /proc/{contender_tid_only}/status; then keep it off the training threads' CPUs",
+         "contender_tid_only"),
         "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
     ],
     "cpu_contention_same_process": [
@@ -125,10 +129,10 @@ STEP_ACTIONS: dict[str, list[Action]] = {
 # A slow CUDA call's cause (the report of a session without steps) -> its next actions.
 CALL_ACTIONS: dict[str, list[Action]] = {
     "cpu_contention": [
-        "See what {contender_name} (pid {contender_pid}) is and why it runs on cpu {cpus}: "
-        "ps -o pid,psr,pcpu,cmd -p {contender_pid}",
-        "Keep it off the training threads' CPUs: give the job an exclusive cpuset, or move it "
-        "with taskset -cp <other cpus> {contender_pid}",
+        ("See what {contender_name} (pid {contender_pid}) is and why it runs on cpu {cpus}: "
+         "ps -o pid,psr,pcpu,cmd -p {contender_pid}", "contender_pid"),
+        ("Keep it off the training threads' CPUs: give the job an exclusive cpuset, or move it "
+         "with taskset -cp <other cpus> {contender_pid}", "contender_pid"),
         "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
     ],
     "blocked": [

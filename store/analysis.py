@@ -9,6 +9,7 @@ from __future__ import annotations
 from store.actions import CALL_ACTIONS, STEP_ACTIONS, fill
 from store.db import Store
 from store.errors import UserError
+from store.losses import losses, lossy_layers, wording
 from store.models import CallReport, StallReport, StepReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
 from store.session import LAYERS, STEP_LAYERS, has_steps, resolve_window, session_row, session_state
@@ -129,8 +130,24 @@ def _next_actions(cause: dict | None, call: dict | None) -> list[str]:
     return fill(CALL_ACTIONS, cause["kind"], {**call, **cause, "what": what})
 
 
+def _loss(store: Store, sid: int, start: int, end: int, off: int, layers: dict[str, str]) -> tuple[dict, set[str]]:
+    """The report's `loss`: the session's drops per probe and what was lost in [start, end); and the
+    layers that lost records there (not checked: no negative is said of them)."""
+    lost = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
+    window = losses(store, sid, start, end)
+    in_window = []
+    for x in window:
+        first = utc(x["first_ts"] + off)
+        in_window.append({"layer": x["layer"], "probe": x["probe"], "what": x["what"], "reason": x["reason"],
+                          "count": x["count"], "first_utc": first, "last_utc": utc(x["last_ts"] + off),
+                          "text": wording(x, layers.get(x["layer"], x["layer"]), first)})
+    return ({"dropped_events": sum(r["dropped"] for r in lost), "by_probe": {r["probe"]: r["dropped"] for r in lost},
+             "in_window": in_window}, lossy_layers(window))
+
+
 def _io_negatives(store: Store, sid: int, start: int, end: int, observed: list[str]) -> list[str]:
-    """Explicit negatives of the block and kernel-log layers for the window."""
+    """Explicit negatives of the block and kernel-log layers for the window (`observed`: the layers
+    observed without a loss in it)."""
     out = []
     span = {"s": sid, "a": start, "b": end}
     if "kmsg" in observed and not store.one(
@@ -145,7 +162,7 @@ def _io_negatives(store: Store, sid: int, start: int, end: int, observed: list[s
         errors += store.one("SELECT count(*) AS n FROM block_error WHERE session_id = :s AND ts >= :a"
                             " AND ts < :b", span)["n"]
     if ("block" in observed or "kmsg" in observed) and not errors:
-        out.append("no block I/O errors")
+        out.append("no block I/O errors" if "block" in observed else "no block I/O errors in the kernel log")
     return out
 
 
@@ -186,17 +203,17 @@ def _report(store: Store, session_id: int | None, window: str | None, since: str
     calls = slow_calls(store, sid, start, end, limit)
     if worst and calls:
         start, end = calls[0]["ts"], calls[0]["ts"] + calls[0]["dur"]
-    lost = store.query(
-        "SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
     caps = _capabilities(store, sid)
+    lost, lossy = _loss(store, sid, start, end, off, LAYERS)
+    checked = [layer for layer in caps["observed"] if layer not in lossy]
     primary = calls[0] if calls else None
     cause = primary["cause"] if primary else None
     findings = _call_findings(calls, off)
     negatives = []
-    if "cuda" in caps["observed"] and not calls:
+    if "cuda" in checked and not calls:
         negatives.append(f"no CUDA call took more than {slow_call_rule(store).times()} its baseline")
     return _call_report(store, session, state, sid, start, end, off, calls, primary, cause, findings, negatives,
-                        caps, lost)
+                        caps, lost, checked)
 
 
 def _call_findings(calls: list[dict], off: int) -> list[dict]:
@@ -222,7 +239,7 @@ def _call_findings(calls: list[dict], off: int) -> list[dict]:
 
 def _call_report(store: Store, session: dict, state: str, sid: int, start: int, end: int, off: int,
                  calls: list[dict], primary: dict | None, cause: dict | None, findings: list[dict],
-                 negatives: list[str], caps: dict, lost: list[dict]) -> CallReport:
+                 negatives: list[str], caps: dict, lost: dict, checked: list[str]) -> CallReport:
     totals = store.one(
         "SELECT count(*) AS calls, coalesce(sum(dur), 0) AS dur FROM cuda_call"
         " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
@@ -235,9 +252,9 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
         (sid, start, end))
     wait = store.one("SELECT coalesce(sum(runq_dur), 0) AS w FROM offcpu"
                      " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))["w"]
-    if "sched" in caps["observed"] and wait < 0.05 * (end - start):
+    if "sched" in checked and wait < 0.05 * (end - start):
         negatives.append(f"traced threads waited only {ms(wait)} for a CPU in the window")
-    negatives += _io_negatives(store, sid, start, end, caps["observed"])
+    negatives += _io_negatives(store, sid, start, end, checked)
     return CallReport(
         mode="call",
         session={"id": sid, "state": state, "host": session["hostname"],
@@ -261,8 +278,7 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
         negatives=negatives,
         observed_layers=caps["observed"],
         not_observed=caps["not_observed"],
-        loss={"dropped_events": sum(r["dropped"] for r in lost),
-              "by_probe": {r["probe"]: r["dropped"] for r in lost}},
+        loss=lost,
         next_actions=_next_actions(cause, primary),
     )
 
@@ -348,8 +364,9 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
     if kind == "nvme_timeout":
         nv = _nvme_facts(store, cand)
         facts.update(nv)
-        facts["summary"] = (f"NVMe timeout on {disk} (controller {nv['controller']}, queue {nv['queue']}, "
-                            f"request tag {nv['request_tag']})" +
+        where = [f"controller {nv['controller']}"] + [f"{name} {nv[key]}" for name, key in (
+            ("queue", "queue"), ("request tag", "request_tag")) if nv[key] is not None]
+        facts["summary"] = (f"NVMe timeout on {disk} ({', '.join(where)})" +
                             (", then controller reset" if "controller reset" in nv["actions"] else "") +
                             f": the thread waited {ms(dur)} for I/O")
         path = io_path + ["NVMe timeout"] + nv["actions"][:4] + ["request completed"]
@@ -412,7 +429,10 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                                   "delayed_wakeups": c["delayed_wakeups"]} for c in everyone])
 
         def who(c: dict) -> str:
-            pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
+            if not c["n"]:  # its threads' processes were not found (gone before they were read)
+                pids = f"tid {c['tids']}" if c.get("tids") else "process not known"
+            else:
+                pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
             threads = f"{c['threads']} threads" if c["threads"] > 1 else "a thread"
             pids += {"same_process": f", {threads} of its own process",
                      "job": ", a process of the recorded job",
@@ -472,7 +492,8 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
         how = f"in {syscall}()" if syscall == cand.get("reason") else (
             f"{cand.get('reason')}" + (f" in {syscall}()" if syscall else ""))
         facts["summary"] = (f"blocked {how} for {ms(dur)}"
-                            + (f", woken by {wait.get('waker_name')} (pid {wait.get('waker_pid')})"
+                            + (f", woken by {wait.get('waker_name')}"
+                               + (f" (pid {wait.get('waker_pid')})" if wait.get("waker_pid") is not None else "")
                                if wait.get("waker_name") else ""))
         path = [f"{syscall}()" if syscall else cand.get("reason")]
     names = _thread_names(store, step) if kind == "cpu_contention" else {}
@@ -485,6 +506,8 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                "oom_kill": kills[0]["detail"] if kills else None, "peer_host": peer.split(":")[0],
                "cpu_count": (store.one("SELECT cpu_count FROM session WHERE id = ?", (step["session_id"],))
                              or {}).get("cpu_count", "?") if kind == "cpu_contention" else None}
+    if kind == "cpu_contention" and facts.get("contender_pid") is None:  # its process was not read
+        context["contender_tid_only"] = (cand.get("contender") or {}).get("contender_tid")
     # CPU contention from the job's own threads and processes, or from the recorder, is fixed elsewhere
     # than contention from another task
     actions_of = f"{kind}_{facts['contender_relation']}" if facts.get("contender_relation") else kind
@@ -508,7 +531,7 @@ def _step_negatives(store: Store, sid: int, a: int, b: int, observed: set[str], 
     if ("block" in observed or kmsg) and primary_kind != "io_error" and none(
             "SELECT (SELECT count(*) FROM block_request WHERE session_id = :s AND ts >= :a AND ts < :b AND error != 0)"
             " + (SELECT count(*) FROM block_error WHERE session_id = :s AND ts >= :a AND ts < :b) AS n"):
-        out.append("no block I/O errors")
+        out.append("no block I/O errors" if "block" in observed else "no block I/O errors in the kernel log")
     if ("dma" in observed or kmsg) and primary_kind != "dma_bounce" and none(
             "SELECT (SELECT count(*) FROM dma_event WHERE session_id = :s AND ts >= :a AND ts < :b"
             " AND kind = 'swiotlb_bounce') + (SELECT count(*) FROM swiotlb_event WHERE session_id = :s"
@@ -648,14 +671,11 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []
     caps = _capabilities(store, sid, STEP_LAYERS)
     observed = set(caps["observed"])
-    lost = store.query("SELECT probe, sum(dropped) AS dropped FROM loss WHERE session_id = ? GROUP BY probe", (sid,))
     base = {
         "mode": "step",
         "session": {"id": sid, "state": state, "host": session["hostname"], "kernel": session["kernel_release"],
                     "target": session["target"], **_incident(store, sid)},
         "observed_layers": caps["observed"], "not_observed": caps["not_observed"],
-        "loss": {"dropped_events": sum(r["dropped"] for r in lost),
-                 "by_probe": {r["probe"]: r["dropped"] for r in lost}},
     }
     if not rows:
         summary = store.one("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_all"
@@ -663,15 +683,17 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         med = store.query("SELECT dur FROM step_all WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
                           " ORDER BY dur", (sid, start, end))
         typical = med[(len(med) - 1) // 2]["dur"] if med else None
+        lost, lossy = _loss(store, sid, start, end, off, STEP_LAYERS)
         return StepReport(
-            **base, window=_window(start, end, off), stall=False, step=None,
+            **base, loss=lost, window=_window(start, end, off), stall=False, step=None,
             symptom=f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
                     f" (a stall is {stall_rule(store).text()})",
             primary_cause=None, findings=[], secondary=[], other_stalls=[],
-            negatives=_step_negatives(store, sid, start, end, observed, None, []),
+            negatives=_step_negatives(store, sid, start, end, observed - lossy, None, []),
             gpu=_gpu_during(store, sid, start, end), next_actions=[], straggler=None)
     chosen, late = _choose(store, session, rows)
     a, b = chosen["ts"], chosen["ts"] + chosen["dur_ns"]
+    lost, lossy = _loss(store, sid, a, b, off, STEP_LAYERS)
     p = chosen["primary_cause"]
     gpu = _gpu_during(store, sid, a, b)
     symptom = (f"step {chosen['step']} took {ms(chosen['dur_ns'])}, {chosen['ratio']}x its median of "
@@ -700,7 +722,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
                      "python": lp.get("python") if lp else None, "kernel_path": lp.get("kernel_path") if lp else []}
     next_actions = list(p["next_actions"]) if p else (fill(STEP_ACTIONS, "unexplained", {}) if chosen["slow"] else [])
     return StepReport(
-        **base, window=_window(a, b, off), stall=chosen["slow"],
+        **base, loss=lost, window=_window(a, b, off), stall=chosen["slow"],
         step={k: chosen[k] for k in ("step", "step_mark_id", "utc", "dur_ns", "baseline_dur_ns", "baseline_steps",
                                      "ratio", "excess_dur_ns", "complete", "inferred", "thread")},
         symptom=symptom,
@@ -710,7 +732,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         secondary=chosen["secondary"],
         straggler=straggler,
         other_stalls=others,
-        negatives=_step_negatives(store, sid, a, b, observed, p["kind"] if p else None, chosen["breakdown"]),
+        negatives=_step_negatives(store, sid, a, b, observed - lossy, p["kind"] if p else None, chosen["breakdown"]),
         gpu=gpu,
         next_actions=next_actions)
 

@@ -116,6 +116,7 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
         contenders = store.query(
             "SELECT contender_name, contender_relation, group_concat(DISTINCT contender_pid) AS pids,"
             " count(DISTINCT contender_pid) AS n, count(DISTINCT contender_tid) AS threads,"
+            " group_concat(DISTINCT contender_tid) AS tids, min(contender_tid) AS contender_tid,"
             " min(contender_pid) AS contender_pid, group_concat(DISTINCT contended_cpu) AS cpus,"
             " sum(reason = 'preempted') AS preemptions, sum(reason != 'preempted') AS delayed_wakeups,"
             " sum(runq_dur) AS dur, min(ts) AS first_ts FROM step_offcpu WHERE step_mark_id = ? AND runq_dur > 0"

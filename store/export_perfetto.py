@@ -370,7 +370,8 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
             r["ts"], r["dur"], f"off-CPU: {r['reason']}", "sched",
             {"state": r["state_letter"], "reason": r["reason"], "syscall": r["syscall_name"],
              "runq_dur_ns": r["runq_dur"], "cpu": r["cpu"], "in_cpu": r["in_cpu"], "held_cpu": who,
-             "woken_by": r["waker_name"] and f"{r['waker_name']} (pid {r['waker_pid']})",
+             "woken_by": r["waker_name"] and (f"{r['waker_name']} (pid {r['waker_pid']})" if r["waker_pid"] is not None
+                                              else r["waker_name"]),
              "open": bool(r["open"])}, ("offcpu_interval", r["id"]), stack=r["python_stack_id"]))
         if r["contender_thread_id"] in threads:
             start = max(r["wakeup_ts"] or r["ts"], r["ts"])

@@ -46,9 +46,24 @@ class NotObserved(Part):
     why: str
 
 
+class LostData(Part):
+    """Records of one kind a layer lost in the report's window (store/losses.py): that layer was not
+    checked there, whatever it recorded."""
+
+    layer: str
+    probe: str  # the `loss.probe` name
+    what: str  # what was lost: 'requests', 'off-CPU intervals', ...
+    reason: str  # 'in-flight map full', 'ring buffer full', ...
+    count: int
+    first_utc: str  # start of the first second with a loss
+    last_utc: str  # end of the last one
+    text: str  # 'block I/O requests: 16,680 requests lost after ... (in-flight map full)'
+
+
 class Loss(Part):
-    dropped_events: int
+    dropped_events: int  # the whole session's
     by_probe: dict[str, int]
+    in_window: list[LostData] = []  # what was lost in the report's window, per layer and reason
 
 
 class Thread(Part):

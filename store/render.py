@@ -29,8 +29,11 @@ def _finding_lines(findings: list[CallFinding], stack: bool) -> list[str]:
 
 def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, layers: dict[str, str]) -> list[str]:
     """What was and was not observed, and what was lost."""
-    lines = ["Observed: " + (", ".join(layers[k] for k in observed) or "nothing")]
+    lossy = {x.layer for x in loss.in_window}
+    lines = ["Observed: " + (", ".join(layers[k] + (" (records lost in this window)" if k in lossy else "")
+                                       for k in observed) or "nothing")]
     lines += [f"Not observed: {n.what} ({n.why})" for n in not_observed]
+    lines += [f"Lost in this window: {x.text}" for x in loss.in_window]
     lines.append("Data loss: " + ("none" if not loss.dropped_events else
                                   f"{loss.dropped_events} events dropped "
                                   + ", ".join(f"{k}: {v}" for k, v in loss.by_probe.items())))

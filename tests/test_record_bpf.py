@@ -50,7 +50,9 @@ def test_known_calls_give_exactly_those_rows(tmp_path, native):
         stream = q(db, "SELECT c.stream FROM cuda_call_named c JOIN thread t ON t.id = c.thread_id"
                        " WHERE t.tid = ? AND c.api = 'cudaStreamSynchronize'", (int(tid),))
         assert stream[0][0] == 0x5000 + int(tid) % 1000
-    assert q(db, "SELECT count(*) FROM loss")[0][0] == 0, q(db, "SELECT * FROM loss")
+    # (runs of other layers' programs the kernel skipped on a busy machine are counted, and lose no call)
+    assert q(db, "SELECT count(*) FROM loss WHERE probe NOT LIKE 'bpf program %'")[0][0] == 0, q(
+        db, "SELECT * FROM loss")
     # worker threads (not the main thread) are attributed, with their names
     tids = {r[0] for r in q(db, "SELECT tid FROM thread WHERE traced = 1")}
     assert {int(t) for t in truth["threads"]} <= tids

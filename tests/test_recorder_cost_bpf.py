@@ -27,9 +27,13 @@ def test_every_blocked_interval_recorded_without_waking_the_recorder_for_each(tm
     # less the switches in which the threads exited (a dead task never comes back)
     blocked = q(db, "SELECT count(*) FROM offcpu_interval o JOIN thread t ON t.id = o.thread_id"
                     " JOIN task_state s ON s.state = o.state WHERE s.reason != 'preempted' AND t.traced = 1")[0][0]
-    assert job["voluntary_switches"] - 2 <= blocked <= job["voluntary_switches"], (blocked, job)
+    # a sched_switch run the kernel skipped (another BPF program was running on the CPU) is counted
+    skipped = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe ="
+                    " 'bpf program tracepoint__sched__sched_switch skipped (sched)'")[0][0]
+    assert job["voluntary_switches"] - 2 - skipped <= blocked <= job["voluntary_switches"], (blocked, job, skipped)
     assert blocked > 20000
-    assert q(db, "SELECT count(*) FROM loss")[0][0] == 0, q(db, "SELECT * FROM loss")
+    assert q(db, "SELECT count(*) FROM loss WHERE probe NOT LIKE 'bpf program %'")[0][0] == 0, q(
+        db, "SELECT * FROM loss")
     # the recorder (everything `recorder record` reaped, less the job's own switches)
     recorder_switches = (after.ru_nvcsw - before.ru_nvcsw) - job["voluntary_switches"]
     assert recorder_switches < blocked / 10, (recorder_switches, blocked)

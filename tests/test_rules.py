@@ -179,6 +179,7 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
                   "thread_name", "incident", "open_call"):  # and what later versions added
         conn.execute(f"DROP TABLE {table}")
     store_db._drop_views(conn)
+    conn.execute("ALTER TABLE offcpu_interval DROP COLUMN waker_context")  # v14's
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
     conn.close()

@@ -48,6 +48,27 @@ def test_bad_gpu_interval_is_one_line_naming_the_variable(value: str) -> None:
                             "or 0 for no GPU sampling")
 
 
+def test_map_ring_and_age_settings() -> None:
+    s = Settings.from_environment({})
+    assert (s.block_inflight, s.block_ring_pages, s.inflight_max_age_s) == (16384, 256, 120)
+    s = Settings.from_environment({"STALL_RECORDER_BLOCK_INFLIGHT": "64", "STALL_RECORDER_BLOCK_RING_PAGES": " 1 ",
+                                   "STALL_RECORDER_INFLIGHT_MAX_AGE_S": "5"})
+    assert (s.block_inflight, s.block_ring_pages, s.inflight_max_age_s) == (64, 1, 5)
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("BLOCK_INFLIGHT", "10", "give a whole number from 64 to 1048576, or unset it for 16384"),
+    ("BLOCK_INFLIGHT", "lots", "give a whole number from 64 to 1048576, or unset it for 16384"),
+    ("BLOCK_RING_PAGES", "3", "give a power of two from 1 to 65536, or unset it for 256"),
+    ("BLOCK_RING_PAGES", "131072", "give a power of two from 1 to 65536, or unset it for 256"),
+    ("INFLIGHT_MAX_AGE_S", "1", "give a whole number from 5 to 86400, or unset it for 120"),
+])
+def test_bad_map_ring_or_age_is_one_line_naming_the_variable(name: str, value: str, message: str) -> None:
+    with pytest.raises(UserError) as e:
+        Settings.from_environment({f"STALL_RECORDER_{name}": value})
+    assert str(e.value) == f"STALL_RECORDER_{name}={value}: {message}"
+
+
 def test_missing_nvml_library_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.so"
     with pytest.raises(UserError) as e:

@@ -381,7 +381,8 @@ CHECKPOINT = Layout(
 
 LAYOUTS = (*LAYOUTS, BLOCK, RECLAIM, DIRTY, OOM, TCP, DMA, NVME_AI, CHECKPOINT)
 
-_IO_PROBES = ("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_MM", "PROBE_NET", "PROBE_DMA", "PROBE_BLOCK_UNCOMPLETED")
+_IO_PROBES = ("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_MM", "PROBE_NET", "PROBE_DMA", "PROBE_BLOCK_UNCOMPLETED",
+              "PROBE_MM_MAP")
 for _i, _name in enumerate(_IO_PROBES):
     CONSTANTS[_name] = CONSTANTS["PROBE_COUNT"] + _i
 CONSTANTS["PROBE_COUNT"] += len(_IO_PROBES)
@@ -393,6 +394,7 @@ CONSTANTS.update({
     "BLOCK_FLAG_AI": 16,  # block_rq_complete had the io_tag field (io_tag valid)
     "BLOCK_FLAG_SPLIT": 32,  # a part of a bio the block layer split (block_split)
     "BLOCK_FLAG_PARTIAL": 64,  # completed in several block_rq_complete calls (summed into one row)
+    "BLOCK_FLAG_BIO": 128,  # ended by block_bio_complete: a device that completes bios without requests
     "RECLAIM_DIRECT": 0,
     "RECLAIM_MEMCG": 1,
     "DMA_KIND_MAP": 1,
@@ -412,7 +414,11 @@ PROBE_NAMES.update({
     # issued, and its completion never reached the probe: the kernel skips a tracepoint's BPF program
     # while another one runs on that CPU (completions run in softirq context and interrupt them)
     CONSTANTS["PROBE_BLOCK_UNCOMPLETED"]: "block request completion not seen",
+    CONSTANTS["PROBE_MM_MAP"]: "mm reclaim map full",
 })
+# not a BPF counter: in-flight entries user space removed because nothing ended them in time
+# (recorder/layers/io/layer.py, IoLayer.sweep)
+BLOCK_AGED_OUT = "block request aged out"
 
 
 # -- NCCL and the training-script markers (bpf/nccl.bpf.c, bpf/lineage.bpf.c) -----------------------
@@ -554,7 +560,7 @@ CONSTANTS.update({
 })
 PROBE_NAMES.update({
     CONSTANTS["PROBE_CKPT"]: "checkpoint ring buffer",
-    CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint descriptor map full",
+    CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint map full",  # its descriptors or calls in flight
 })
 
 

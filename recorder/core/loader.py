@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,15 @@ from recorder.core.settings import Settings
 from recorder.errors import NotPrivileged, ProbeError
 
 TRACEFS = Path("/sys/kernel/tracing")
+_TRACEPOINT_PROBE = re.compile(r"TRACEPOINT_PROBE\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+_FUNCTION = re.compile(r"^int\s+(\w+)\s*\(", re.M)
+_RECURSION_MISSES = re.compile(r"^recursion_misses:\s*(\d+)", re.M)
+# programs that only note the CPU's interrupt context for sched_waking: a skipped run loses no record
+_NO_RECORD_PROGRAMS = frozenset({
+    "tracepoint__irq__irq_handler_entry", "tracepoint__irq__softirq_entry",
+    "tracepoint__timer__hrtimer_expire_entry", "tracepoint__timer__hrtimer_expire_exit",
+    "tracepoint__timer__timer_expire_entry", "tracepoint__timer__timer_expire_exit",
+})
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,8 @@ class Probes:
                 self.cap("python", probe, "failed", str(e).splitlines()[0][:200])
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
+        self._misses: dict[str, int] = {}  # program -> recursion misses read so far
+        self._layers_of_programs: dict[str, str] | None = None
         self.rings: ringbuf.RingSet | None = None  # set by open_rings() where the fast reader works
         self._skipped_seen = 0
 
@@ -180,6 +192,8 @@ class Probes:
             f"#define TARGET_CGROUP_LEVEL {cg_level}",
             f"#define SELF_TGID {os.getpid()}",
             f"#define RING_CPUS {possible_cpus()}",
+            f"#define BLOCK_INFLIGHT_ENTRIES {self.settings.block_inflight}",
+            f"#define BLOCK_RING_PAGES {self.settings.block_ring_pages}",
             bpf.source("common.h"),
             # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
             # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec
@@ -298,6 +312,46 @@ class Probes:
             deltas.append(total - self.drop_counts[i])
             self.drop_counts[i] = total
         return deltas
+
+    def program_layers(self) -> dict[str, str]:
+        """BCC function name -> layer of every program a compiled source defines (the CPython stack
+        walkers and anything else: 'python')."""
+        out: dict[str, str] = {}
+        for source in self.sources:
+            if source.layer not in self.layers:
+                continue
+            text = bpf.source(source.filename)
+            for system, event in _TRACEPOINT_PROBE.findall(text):
+                out[f"tracepoint__{system}__{event}"] = source.layer
+            for name in _FUNCTION.findall(text):
+                out.setdefault(name, source.layer)
+        return out
+
+    def read_recursion_misses(self) -> list[tuple[str, int]]:
+        """(`loss.probe`, runs) of the programs the kernel did not run since the last call because
+        another BPF program was running on that CPU (each program's recursion_misses, read from its
+        fdinfo). Programs whose skipped run loses no record (the interrupt-context notes of
+        bpf/sched.bpf.c) are left out."""
+        layers = self._layers_of_programs
+        if layers is None:
+            layers = self._layers_of_programs = self.program_layers()
+        out = []
+        for key, fn in list(self.bpf.funcs.items()):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            if name in _NO_RECORD_PROGRAMS:
+                continue
+            try:
+                found = _RECURSION_MISSES.search(Path(f"/proc/self/fdinfo/{fn.fd}").read_text())
+            except (OSError, AttributeError):
+                continue
+            if not found:
+                continue
+            total = int(found.group(1))
+            delta = total - self._misses.get(name, 0)
+            self._misses[name] = total
+            if delta > 0:
+                out.append((f"bpf program {name} skipped ({layers.get(name, 'python')})", delta))
+        return out
 
     def cleanup(self) -> None:
         if self.rings is not None:

@@ -8,6 +8,10 @@ names the variable and says what to give instead.
     STALL_RECORDER_GPU_INTERVAL_MS=N     sample the GPUs every N ms (10-60000; 0 turns sampling off)
     STALL_RECORDER_OFFCPU_STACKS=0       no Python stack at each blocking switch (on unless 0/off/no/false)
     STALL_RECORDER_BCC_RINGS=1           read the ring buffers through BCC's callbacks, not the mapping
+    STALL_RECORDER_BLOCK_INFLIGHT=N      block requests followed in flight at once (64-1048576, 16384)
+    STALL_RECORDER_BLOCK_RING_PAGES=N    pages of the block requests' ring (a power of two, 1-65536, 256)
+    STALL_RECORDER_INFLIGHT_MAX_AGE_S=N  an in-flight block request with no end after N s is dropped and
+                                         counted in `loss` (5-86400, 120)
 """
 
 from __future__ import annotations
@@ -16,14 +20,23 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from store.errors import UserError
 
 PREFIX = "STALL_RECORDER_"
 DEFAULT_DB = "stall.db"
 DEFAULT_GPU_INTERVAL_MS = 100
+DEFAULT_BLOCK_INFLIGHT = 16384
+DEFAULT_BLOCK_RING_PAGES = 256
+DEFAULT_INFLIGHT_MAX_AGE_S = 120
 _OFF = ("0", "off", "no", "false")
+# field -> (lowest, highest, default, must be a power of two)
+_SIZES = {
+    "block_inflight": (64, 1 << 20, DEFAULT_BLOCK_INFLIGHT, False),
+    "block_ring_pages": (1, 1 << 16, DEFAULT_BLOCK_RING_PAGES, True),
+    "inflight_max_age_s": (5, 86400, DEFAULT_INFLIGHT_MAX_AGE_S, False),
+}
 
 
 class _Invalid(ValueError):
@@ -41,6 +54,9 @@ class Settings(BaseModel):
     gpu_interval_ms: int = DEFAULT_GPU_INTERVAL_MS
     offcpu_stacks: bool = True
     bcc_rings: bool = False
+    block_inflight: int = DEFAULT_BLOCK_INFLIGHT
+    block_ring_pages: int = DEFAULT_BLOCK_RING_PAGES
+    inflight_max_age_s: int = DEFAULT_INFLIGHT_MAX_AGE_S
 
     @staticmethod
     def variable(name: str) -> str:
@@ -92,6 +108,19 @@ class Settings(BaseModel):
         if isinstance(value, str):  # only "1" switches to BCC's callbacks
             return value == "1"
         return value
+
+    @field_validator("block_inflight", "block_ring_pages", "inflight_max_age_s", mode="before")
+    @classmethod
+    def _sizes(cls, value: object, info: ValidationInfo) -> object:
+        low, high, default, power = _SIZES[info.field_name]
+        text = str(value).strip()
+        if not text:
+            return default
+        if not text.isdigit() or not low <= int(text) <= high or (power and int(text) & (int(text) - 1)):
+            what = "a power of two" if power else "a whole number"
+            raise _Invalid(f"{cls.variable(info.field_name)}={text}: give {what} from {low} to {high}, or unset it "
+                           f"for {default}")
+        return int(text)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None,

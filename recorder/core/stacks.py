@@ -62,6 +62,12 @@ _RECORD_KEY = struct.Struct("=QII")  # the (ts, pid, tid) that opens a pystacks 
 _PYTHON_NAME = re.compile(r"python\d|libpython")
 
 
+# the event tables whose rows carry the Python stack captured for them
+STACK_EVENT_TABLES = ("cuda_call", "offcpu_interval", "block_request", "nccl_call")
+# python_stack.status of a stack whose frames were read (all of them, or the innermost ones)
+READ_STATUSES = ("ok", "truncated")
+
+
 def _now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
@@ -194,6 +200,7 @@ class StackRecorder:
     `capabilities` list is what the session stores)."""
 
     def __init__(self, store: Any, writer: Any, session_id: int, probes: Any) -> None:
+        self.store = store
         self.writer = writer
         self.session_id = session_id
         self.probes = probes
@@ -529,6 +536,10 @@ class StackRecorder:
                 f"{self.digest_errors:,} stacks the walker could not be told (they kept sending "
                 "their record at every call)", "", _now_ns()))
 
+    def amend_capabilities(self) -> int:
+        """After the last rows are written: see amend_stack_capabilities()."""
+        return amend_stack_capabilities(self.store.conn, self.session_id)
+
     def finish(self) -> None:
         self._final = True
         for pid in list(self.walker.targets):
@@ -537,3 +548,36 @@ class StackRecorder:
         for pid in list(self.pending):
             self._report(pid)
         self.resolver.close()
+
+
+def amend_stack_capabilities(conn: Any, sid: int) -> int:
+    """After the last rows of session `sid` are written: each process's 'cpython frames' row says
+    how many of the stacks of its recorded events were read, and why the others were not; a process
+    none of whose stacks could be read is 'failed', not 'attached'. Returns the rows changed."""
+    events = " UNION ALL ".join(
+        f"SELECT thread_id, python_stack_id FROM {table} WHERE session_id = :s AND python_stack_id IS NOT NULL"
+        for table in STACK_EVENT_TABLES)
+    counts: dict[int, Counter] = {}
+    for pid, status, n in conn.execute(
+            f"SELECT p.pid, st.status, count(*) FROM ({events}) e JOIN python_stack st ON st.id = e.python_stack_id"
+            " JOIN thread t ON t.id = e.thread_id JOIN process p ON p.id = t.process_id GROUP BY p.pid, st.status",
+            {"s": sid}):
+        counts.setdefault(pid, Counter())[status] += n
+    changed = 0
+    for cap_id, target, detail in conn.execute(
+            "SELECT id, target, detail FROM capability WHERE session_id = ? AND layer = 'python' AND probe = ?"
+            " AND status = 'attached' AND target LIKE 'pid %'", (sid, CAPABILITY_PROBE)).fetchall():
+        by_status = counts.get(int(target[4:]) if target[4:].isdigit() else -1)
+        if not by_status:
+            continue
+        total = sum(by_status.values())
+        read = sum(n for status, n in by_status.items() if status in READ_STATUSES)
+        failed = [f"{status}: {n:,}" for status, n in by_status.most_common() if status not in READ_STATUSES]
+        summary = f"{read:,} of {total:,} stacks read" + (f" ({', '.join(failed)})" if failed else "")
+        if read:
+            conn.execute("UPDATE capability SET detail = ? WHERE id = ?", (f"{detail}; {summary}", cap_id))
+        else:
+            conn.execute("UPDATE capability SET status = 'failed', detail = ? WHERE id = ?",
+                         (f"walker attached, {summary}; {detail}", cap_id))
+        changed += 1
+    return changed

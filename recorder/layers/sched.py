@@ -9,12 +9,18 @@ import ctypes
 from recorder.core import events
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
 
+# where the kernel has them, a wake-up from a timer, interrupt or softirq is told from one by a task
+WAKER_CONTEXT_TRACEPOINTS = ("irq:irq_handler_entry", "irq:softirq_entry", "timer:hrtimer_expire_entry",
+                             "timer:hrtimer_expire_exit", "timer:timer_expire_entry", "timer:timer_expire_exit")
 SOURCES = (BpfSource("sched", "sched.bpf.c", ("sched:sched_switch", "sched:sched_waking",
-                                               "raw_syscalls:sys_enter", "raw_syscalls:sys_exit")),)
+                                               "raw_syscalls:sys_enter", "raw_syscalls:sys_exit"),
+                     WAKER_CONTEXT_TRACEPOINTS),)
+# waker names bpf/sched.bpf.c gives a wake-up from interrupt context (with waker tid 0)
+WAKER_CONTEXTS = {b"timer": "timer", b"interrupt": "interrupt", b"softirq": "softirq"}
 OFFCPU_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "cpu", "state", "syscall", "next_thread_id",
     "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
-    "open", "python_stack_id",
+    "open", "python_stack_id", "waker_context",
 )
 _OFF_STACK, _OFF_PID, _OFF_TID = (events.OFFCPU.names.index(n) for n in ("stack_ts", "pid", "tid"))
 
@@ -78,10 +84,11 @@ class SchedLayer(BaseLayer):
             th = threads.get(tid) or ident.thread(tid, pid, comm, ts)
             nxt = ident.thread(next_tid, None, next_comm, ts, False) if next_tid else None
             wk = ident.thread(waker_tid, None, waker_comm, ts, False) if waker_tid else None
+            context = None if waker_tid or not wakeup_ts else WAKER_CONTEXTS.get(waker_comm.split(b"\0", 1)[0])
             rival = ident.thread(contender, None, contender_comm, ts, False) if contender else None
             rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
-                         wk, waker_cpu if waker_tid else None, wakeup_ts or None, in_cpu,
-                         rival, contender_run if contender else None, cg, flags & 1, py_stack))
+                         wk, waker_cpu if waker_tid or context else None, wakeup_ts or None, in_cpu,
+                         rival, contender_run if contender else None, cg, flags & 1, py_stack, context))
         raw_off.clear()
         ctx.writer.extend("offcpu_interval", rows)
 
@@ -98,4 +105,4 @@ class SchedLayer(BaseLayer):
                 ctx.session_id, rec.ts, ts - rec.ts, th, rec.cpu, rec.state,
                 rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
                 None, rec.cgroup_id, 1,
-                ctx.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None))
+                ctx.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None, None))

@@ -58,8 +58,9 @@ SELECT
     o.contender_run_dur,                -- ns that task ran meanwhile
     w.tid AS waker_tid,                 -- task that woke it
     wp.pid AS waker_pid,
-    w.name AS waker_name,
-    o.waker_cpu
+    coalesce(w.name, o.waker_context) AS waker_name, -- its name, or 'timer', 'interrupt', 'softirq'
+    o.waker_cpu,
+    o.waker_context                     -- 'timer', 'interrupt', 'softirq': no task woke it
 FROM offcpu_interval o
 LEFT JOIN task_state s ON s.state = o.state
 LEFT JOIN syscall_name sc ON sc.nr = o.syscall
@@ -110,8 +111,11 @@ SELECT
     -- ns of the call spent runnable, waiting for the CPU (clipped to the call)
     max(0, min(c.ts + c.dur, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS runq_overlap_dur,
     -- the task the thread waited behind: the one that ran longest on its CPU meanwhile
-    coalesce(o.contender_pid, o.next_pid) AS contender_pid,
-    coalesce(o.contender_name, o.next_process_name, o.next_name) AS contender_name,
+    -- the contender's pid and name, else (no contender found) the task that took the CPU: both of
+    -- one task, never a pid of one and the name of another
+    CASE WHEN o.contender_tid IS NOT NULL THEN o.contender_pid ELSE o.next_pid END AS contender_pid,
+    CASE WHEN o.contender_tid IS NOT NULL THEN o.contender_name
+         ELSE coalesce(o.next_process_name, o.next_name) END AS contender_name,
     o.in_cpu AS contended_cpu
 FROM cuda_call c
 JOIN offcpu o ON o.thread_id = c.thread_id AND o.ts >= c.ts AND o.ts < c.ts + c.dur;

@@ -101,17 +101,20 @@ SELECT
     max(0, min(st.end_ts, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS runq_dur, -- of which waiting for a CPU
     min(st.end_ts, o.ts + o.dur) - o.ts
       - max(0, min(st.end_ts, o.ts + o.dur) - (o.ts + o.dur - o.runq_dur)) AS blocked_dur, -- of which blocked
-    coalesce(o.contender_pid, o.next_pid) AS contender_pid,  -- process that held the CPU meanwhile
+    -- process that held the CPU meanwhile: the contender's, else the next task's (of one task)
+    CASE WHEN o.contender_tid IS NOT NULL THEN o.contender_pid ELSE o.next_pid END AS contender_pid,
     -- its process's name; a thread of the stalled thread's own process by its own name (a pool's
     -- worker, a loader thread), since the process's name is the stalled thread's too
     CASE WHEN ct.process_id = me.process_id THEN coalesce(ct.name, o.contender_name, o.next_name)
-         ELSE coalesce(o.contender_name, o.next_process_name, o.next_name) END AS contender_name,
+         WHEN o.contender_tid IS NOT NULL THEN o.contender_name
+         ELSE coalesce(o.next_process_name, o.next_name) END AS contender_name,
     coalesce(o.contender_tid, o.next_tid) AS contender_tid,
     -- what the task that held the CPU is to the stalled thread: 'recorder' (the recording process
     -- itself), 'same_process' (a sibling thread: more runnable threads than CPUs), 'job' (another
     -- recorded process, e.g. a data-loader worker) or 'other' (a task outside the recording)
     CASE
-        WHEN coalesce(o.contender_pid, o.next_pid) = ss.recorder_pid THEN 'recorder'
+        WHEN CASE WHEN o.contender_tid IS NOT NULL THEN o.contender_pid ELSE o.next_pid END = ss.recorder_pid
+            THEN 'recorder'
         WHEN ct.process_id = me.process_id THEN 'same_process'
         WHEN ct.traced = 1 THEN 'job'
         ELSE 'other'
@@ -178,11 +181,14 @@ LEFT JOIN block_device d
 CREATE VIEW block_request_device_event AS
 SELECT r.block_request_id, r.session_id, 'nvme_event' AS event_table, e.id AS event_id, e.ts,
        'nvme_' || e.kind AS kind, e.controller AS device, 'device' AS match,
-       CASE e.kind WHEN 'timeout' THEN 'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.tag, '?')
-                                       || coalesce(', ' || e.action, '')
-                   WHEN 'abort_status' THEN printf('abort status 0x%x', e.status)
-                   WHEN 'controller_down' THEN printf('controller down, CSTS=0x%x', e.csts)
+       CASE e.kind WHEN 'timeout' THEN 'timeout' || coalesce(' on queue ' || e.qid, '')
+                                       || coalesce(', request tag ' || e.tag, '') || coalesce(', ' || e.action, '')
+                   WHEN 'abort_status' THEN 'abort status ' || iif(e.status IS NULL, 'not printed', printf('0x%x', e.status))
+                   WHEN 'controller_down' THEN 'controller down' || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
                    WHEN 'resetting' THEN 'controller reset'
+                   WHEN 'not_ready' THEN 'not ready' || coalesce(', ' || e.action, '')
+                                         || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
+                   WHEN 'reset_failure' THEN 'reset failed' || iif(e.errno IS NULL, '', printf(' (errno %d)', e.errno))
                    ELSE replace(e.kind, '_', ' ') END AS detail
 FROM block_request_device r
 JOIN nvme_event e ON e.session_id = r.session_id AND e.controller = r.controller
@@ -191,7 +197,7 @@ UNION ALL
 SELECT r.block_request_id, r.session_id, 'nvme_timeout_action', e.id, e.ts,
        'nvme_timeout_' || e.action, coalesce(e.disk, e.controller),
        CASE WHEN e.sector = r.sector THEN 'sector' ELSE 'device' END,
-       'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.rq_tag, '?')
+       'timeout' || coalesce(' on queue ' || e.qid, '') || coalesce(', request tag ' || e.rq_tag, '')
 FROM block_request_device r
 JOIN nvme_timeout_action e ON e.session_id = r.session_id AND e.controller = r.controller
                           AND e.ts >= r.ts AND e.ts <= r.end_ts + 100000000
@@ -333,7 +339,15 @@ SELECT st.step_mark_id, st.session_id, st.step, 'swiotlb_event', e.id, e.ts, 'sw
 FROM step st JOIN swiotlb_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts
 UNION ALL
 SELECT st.step_mark_id, st.session_id, st.step, 'nvme_event', e.id, e.ts, 'nvme_' || e.kind, e.controller,
-       'queue ' || coalesce(e.qid, '?') || ', request tag ' || coalesce(e.tag, '?')
+       CASE e.kind WHEN 'timeout' THEN 'timeout' || coalesce(' on queue ' || e.qid, '')
+                                       || coalesce(', request tag ' || e.tag, '') || coalesce(', ' || e.action, '')
+                   WHEN 'abort_status' THEN 'abort status ' || iif(e.status IS NULL, 'not printed', printf('0x%x', e.status))
+                   WHEN 'controller_down' THEN 'controller down' || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
+                   WHEN 'resetting' THEN 'controller reset'
+                   WHEN 'not_ready' THEN 'not ready' || coalesce(', ' || e.action, '')
+                                         || iif(e.csts IS NULL, '', printf(', CSTS=0x%x', e.csts))
+                   WHEN 'reset_failure' THEN 'reset failed' || iif(e.errno IS NULL, '', printf(' (errno %d)', e.errno))
+                   ELSE replace(e.kind, '_', ' ') END
 FROM step st JOIN nvme_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts;
 
 -- view: step_cause

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from recorder.core import events
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.settings import DEFAULT_INFLIGHT_MAX_AGE_S
 from recorder.layers.io.devices import BlockDeviceTable
 
 # Tracepoints used when present (HAVE_TP_<system>_<name> is defined for the BPF source); each is
@@ -25,8 +26,8 @@ OPTIONAL_TRACEPOINTS: dict[str, tuple[str, ...]] = {
     "block": (
         "block:block_rq_insert", "block:block_rq_requeue", "block:block_rq_error",
         "block:block_bio_backmerge", "block:block_bio_frontmerge", "block:block_rq_merge", "block:block_split",
-        "iomap:iomap_iter_dstmap", "ext4:ext4_ext_map_blocks_exit", "ext4:ext4_es_lookup_extent_exit",
-        "nvme:nvme_timeout",
+        "block:block_bio_complete", "iomap:iomap_iter_dstmap", "ext4:ext4_ext_map_blocks_exit",
+        "ext4:ext4_es_lookup_extent_exit", "nvme:nvme_timeout",
     ),
     "mm": (
         "vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end",
@@ -46,6 +47,9 @@ OPTIONAL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
 
 # Present in some kernels, not recorded yet: listed so `capability` says so.
 NOT_RECORDED = {"block": ("nvme:nvme_setup_cmd", "nvme:nvme_complete_rq")}
+# how often user space looks for in-flight block entries nothing ended (IoLayer.sweep)
+SWEEP_INTERVAL_NS = 5_000_000_000
+
 SOURCES = (
     BpfSource("block", "block.bpf.c", ("block:block_bio_queue", "block:block_rq_issue", "block:block_rq_complete"),
               OPTIONAL_TRACEPOINTS["block"], NOT_RECORDED["block"], OPTIONAL_FIELDS["block"]),
@@ -159,8 +163,8 @@ class IoLayer(BaseLayer):
     sources = SOURCES
     tables = ("block_request", "reclaim_interval", "dirty_throttle", "oom_victim", "tcp_retransmit", "dma_event",
               "nvme_timeout_action", "checkpoint_write", "block_device")
-    losses = events.probe_names("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_BLOCK_UNCOMPLETED", "PROBE_MM", "PROBE_NET",
-                                "PROBE_DMA")
+    losses = (*events.probe_names("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_BLOCK_UNCOMPLETED", "PROBE_MM", "PROBE_NET",
+                                  "PROBE_DMA", "PROBE_MM_MAP"), events.BLOCK_AGED_OUT)
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -174,6 +178,8 @@ class IoLayer(BaseLayer):
         self.events = 0
         self.probes = None
         self.stacks = None  # the session's StackRecorder: submitters' Python stacks (None: not joined)
+        self.max_age_ns = DEFAULT_INFLIGHT_MAX_AGE_S * 1_000_000_000
+        self._last_sweep = 0
 
     def prepare(self) -> None:
         for table, cols in (("block_request", BLOCK_COLUMNS), ("reclaim_interval", RECLAIM_COLUMNS),
@@ -185,6 +191,8 @@ class IoLayer(BaseLayer):
 
     def attach(self) -> None:
         self.probes = probes = self.context.probes
+        if probes is not None:
+            self.max_age_ns = probes.settings.inflight_max_age_s * 1_000_000_000
         self.stacks = self.context.stacks
         if probes is not None and "block" in probes.layers:
             self._fill_partitions(probes.bpf)
@@ -204,6 +212,38 @@ class IoLayer(BaseLayer):
             self.writer.add("loss", (self.session_id, ts - ts % 1_000_000_000,
                                      events.PROBE_NAMES[C["PROBE_BLOCK_UNCOMPLETED"]], uncompleted))
         return uncompleted
+
+    def sweep(self, now: int, force: bool = False) -> int:
+        """Remove the in-flight block entries nothing ended within the session's INFLIGHT_MAX_AGE_S
+        (a device whose completions no tracepoint reports, a completion program the kernel skipped)
+        so the map never fills with them; each one is a `loss` row in the second its bio was queued.
+        Runs every SWEEP_INTERVAL_S (the map walk is a few syscalls per entry); returns how many."""
+        if self.probes is None or "block" not in self.probes.layers:
+            return 0
+        if not force and now - self._last_sweep < SWEEP_INTERVAL_NS:
+            return 0
+        self._last_sweep = now
+        table = self.probes.bpf["block_inflight"]
+        cutoff = now - self.max_age_ns
+        old: list[tuple[object, int]] = []
+        try:
+            for key, entry in table.items():
+                queued = entry.bio_queue_ts or entry.ts
+                if queued < cutoff:
+                    old.append((key, queued))
+        except Exception:  # the map could not be read this time: the next sweep tries again
+            return 0
+        per_second: dict[int, int] = {}
+        for key, queued in old:
+            try:
+                del table[key]
+            except KeyError:  # ended (completed) since it was read
+                continue
+            second = queued - queued % 1_000_000_000
+            per_second[second] = per_second.get(second, 0) + 1
+        for second, n in sorted(per_second.items()):
+            self.writer.add("loss", (self.session_id, second, events.BLOCK_AGED_OUT, n))
+        return sum(per_second.values())
 
     def _fill_partitions(self, bpf) -> None:
         import ctypes
