@@ -217,14 +217,11 @@ class CudaLayer(BaseLayer):
                 _signed(r.pointer), _signed(r.handle), r.py_digest, call.pid, call.tid, call.api,
                 r.memcpy_kind, r.grid_x, r.grid_y, r.grid_z, r.block_x, r.block_y, r.block_z, r.shared_mem,
                 events.CONSTANTS["CUDA_FLAG_POINTER_UNREAD"], r.native_digest))  # not written yet
-        keys = stacks.join_keys()
         digests = stacks.digests()
 
         def stack_of(rec: tuple) -> int | None:
             k = cuda_stack_key(rec)
-            if type(k) is int:
-                return digests.get(k)
-            return keys.pop(k, None) if final else keys.get(k)
+            return digests.get(k) if type(k) is int else stacks.open_stack(k, take=final)
 
         rows = self._rows((rec, stack_of(rec)) for rec in records)
         for row in rows:

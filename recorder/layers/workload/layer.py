@@ -162,7 +162,6 @@ class WorkloadLayer(BaseLayer):
         job. `final` (the stop) removes them from the map, else (a dump) they stay for their
         return. A call whose thread has ended is counted in `loss`. Returns the rows written."""
         s = self.context
-        keys = s.stacks.join_keys()
         joined, lost = [], 0
         for call in in_flight(s.probes.bpf, "nccl_inflight", delete=final):
             r = call.record
@@ -173,7 +172,7 @@ class WorkloadLayer(BaseLayer):
             rec = (r.ts, ts - r.ts, r.cgroup_id, 0, r.count, 0 if r.out_comm else r.comm, r.stream,
                    r.comm_hash, call.pid, call.tid, call.api, r.datatype, r.op, r.peer, r.nranks, r.rank)
             k = _nccl_stack_key(rec)
-            joined.append((rec, keys.pop(k, None) if final else keys.get(k)))
+            joined.append((rec, s.stacks.open_stack(k, take=final)))
         rows = self._nccl_rows(joined, open_calls=True)
         for row in rows:
             s.writer.execute(_OPEN_INSERT, row)
