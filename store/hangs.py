@@ -44,6 +44,16 @@ def _who(call: dict) -> str:
             else f"{call['process_name']} (pid {call['pid']}, thread {call['thread_name']} tid {call['tid']})")
 
 
+def _not_inside(store: Store, process_id: int | None, off: int) -> str:
+    """What a rank not inside the collective was doing, when it has no call in flight."""
+    if process_id is None:
+        return "not recorded in this session (its host's recording has its side)"
+    gone = store.one("SELECT exit_ts FROM process WHERE id = ?", (process_id,))
+    if gone and gone["exit_ts"] is not None:
+        return f"its process exited at {utc(gone['exit_ts'] + off)} without entering it"
+    return "no call in flight: it never called the collective"
+
+
 def hang_facts(store: Store, session: dict) -> dict | None:
     """The hang part of a report (store/models.py Hang), None when every call returned."""
     sid, off = session["id"], session["wall_offset_ns"]
@@ -80,8 +90,7 @@ def hang_facts(store: Store, session: dict) -> dict | None:
                 "rank": rank, "recorded": rank in recorded,
                 "doing": (f"inside {elsewhere[0]['api']} since {elsewhere[0]['since_utc']}"
                           + (f", at {elsewhere[0]['python']}" if elsewhere[0]["python"] else "")) if elsewhere
-                else ("no call in flight: it never called the collective" if rank in recorded
-                      else "not recorded in this session (its host's recording has its side)"),
+                else _not_inside(store, recorded.get(rank), off),
             })
         apis = sorted({c["api"] for c in inside})
         collectives.append({

@@ -22,9 +22,9 @@ WORKLOAD = ROOT / "tests" / "workloads" / "nccl_ranks.py"
 HANG_STEP = 5
 
 
-def _hung_job(tmp_path, native) -> tuple[dict, dict]:
+def _hung_job(tmp_path, native, kill_hung: bool = False) -> tuple[dict, dict]:
     """Record the job until rank 1 hangs, stop the session during the hang; returns the ranks'
-    pids and the hung rank's line."""
+    pids and the hung rank's line. `kill_hung`: rank 1 is killed inside its call before the stop."""
     db = tmp_path / "r.db"
     go = tmp_path / "go"
     job = subprocess.Popen([sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]), "--steps", "20",
@@ -43,6 +43,9 @@ def _hung_job(tmp_path, native) -> tuple[dict, dict]:
                 hung = json.loads(line)
         assert hung, "rank 1 never reached its hang"
         time.sleep(1.5)  # rank 0 is in the collective by now, rank 1 in its synchronisation
+        if kill_hung:
+            os.kill(hung["pid"], signal.SIGKILL)
+            time.sleep(1.0)  # the launcher reaps it
         stop = json.loads(run_recorder("stop", "--db", str(db), "--json", check=True).stdout)
         assert stop["status"] == "complete"
         assert job.poll() is None, "the job ended: it was meant to hang"
@@ -95,3 +98,20 @@ def test_calls_in_flight_at_stop_are_stored_open_and_the_report_names_the_hang(t
     assert f"rank 0 (pid {ranks[0]}" in text and "inside ncclAllReduce since" in text
     assert "ranks not inside it: 1" in text, text
     assert f"nccl_ranks.py:{line_of['assert nccl.ncclAllReduce(']}" in text
+
+
+def test_a_call_whose_process_died_inside_it_is_counted_as_lost(tmp_path, native):
+    rec, hung = _hung_job(tmp_path, native, kill_hung=True)
+    db, ranks = rec["db"], rec["ranks"]
+    # rank 1 was killed inside cudaStreamSynchronize: its call can no longer be placed (no thread to
+    # read its process from), so it is one loss; rank 0's collective is still stored open
+    assert q(db, "SELECT probe, sum(dropped) FROM loss WHERE probe LIKE '%in flight%' GROUP BY probe") == [
+        ("cuda call in flight, thread gone", 1)]
+    assert q(db, "SELECT count(*) FROM cuda_call WHERE open = 1")[0][0] == 0
+    assert q(db, "SELECT p.pid FROM nccl_call c JOIN thread t ON t.id = c.thread_id"
+                 " JOIN process p ON p.id = t.process_id WHERE c.open = 1") == [(ranks[0],)]
+    report = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
+    (collective,) = report["hang"]["collectives"]
+    assert collective["inside_ranks"] == [0] and collective["missing_ranks"] == [1]
+    assert collective["missing"][0]["doing"].startswith("its process exited at "), collective
+    assert report["loss"]["by_probe"]["cuda call in flight, thread gone"] == 1

@@ -13,8 +13,6 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from recorder.core.identity import read_tgid
-
 
 @dataclass(frozen=True)
 class OpenCall:
@@ -40,7 +38,7 @@ def in_flight(bpf: Any, map_name: str, delete: bool) -> list[OpenCall]:
         k = key.value
         record = type(value).from_buffer_copy(value)  # a copy: the entry may go at its return
         tid = k >> 32
-        calls.append(OpenCall(tid, read_tgid(tid), k & 0xFFFFFFFF, record))
+        calls.append(OpenCall(tid, live_tgid(tid), k & 0xFFFFFFFF, record))
         if delete:
             try:
                 del table[ctypes.c_uint64(k)]
@@ -48,3 +46,19 @@ def in_flight(bpf: Any, map_name: str, delete: bool) -> list[OpenCall]:
                 pass
     calls.sort(key=lambda c: c.record.ts)
     return calls
+
+
+def live_tgid(tid: int) -> int | None:
+    """The process of a thread that is still alive; None when it has ended (a zombie's thread has
+    exited too: it is inside no call)."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return None
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+        return None
+    try:
+        return int(fields["Tgid"])
+    except (KeyError, ValueError):
+        return None
