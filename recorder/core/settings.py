@@ -8,6 +8,8 @@ names the variable and says what to give instead.
     STALL_RECORDER_GPU_INTERVAL_MS=N     sample the GPUs every N ms (10-60000; 0 turns sampling off)
     STALL_RECORDER_OFFCPU_STACKS=0       no Python stack at each blocking switch (on unless 0/off/no/false)
     STALL_RECORDER_BCC_RINGS=1           read the ring buffers through BCC's callbacks, not the mapping
+    STALL_RECORDER_DLOPEN_HOLD=0         do not stop a process at the dlopen of a CUDA/NCCL library until
+                                         its probes are attached (on unless 0/off/no/false)
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Settings(BaseModel):
     gpu_interval_ms: int = DEFAULT_GPU_INTERVAL_MS
     offcpu_stacks: bool = True
     bcc_rings: bool = False
+    dlopen_hold: bool = True
 
     @staticmethod
     def variable(name: str) -> str:
@@ -83,6 +86,13 @@ class Settings(BaseModel):
     @classmethod
     def _offcpu(cls, value: object) -> object:
         if isinstance(value, str):  # anything but an explicit "off" keeps the stacks
+            return value.strip().lower() not in _OFF
+        return value
+
+    @field_validator("dlopen_hold", mode="before")
+    @classmethod
+    def _dlopen_hold(cls, value: object) -> object:
+        if isinstance(value, str):  # anything but an explicit "off" keeps holding
             return value.strip().lower() not in _OFF
         return value
 
