@@ -1,5 +1,5 @@
 """Hangs: the CUDA and NCCL calls that had not returned when the session stopped (or the recording
-was dumped), stored with open = 1 (store/migrations/0013_open_calls.sql). For a stuck job the report
+was dumped), stored with open = 1 (store/migrations/0013_open_calls_user_code.sql). For a stuck job the report
 says which rank and thread is inside which call since when and at which Python line, and for each
 collective still in flight which ranks of its communicator are inside it and which never entered it
 (and what those are doing instead, when they are recorded here).

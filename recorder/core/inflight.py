@@ -4,7 +4,7 @@ CUDA and NCCL calls are written when they return (bpf/cuda.bpf.c, bpf/nccl.bpf.c
 program keeps the call's arguments in an in-flight map keyed by (thread id << 32 | API index) and
 the return program turns them into one event. A call that never returns (a hung collective) stays
 in the map. `in_flight()` reads those entries, for the session's stop and for a dump of a recording
-in progress; the layers turn them into rows with open = 1 (store/migrations/0013_open_calls.sql).
+in progress; the layers turn them into rows with open = 1 (store/migrations/0013_open_calls_user_code.sql).
 """
 
 from __future__ import annotations
