@@ -16,7 +16,8 @@ SELECT 'nccl' AS layer, a.name AS api, a.kind, c.id, c.ts, c.dur, c.python_stack
        k.rank, k.nranks, k.comm_hash
 FROM nccl_call c JOIN nccl_api a ON a.id = c.api_id JOIN thread t ON t.id = c.thread_id
 LEFT JOIN process p ON p.id = t.process_id
-LEFT JOIN nccl_comm k ON k.process_id = t.process_id AND k.handle = c.handle
+LEFT JOIN nccl_comm k ON k.process_id = t.process_id
+     AND (k.handle = c.handle OR (c.handle IS NULL AND k.handle = 0 AND k.init_ts = c.ts)) -- an init in flight
 WHERE c.session_id = ? AND c.open = 1
 UNION ALL
 SELECT 'cuda', a.name, a.family, c.id, c.ts, c.dur, c.python_stack_id,
@@ -45,9 +46,10 @@ def _who(call: dict) -> str:
 
 
 def _not_inside(store: Store, process_id: int | None, off: int) -> str:
-    """What a rank not inside the collective was doing, when it has no call in flight."""
+    """What a rank not inside the collective (or init) was doing, when it has no call in flight."""
     if process_id is None:
-        return "not recorded in this session (its host's recording has its side)"
+        return ("no process recorded here entered it as this rank (not started, stuck before it, or on another "
+                "host: that host's recording has its side)")
     gone = store.one("SELECT exit_ts FROM process WHERE id = ?", (process_id,))
     if gone and gone["exit_ts"] is not None:
         return f"its process exited at {utc(gone['exit_ts'] + off)} without entering it"
@@ -75,8 +77,10 @@ def hang_facts(store: Store, session: dict) -> dict | None:
         c["text"] = (f"{_who(c)} inside {c['api']} since {c['since_utc']} ({ms(c['open_dur_ns'])} before the stop)"
                      + (f", at {c['python']}" if c["python"] else ""))
     collectives = []
-    for comm in sorted({c["comm_hash"] for c in calls if c["_kind"] == "collective" and c["comm_hash"] is not None}):
-        inside = [c for c in calls if c["comm_hash"] == comm and c["_kind"] == "collective"]
+    # collectives and communicator inits: every rank must enter them before any returns
+    joint = ("collective", "init")
+    for comm in sorted({c["comm_hash"] for c in calls if c["_kind"] in joint and c["comm_hash"] is not None}):
+        inside = [c for c in calls if c["comm_hash"] == comm and c["_kind"] in joint]
         nranks = inside[0]["_nranks"]
         recorded = {r["rank"]: r["process_id"] for r in store.query(
             "SELECT rank, process_id FROM nccl_comm WHERE session_id = ? AND comm_hash = ?", (sid, comm))}

@@ -1,8 +1,9 @@
 """Hangs on real BPF: a two-rank job (two processes, the stand-in libnccl with a real rendezvous)
 where rank 1's GPU synchronisation never returns before the collective of step 5, so rank 0 waits in
-ncclAllReduce for ever. The session is stopped during the hang: both calls in flight must be stored
-as open calls with their thread and line, and the report must say who is inside which call since
-when, and which rank never entered the collective."""
+ncclAllReduce for ever (or rank 1 never joins the communicator, and rank 0 waits in its init). The
+session is stopped during the hang: the calls in flight must be stored as open calls with their
+thread and line, and the report must say who is inside which call since when, and which rank never
+entered the collective (or the init)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ WORKLOAD = ROOT / "tests" / "workloads" / "nccl_ranks.py"
 HANG_STEP = 5
 
 
-def _hung_job(tmp_path, native, kill_hung: bool = False) -> tuple[dict, dict]:
+def _hung_job(tmp_path, native, kill_hung: bool = False, hang_step: int = HANG_STEP) -> tuple[dict, dict]:
     """Record the job until rank 1 hangs, stop the session during the hang; returns the ranks'
     pids and the hung rank's line. `kill_hung`: rank 1 is killed inside its call before the stop."""
     db = tmp_path / "r.db"
     go = tmp_path / "go"
     job = subprocess.Popen([sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]), "--steps", "20",
-                            "--slow-steps", "", "--hang-rank", "1", "--hang-step", str(HANG_STEP),
+                            "--slow-steps", "", "--hang-rank", "1", "--hang-step", str(hang_step),
                             "--wait-file", str(go)],
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -115,3 +116,25 @@ def test_a_call_whose_process_died_inside_it_is_counted_as_lost(tmp_path, native
     assert collective["inside_ranks"] == [0] and collective["missing_ranks"] == [1]
     assert collective["missing"][0]["doing"].startswith("its process exited at "), collective
     assert report["loss"]["by_probe"]["cuda call in flight, thread gone"] == 1
+
+
+def test_a_rank_that_never_joins_the_communicator_leaves_the_others_in_their_init(tmp_path, native):
+    rec, hung = _hung_job(tmp_path, native, hang_step=-2)
+    db, ranks = rec["db"], rec["ranks"]
+    assert hung["step"] == "init"
+    # rank 0 is stored inside ncclCommInitRank, with the communicator it was joining (no handle yet)
+    assert ranks == {0: q(db, "SELECT p.pid FROM nccl_call c JOIN thread t ON t.id = c.thread_id"
+                              " JOIN process p ON p.id = t.process_id WHERE c.open = 1")[0][0]}
+    assert q(db, "SELECT a.name, c.ret, c.handle FROM nccl_call c JOIN nccl_api a ON a.id = c.api_id"
+                 " WHERE c.open = 1") == [("ncclCommInitRank", None, None)]
+    assert q(db, "SELECT rank, nranks, handle FROM nccl_comm") == [(0, 2, 0)]
+    report = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
+    (call,) = report["hang"]["open_calls"]
+    assert (call["api"], call["rank"], call["pid"]) == ("ncclCommInitRank", 0, ranks[0])
+    (init,) = report["hang"]["collectives"]
+    assert init["api"] == "ncclCommInitRank" and init["nranks"] == 2
+    assert init["inside_ranks"] == [0] and init["missing_ranks"] == [1]
+    assert init["missing"][0]["recorded"] is False
+    text = run_recorder("explain", "--db", str(db), check=True).stdout
+    assert f"rank 0 (pid {ranks[0]}" in text and "inside ncclCommInitRank since" in text, text
+    assert "ranks not inside it: 1 (no process recorded here entered it as this rank" in text, text

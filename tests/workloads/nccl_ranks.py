@@ -6,8 +6,9 @@ rank slowed before its collective at chosen steps (the straggler).
                          [--slow-steps 10,11] [--slow-ms 80] [--hang-rank 1 --hang-step 5]
 
 With --hang-rank, that rank's GPU synchronisation before the collective of --hang-step never
-returns (a dead kernel): it never enters the collective, and the other ranks wait in it for ever.
-The hung rank prints {"hung": rank, "pid": ...} as it makes the call that does not return.
+returns (a dead kernel): it never enters the collective, and the other ranks wait in it for ever;
+with --hang-step -2 it never calls ncclCommInitRank, and the others wait in theirs. The hung rank
+prints {"hung": rank, "pid": ...} as it makes the call that does not return (or instead of the init).
 
 Run without --rank it is the launcher: it creates the communicator's unique id and starts one
 process per rank (children, so a recorder following the launcher records every rank). Prints one
@@ -49,6 +50,10 @@ def rank_main(args: argparse.Namespace) -> None:
     uid = UniqueId()
     uid.internal = bytes.fromhex(args.unique_id)
     comm = ctypes.c_void_p()
+    if args.rank == args.hang_rank and args.hang_step == -2:  # never joins the communicator
+        sys.stdout.write(json.dumps({"hung": args.rank, "pid": os.getpid(), "step": "init"}) + "\n")
+        sys.stdout.flush()
+        time.sleep(3600)
     assert nccl.ncclCommInitRank(ctypes.byref(comm), args.ranks, uid, args.rank) == 0
     stream = ctypes.c_void_p(0x7000 + args.rank)
     slow = {int(s) for s in args.slow_steps.split(",") if s} if args.rank == args.slow_rank else set()

@@ -173,6 +173,11 @@ class WorkloadLayer(BaseLayer):
                    r.comm_hash, call.pid, call.tid, call.api, r.datatype, r.op, r.peer, r.nranks, r.rank)
             k = _nccl_stack_key(rec)
             joined.append((rec, s.stacks.open_stack(k, take=final)))
+            if final and _KIND[call.api] == "init":
+                # a rank stuck in its init: its communicator, with no handle yet (0), so the hang
+                # report knows its rank and which ranks never joined
+                s.writer.add("nccl_comm", (s.session_id, s.identity.process(call.pid, r.ts), 0,
+                                           signed64(r.comm_hash), r.rank, r.nranks, r.ts))
         rows = self._nccl_rows(joined, open_calls=True)
         for row in rows:
             s.writer.execute(_OPEN_INSERT, row)
