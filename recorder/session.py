@@ -348,8 +348,9 @@ class Session:
         """Write every CUDA and NCCL call still in flight at `ts` as an open row (open = 1, ret
         NULL, dur up to `ts`) with its thread, arguments and Python stack; returns the rows per
         layer. At the stop (`final`) the calls leave the in-flight maps; for a dump while recording
-        they stay, and are written again, closed, when they return. Call it after a flush, so the
-        stack records of the calls' entries have been read."""
+        they stay, and are written again, closed, when they return. Each drain replaces the open
+        rows of the one before, so after the stop they are exactly the calls in flight at the stop.
+        Call it after a flush, so the stack records of the calls' entries have been read."""
         return {layer.name: n for layer in self.layers if (n := layer.drain_in_flight(ts, final))}
 
     # -- stop -------------------------------------------------------------------------------------

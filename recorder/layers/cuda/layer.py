@@ -224,6 +224,8 @@ class CudaLayer(BaseLayer):
             return digests.get(k) if type(k) is int else stacks.open_stack(k, take=final)
 
         rows = self._rows((rec, stack_of(rec)) for rec in records)
+        # the calls in flight at an earlier drain (a dump) are replaced: open rows are those of the last
+        ctx.writer.execute("DELETE FROM cuda_call WHERE session_id = ? AND open = 1", (ctx.session_id,))
         for row in rows:
             ctx.writer.execute(_OPEN_INSERT, row[:_RET] + (None,) + row[_RET + 1:])
         if lost:

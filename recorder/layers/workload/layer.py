@@ -179,6 +179,8 @@ class WorkloadLayer(BaseLayer):
                 s.writer.add("nccl_comm", (s.session_id, s.identity.process(call.pid, r.ts), 0,
                                            signed64(r.comm_hash), r.rank, r.nranks, r.ts))
         rows = self._nccl_rows(joined, open_calls=True)
+        # the calls in flight at an earlier drain (a dump) are replaced: open rows are those of the last
+        s.writer.execute("DELETE FROM nccl_call WHERE session_id = ? AND open = 1", (s.session_id,))
         for row in rows:
             s.writer.execute(_OPEN_INSERT, row)
         if lost:
