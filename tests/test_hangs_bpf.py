@@ -16,6 +16,7 @@ import time
 
 import pytest
 from conftest import ROOT, needs_bpf, q, run_recorder
+from test_mcp_tools import over_stdio
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 
@@ -94,6 +95,9 @@ def test_calls_in_flight_at_stop_are_stored_open_and_the_report_names_the_hang(t
     collective = hang["collectives"][0]
     assert collective["api"] == "ncclAllReduce" and collective["nranks"] == 2
     assert collective["inside_ranks"] == [0] and collective["missing_ranks"] == [1]
+    (mcp,) = over_stdio(db, [("explain_stall", {})])  # the same through a real MCP client
+    assert mcp["hang"]["collectives"][0]["missing_ranks"] == [1]
+    assert {c["api"] for c in mcp["hang"]["open_calls"]} == {"ncclAllReduce", "cudaStreamSynchronize"}
     text = run_recorder("explain", "--db", str(db), check=True).stdout
     assert "Hang: 2 calls had not returned when the session stopped" in text, text
     assert f"rank 0 (pid {ranks[0]}" in text and "inside ncclAllReduce since" in text
