@@ -63,8 +63,9 @@ def test_every_call_after_dlopen_is_recorded_with_arguments_and_return_codes(tmp
                     " ORDER BY ts")
     assert reduces == [(1000 + i, 7, 0, 0x2000 + i, ran["allreduce"][0]) for i in range(CALLS)], \
         (len(reduces), reduces[:3])
-    # the held process was let go: it ran to its end
+    # the held process was let go: it ran to its end; nothing was left in flight
     assert proc.returncode == 0
+    assert q(db, "SELECT count(*) FROM cuda_call WHERE open = 1") == [(0,)]
     # native stacks through code without frame pointers: the probed function in the vendor library,
     # its caller (ctypes' libffi), and never a frame outside a mapped file (garbage read from %rbp)
     stacks = q(db, "SELECT DISTINCT native_stack_id FROM cuda_call_named WHERE api = 'cudaMalloc'")
