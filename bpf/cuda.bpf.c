@@ -24,8 +24,9 @@ BPF_RINGBUF_OUTPUT(cuda_events, CUDA_RING_PAGES);
  * the kernel adds it only at a `push %rbp` or `endbr64` entry), then the return address of each
  * (saved frame pointer, return address) pair along the chain from %rbp. Unlike the kernel's, the
  * walk stops at a frame pointer that is not above the previous one, not within NATIVE_STACK_SPAN
- * above the stack pointer or not 8-aligned: code built without frame pointers leaves other values
- * in %rbp, and reading one would fault (slow) or walk into garbage.
+ * above the stack pointer or not 8-aligned, and at a return address inside that span: code built
+ * without frame pointers leaves other values in %rbp, and reading one would fault (slow) or walk
+ * into garbage.
  * The frames are hashed with the pid into a digest (never 0) under which native_stacks holds
  * them; a stack already there costs one lookup. recorder/core/stacks.py reads a digest's frames once
  * per process and symbolises them. */
@@ -93,7 +94,10 @@ static __always_inline u64 native_walk(struct pt_regs *ctx)
             frame[0] = *(u64 *)(sc->window + off);
             frame[1] = *(u64 *)(sc->window + off + 8);
         }
-        if (frame[1] < 4096)
+        /* no return address is below a page or inside the stack: code that keeps %rbp for
+         * something else (libffi's ffi_call_unix64 points it at its own frame record, whose second
+         * word is a stack address) ends the walk there instead of adding a frame of garbage */
+        if (frame[1] < 4096 || frame[1] - sp < NATIVE_STACK_SPAN)
             break;
         s->ip[i] = frame[1];
         d = native_mix(d, frame[1]);

@@ -94,13 +94,94 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     return 0;
 }
 
+/* Threads of targets that opened a library the recorder attaches to (a CUDA runtime or driver,
+ * NCCL, the marker extension) since their last return from dlopen: set at the open, taken at the
+ * return. A library's first calls come right after its dlopen returns, before user space could
+ * read the event and attach its uprobes (0 of 500 calls were recorded); so that dlopen return
+ * stops the process (SIGSTOP) and sends the event marked held (child_tid = 1): user space attaches
+ * and lets it go on (SIGCONT, recorder/layers/task.py). STALL_RECORDER_DLOPEN_HOLD=0 turns it off. */
+BPF_HASH(dlopen_traced, u32, u8, 4096);
+
+#if DLOPEN_HOLD
+static __always_inline int name_at(const char *name, u32 at, const char *prefix, u32 len)
+{
+#pragma unroll
+    for (u32 j = 0; j < 12; j++) {
+        if (j >= len)
+            break;
+        if (name[(at + j) & 255] != prefix[j])
+            return 0;
+    }
+    return 1;
+}
+
+/* An openat by a target, from task_openat: a program on syscalls:sys_enter_openat generated and
+ * attached by recorder/layers/task.py next to the checkpoint layer's (BCC defines one
+ * TRACEPOINT_PROBE per tracepoint), which reads the file name pointer at the offset the
+ * tracepoint's format gives. */
+struct task_name {
+    char b[512]; /* 256 read; twice as large so that any index the compiler forms stays inside */
+};
+BPF_PERCPU_ARRAY(task_name_buf, struct task_name, 1);
+
+static __always_inline int task_open(u64 id, const char *filename)
+{
+    int zero = 0;
+    struct task_name *buf = task_name_buf.lookup(&zero);
+    if (!buf)
+        return 0;
+    char *name = buf->b;
+    int n = bpf_probe_read_user_str(name, 256, filename);
+    if (n <= 1)
+        return 0;
+    /* the file name after the last '/', searched from the end (a forward search keeping the last
+     * '/' seen is too many states for the verifier); the names looked for are short */
+    u32 last = (u32)n - 1, base = 0;
+    int found = 0;
+#pragma unroll
+    for (u32 k = 1; k <= 40; k++) {
+        if (k > last) {
+            found = 1; /* no '/': the whole string is the file name */
+            break;
+        }
+        if (name[(last - k) & 255] == '/') {
+            base = last - k + 1;
+            found = 1;
+            break;
+        }
+    }
+    if (!found || base > 256 - 12)
+        return 0;
+    if (name_at(name, base, "libcudart", 9) || name_at(name, base, "libcuda.so", 10) ||
+        name_at(name, base, "libcuda-", 8) || name_at(name, base, "libnccl", 7) ||
+        name_at(name, base, "_markers", 8)) {
+        u32 tid = (u32)id;
+        u8 one = 1;
+        dlopen_traced.update(&tid, &one);
+    }
+    return 0;
+}
+#endif
+
 /* uretprobe on dlopen/dlmopen in libc: a library may have been mapped */
 int task_dlopen_return(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!is_target(id >> 32) || PT_REGS_RC(ctx) == 0)
+    if (!is_target(id >> 32))
         return 0;
-    task_send(TASK_DLOPEN, id >> 32, (u32)id, 0);
+    u32 tid = (u32)id;
+    u32 hold = dlopen_traced.lookup(&tid) != 0;
+    if (hold)
+        dlopen_traced.delete(&tid);
+    if (PT_REGS_RC(ctx) == 0)
+        return 0;
+    struct task_event *e = task_reserve(TASK_DLOPEN, id >> 32, tid, hold);
+    if (!e)
+        return 0; /* counted; and no stop that nobody would end */
+    bpf_get_current_comm(e->comm, sizeof(e->comm));
+    task_events.ringbuf_submit(e, 0);
+    if (hold)
+        bpf_send_signal(19 /* SIGSTOP: the whole process, until user space has attached */);
     return 0;
 }
 

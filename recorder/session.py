@@ -359,6 +359,15 @@ class Session:
         tmp.write_text(json.dumps(status, indent=1))
         tmp.replace(status_path(self.db_path))
 
+    def drain_in_flight(self, ts: int, final: bool = False) -> dict[str, int]:
+        """Write every CUDA and NCCL call still in flight at `ts` as an open row (open = 1, ret
+        NULL, dur up to `ts`) with its thread, arguments and Python stack; returns the rows per
+        layer. At the stop (`final`) the calls leave the in-flight maps; for a dump while recording
+        they stay, and are written again, closed, when they return. Each drain replaces the open
+        rows of the one before, so after the stop they are exactly the calls in flight at the stop.
+        Call it after a flush, so the stack records of the calls' entries have been read."""
+        return {layer.name: n for layer in self.layers if (n := layer.drain_in_flight(ts, final))}
+
     # -- stop -------------------------------------------------------------------------------------
     def finish(self) -> dict:
         """Drain the buffers, close open intervals, mark the session complete, build indexes."""
@@ -369,6 +378,7 @@ class Session:
         self.housekeeping()
         stop = now_ns()
         self.stacks.finish()
+        self.drain_in_flight(stop, final=True)  # a hung call's stack record was read at its entry
         self.flush()  # the calls held back for their stack record, and the capability rows
         self.task.finish(stop)  # the last exits, now that nothing is held back
         self.sched.finish(stop)  # intervals still open end at the stop

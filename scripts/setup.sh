@@ -62,3 +62,8 @@ if [ ! -e "$stamp" ]; then
   touch "$stamp"
 fi
 .venv/bin/python -c "import bcc" 2>/dev/null || { echo "setup: bcc is not importable from .venv" >&2; exit 1; }
+if [ $want_test = 1 ]; then
+  # NVIDIA's own libcudart and libnccl for the tests (tests/native/vendor_libs.py), downloaded once into
+  # /var/cache/stall-recorder/wheels; offline, the tests that need them skip and say why
+  .venv/bin/python tests/native/vendor_libs.py || echo "setup: the vendor libraries could not be prepared" >&2
+fi

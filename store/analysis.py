@@ -9,8 +9,9 @@ from __future__ import annotations
 from store.actions import CALL_ACTIONS, STEP_ACTIONS, fill
 from store.db import Store
 from store.errors import UserError
+from store.hangs import hang_facts
 from store.losses import losses, lossy_layers, wording
-from store.models import CallReport, StallReport, StepReport
+from store.models import CallReport, Hang, StallReport, StepReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
 from store.session import LAYERS, STEP_LAYERS, has_steps, resolve_window, session_row, session_state
 from store.units import ms, utc
@@ -170,7 +171,11 @@ def analyse(store: Store, session_id: int | None = None, window: str | None = No
             since: str | None = None, worst: bool = False, step: int | None = None) -> StallReport:
     """The stall report of a session: per step when its threads mark steps (or `step` is given),
     else per slow CUDA call."""
-    return StallReport(_report(store, session_id, window, since, worst, step))
+    report = _report(store, session_id, window, since, worst, step)
+    hang = hang_facts(store, session_row(store, report.session.id))
+    if hang:
+        report.hang = Hang.model_validate(hang)
+    return StallReport(report)
 
 
 def explain(store: Store, session_id: int | None = None, window: str | None = None,

@@ -145,9 +145,14 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
         elif cause == "reclaim":
             kills = store.query("SELECT * FROM step_machine_event WHERE step_mark_id = ? AND kind = 'oom_kill'"
                                 " ORDER BY ts", (sid,))
-            wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND python_stack_id IS NOT NULL"
-                             " AND ts >= (SELECT min(ts) FROM step_reclaim WHERE step_mark_id = ?)"
-                             " ORDER BY ts LIMIT 1", (sid, sid))
+            # the allocation's line: the stack of a wait inside a reclaim (the thread blocked while
+            # reclaiming for its allocation), else of the first wait after the reclaim began
+            wait = store.one("SELECT o.* FROM step_offcpu o JOIN step_reclaim r ON r.step_mark_id = o.step_mark_id"
+                             " JOIN reclaim_interval x ON x.id = r.reclaim_id"
+                             " WHERE o.step_mark_id = ? AND o.python_stack_id IS NOT NULL"
+                             " AND o.ts >= x.ts AND o.ts < x.ts + x.dur ORDER BY o.ts LIMIT 1", (sid,)) or store.one(
+                "SELECT * FROM step_offcpu WHERE step_mark_id = ? AND python_stack_id IS NOT NULL"
+                " AND ts >= (SELECT min(ts) FROM step_reclaim WHERE step_mark_id = ?) ORDER BY ts LIMIT 1", (sid, sid))
             out.append({**base, "kind": "memory_reclaim", "scope": detail, "oom_kills": kills, "wait": wait})
         elif cause == "dirty_throttle":
             out.append({**base, "kind": "dirty_throttle", "bdi": detail})

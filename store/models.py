@@ -172,6 +172,53 @@ class CallReport(Part):
     not_observed: list[NotObserved]
     loss: Loss
     next_actions: list[str]
+    hang: Hang | None = Field(None, description="calls in flight at the stop (left out when none)")
+
+
+# -- hangs -------------------------------------------------------------------------------------------
+class HangCall(Part):
+    """A CUDA or NCCL call that had not returned when the session stopped (open = 1)."""
+
+    layer: str = Field(description="'cuda' or 'nccl'")
+    api: str
+    call_id: int = Field(description="cuda_call.id or nccl_call.id (by layer)")
+    pid: int | None
+    tid: int
+    thread_name: str | None
+    process_name: str | None
+    rank: int | None = Field(description="the process's NCCL rank, None when it has no communicator")
+    comm_hash: int | None
+    since_ts: int
+    since_utc: str
+    open_dur_ns: int = Field(description="ns from its entry to the stop")
+    python: str | None
+    python_stack: list[str]
+    text: str
+
+
+class HangMissingRank(Part):
+    rank: int
+    recorded: bool = Field(description="whether the rank's process is in this recording")
+    doing: str = Field(description="what it was doing instead: its own call in flight, or why unknown")
+
+
+class HangCollective(Part):
+    """A collective in flight: which ranks of its communicator are inside it and which never entered."""
+
+    api: str
+    comm_hash: int
+    nranks: int | None
+    inside_ranks: list[int]
+    missing_ranks: list[int]
+    missing: list[HangMissingRank]
+    since_utc: str
+    text: str
+
+
+class Hang(Part):
+    summary: str
+    open_calls: list[HangCall]
+    collectives: list[HangCollective]
 
 
 # -- steps ---------------------------------------------------------------------------------------------
@@ -327,6 +374,7 @@ class StepReport(Part):
     negatives: list[str]
     gpu: Gpu | None
     next_actions: list[str]
+    hang: Hang | None = Field(None, description="calls in flight at the stop (left out when none)")
 
 
 class StallReport(RootModel[Annotated[StepReport | CallReport, Field(discriminator="mode")]]):

@@ -40,6 +40,21 @@ def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, laye
     return lines
 
 
+def _hang_lines(r: StepReport | CallReport, stack: bool) -> list[str]:
+    """Calls in flight at the stop (a stuck job): who is inside which call since when, at which line,
+    and which ranks never entered a collective in flight."""
+    h = r.hang
+    if h is None:
+        return []
+    lines = [f"Hang: {h.summary}:"]
+    for c in h.open_calls:
+        lines.append(f"  {c.text}")
+        if stack:
+            lines += [f"      {f}" for f in c.python_stack]
+    lines += [f"  {c.text}" for c in h.collectives]
+    return lines
+
+
 def _actions(next_actions: list[str]) -> list[str]:
     if not next_actions:
         return []
@@ -56,6 +71,7 @@ def render_text(report: Report, stack: bool = False) -> str:
         "Stall report",
         f"Session: {s.id} on {s.host} ({s.state}), target {s.target}",
         *([f"Incident: {s.incident}"] if s.incident else []),
+        *_hang_lines(r, stack),
         f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)",
         f"Symptom: {r.symptom}",
     ]
@@ -88,6 +104,7 @@ def render_step_text(report: Report, stack: bool = False) -> str:
     lines = ["Stall report", f"Session: {s.id} on {s.host} ({s.state}), target {s.target}"]
     if s.incident:
         lines.append(f"Incident: {s.incident}")
+    lines.extend(_hang_lines(r, stack))
     st = r.step
     if st:
         t = st.thread

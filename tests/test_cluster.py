@@ -156,7 +156,8 @@ def test_parquet_export_is_partitioned_and_reads_back_the_same(job, tmp_path):
         n = sqlite3.connect(db).execute("SELECT count(*) FROM nccl_call").fetchone()[0]
         assert counts[db.stem] == n == 8 * 60
     # same columns as the SQLite table, plus the partition columns; SQLite's types
-    cols = dict(con.execute(f"DESCRIBE SELECT * FROM {pq('nccl_call')}").fetchall()[i][:2] for i in range(17))
+    described = con.execute(f"DESCRIBE SELECT * FROM {pq('nccl_call')}").fetchall()
+    cols = dict(row[:2] for row in described)
     sqlite_cols = [r[1] for r in sqlite3.connect(job / "node-00.db").execute("PRAGMA table_info(nccl_call)")]
     assert list(cols)[:len(sqlite_cols)] == sqlite_cols and {"node", "session"} <= set(cols)
     assert cols["ts"] == "BIGINT" and cols["session"] == "BIGINT"

@@ -64,6 +64,8 @@ def test_two_ranks_straggler_and_steps(tmp_path, native):
     # late: it slept before the collective (the script's stand-in for a slow data loader)
     report = json.loads(run_recorder("explain", "--db", str(db), "--step", "10", "--json", check=True).stdout)
     assert report["stall"] is True
+    # every call returned before the stop: no hang is reported
+    assert "hang" not in report and q("SELECT count(*) FROM nccl_call WHERE open = 1") == [(0,)]
     cause = report["primary_cause"]
     assert cause["kind"] == "nccl_straggler", cause["summary"]
     assert cause["straggler_rank"] == 1 and cause["straggler_pid"] == ranks[1]["pid"]

@@ -18,7 +18,7 @@ def test_defaults_of_an_empty_environment() -> None:
     s = Settings.from_environment({})
     assert s == Settings()
     assert (s.db, s.mcp_token, s.nvml_lib, s.gpu_interval_ms) == (Path("stall.db"), None, None, 100)
-    assert s.offcpu_stacks is True and s.bcc_rings is False
+    assert s.offcpu_stacks is True and s.bcc_rings is False and s.dlopen_hold is True
     assert s.gpu_interval_s == 0.1
 
 
@@ -29,10 +29,11 @@ def test_every_field_is_read_from_its_variable(tmp_path: Path) -> None:
         "STALL_RECORDER_DB": "/var/tmp/run.db", "STALL_RECORDER_MCP_TOKEN": "t0k",
         "STALL_RECORDER_NVML_LIB": str(lib), "STALL_RECORDER_GPU_INTERVAL_MS": " 250 ",
         "STALL_RECORDER_OFFCPU_STACKS": "Off", "STALL_RECORDER_BCC_RINGS": "1",
-        "STALL_RECORDER_UNKNOWN": "ignored",
+        "STALL_RECORDER_DLOPEN_HOLD": "no", "STALL_RECORDER_UNKNOWN": "ignored",
     })
     assert s.db == Path("/var/tmp/run.db") and s.mcp_token == "t0k" and s.nvml_lib == lib
     assert s.gpu_interval_ms == 250 and s.offcpu_stacks is False and s.bcc_rings is True
+    assert s.dlopen_hold is False
     # empty values mean "not set", as before
     assert Settings.from_environment({"STALL_RECORDER_DB": "", "STALL_RECORDER_MCP_TOKEN": ""}) == Settings()
     # only "1" switches the ring reader; anything but an explicit off keeps the stacks

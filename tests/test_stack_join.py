@@ -130,3 +130,15 @@ def test_known_records_are_joined_in_c_as_in_python(monkeypatch) -> None:
     # written by then) and of a process that is none alike
     assert in_c == [0, 0, 70]
     assert results[0][3] == [("cpython frames", "absent", "not a CPython process", "pid 10")]
+
+
+def test_a_hung_calls_stack_outlives_the_join_horizon() -> None:
+    r = recorder()
+    r.add([record(5), record(7, tid=12)])
+    (stack_id,) = {r.join_keys()[(5, 10, 11)]}
+    assert r.open_stack((5, 10, 11), take=False) == stack_id  # a dump peeks
+    # the call never returns: past the horizon its record leaves the join, parked for its thread
+    r.housekeeping(7 + stacks.PENDING_JOIN_NS + 1)
+    assert r.join_keys() == {}
+    assert r.open_stack((5, 10, 11), take=True) == stack_id  # the stop still finds its stack
+    assert r.open_stack((6, 10, 11), take=True) is None  # another call of that thread has none

@@ -16,6 +16,9 @@ session (recorder/session.py) drives every layer through the same steps, in the 
 6. `flush()`: every batch (100 ms), turn the records collected since the last flush into rows.
 7. `finish(ts)`: at stop, after the last flush: what it could not complete goes to `loss`.
 
+`drain_in_flight(ts, final)`: calls a layer holds in a BPF map until they return (CUDA, NCCL) are
+written as open rows: at the stop (`final`, taken out of the map) and for a dump while recording.
+
 What a layer loses is written to `loss` under the names in its `losses` (per-probe drops are
 counted by the loader; a layer adds its own reasons in flush or finish). Layers never import the
 session or each other: what they share goes through the `Context` (the identity, the stack
@@ -97,6 +100,8 @@ class Layer(Protocol):
 
     def finish(self, ts: int) -> None: ...
 
+    def drain_in_flight(self, ts: int, final: bool) -> int: ...
+
 
 class BaseLayer:
     """Defaults for the contract's optional steps: a layer overrides what it needs."""
@@ -129,3 +134,6 @@ class BaseLayer:
 
     def finish(self, ts: int) -> None:
         pass
+
+    def drain_in_flight(self, ts: int, final: bool) -> int:
+        return 0

@@ -96,6 +96,21 @@ def tracepoint_has_field(name: str, field: str) -> bool:
                for line in text.splitlines())
 
 
+def tracepoint_field_offset(name: str, field: str) -> int | None:
+    """Byte offset of a field in the tracepoint's record (from its format), None when absent."""
+    system, event = name.split(":", 1)
+    try:
+        text = (TRACEFS / "events" / system / event / "format").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = dict(p.strip().split(":", 1) for p in line.split(";") if ":" in p)
+        decl = parts.get("field", "").split()
+        if decl and decl[-1].split("[")[0] == field and parts.get("offset", "").strip().isdigit():
+            return int(parts["offset"])
+    return None
+
+
 def cgroup_identity(path: str) -> tuple[int, int]:
     """(cgroup v2 id, level) of a cgroup v2 folder: the id is the folder's inode number."""
     p = Path(path)
@@ -194,6 +209,7 @@ class Probes:
             f"#define RING_CPUS {possible_cpus()}",
             f"#define BLOCK_INFLIGHT_ENTRIES {self.settings.block_inflight}",
             f"#define BLOCK_RING_PAGES {self.settings.block_ring_pages}",
+            f"#define DLOPEN_HOLD {int(self.settings.dlopen_hold)}",
             bpf.source("common.h"),
             # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
             # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec

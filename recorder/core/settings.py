@@ -12,6 +12,8 @@ names the variable and says what to give instead.
     STALL_RECORDER_BLOCK_RING_PAGES=N    pages of the block requests' ring (a power of two, 1-65536, 256)
     STALL_RECORDER_INFLIGHT_MAX_AGE_S=N  an in-flight block request with no end after N s is dropped and
                                          counted in `loss` (5-86400, 120)
+    STALL_RECORDER_DLOPEN_HOLD=0         do not stop a process at the dlopen of a CUDA/NCCL library until
+                                         its probes are attached (on unless 0/off/no/false)
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Settings(BaseModel):
     block_inflight: int = DEFAULT_BLOCK_INFLIGHT
     block_ring_pages: int = DEFAULT_BLOCK_RING_PAGES
     inflight_max_age_s: int = DEFAULT_INFLIGHT_MAX_AGE_S
+    dlopen_hold: bool = True
 
     @staticmethod
     def variable(name: str) -> str:
@@ -99,6 +102,13 @@ class Settings(BaseModel):
     @classmethod
     def _offcpu(cls, value: object) -> object:
         if isinstance(value, str):  # anything but an explicit "off" keeps the stacks
+            return value.strip().lower() not in _OFF
+        return value
+
+    @field_validator("dlopen_hold", mode="before")
+    @classmethod
+    def _dlopen_hold(cls, value: object) -> object:
+        if isinstance(value, str):  # anything but an explicit "off" keeps holding
             return value.strip().lower() not in _OFF
         return value
 

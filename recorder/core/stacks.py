@@ -48,6 +48,7 @@ from recorder.core.pyframes import (
 
 CAPABILITY_PROBE = "cpython frames"
 PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's row (long syncs)
+PARKED_MAX = 65536  # threads whose latest unjoined stack is kept beyond that, for a hang's call
 # Shared keys already taken stay per thread for the syscall's other events, e.g. a throttled bio a
 # kworker queues (and the device completes) seconds after the thread's wait took the key: for
 # RECENT_NS after the thread's newest taken key, at most RECENT_PER_THREAD of them.
@@ -224,6 +225,9 @@ class StackRecorder:
         self._native_stacks: dict[str, int] = {}
         self._native_raw: dict[tuple[int, int], int] = {}  # (pid, native digest) -> stack id
         self._join: dict[Key, int] = {}  # (ts, pid, tid) -> python stack id, until an event takes it
+        # (pid, tid) -> (ts, stack id): each thread's latest stack pruned from _join unjoined, which
+        # is a call still in flight (a hang's) when its thread made no call since (open_stack())
+        self._parked: dict[tuple[int, int], tuple[int, int]] = {}
         # digest -> python stack id, for the events whose stack was sent as its digest only (the
         # walker's pystack_known holds the digests confirmed here), and the digests per pid
         self._digests: dict[int, int] = {}
@@ -446,6 +450,16 @@ class StackRecorder:
         caller that joins an event itself pops its key (recorder/_ingest.c)."""
         return self._join
 
+    def open_stack(self, k: Key, take: bool) -> int | None:
+        """The stack recorded under key k for a call still in flight (its event never came):
+        from the records not joined yet, or the thread's parked one once it has waited longer than
+        PENDING_JOIN_NS. `take` removes it (the stop), else it stays for the call's return."""
+        stack_id = self._join.pop(k, None) if take else self._join.get(k)
+        if stack_id is not None:
+            return stack_id
+        parked = self._parked.get((k[1], k[2]))
+        return parked[1] if parked and parked[0] == k[0] else None
+
     def take(self, k: Key, shared: bool = False) -> int | None:
         """The stack id recorded under key k (None when not read, or lost)."""
         stack_id = self._join.pop(k, None)
@@ -513,7 +527,12 @@ class StackRecorder:
         out, self.losses = self.losses, {}
         horizon = second - PENDING_JOIN_NS
         if self._join and next(iter(self._join))[0] < horizon:
+            for k, v in self._join.items():
+                if k[0] < horizon and self._parked.get((k[1], k[2]), (0, 0))[0] < k[0]:
+                    self._parked[(k[1], k[2])] = (k[0], v)
             self._join = {k: v for k, v in self._join.items() if k[0] >= horizon}
+            while len(self._parked) > PARKED_MAX:
+                del self._parked[next(iter(self._parked))]
         self.retry_pending()
         return out
 

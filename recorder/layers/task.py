@@ -9,18 +9,24 @@ other layer, so rows held back for their stack record still find the process's c
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from recorder.core import events
 from recorder.core.identity import read_tgid
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.loader import tracepoint_field_offset
 
 SOURCES = (BpfSource("task", "task.bpf.c",
                      ("sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"),
                      # a forked Python inherits its parent's stack-walking recipe in the kernel;
                      # renames follow a thread's name after it is first seen
                      optional=("task:task_newtask", "task:task_rename")),)
+# a process that opens a CUDA/NCCL library is held at its dlopen's return until the library's
+# probes are attached (bpf/task.bpf.c task_openat)
+OPENAT = "syscalls:sys_enter_openat"
 _C = events.CONSTANTS
 
 
@@ -45,9 +51,37 @@ class TaskLayer(BaseLayer):
         self.raw: list[bytes] = []
         self._deferred_exits: list[tuple] = []  # exit records retired at the next flush
         self._batch_exits: list[tuple] = []
+        self.held: set[int] = set()  # processes stopped at a dlopen return, until resumed
+
+    def bpf_text(self) -> str:
+        offset = tracepoint_field_offset(OPENAT, "filename")
+        if offset is None:
+            return ""
+        return ("#if DLOPEN_HOLD\n"
+                "int task_openat(void *ctx) {\n"
+                "    u64 id = bpf_get_current_pid_tgid();\n"
+                "    if (!is_target(id >> 32)) return 0;\n"
+                "    const char *filename = 0;\n"
+                f"    bpf_probe_read_kernel(&filename, sizeof(filename), (char *)ctx + {offset});\n"
+                "    return task_open(id, filename);\n"
+                "}\n"
+                "#endif\n")
 
     def attach(self) -> None:
-        self.context.probes.attach_dlopen()
+        probes = self.context.probes
+        probes.attach_dlopen()
+        if not probes.settings.dlopen_hold:
+            probes.cap("task", "dlopen hold", "absent", "STALL_RECORDER_DLOPEN_HOLD is off: the first calls after "
+                       "a CUDA/NCCL library's dlopen may be missed")
+            return
+        if tracepoint_field_offset(OPENAT, "filename") is None:
+            probes.cap("task", "dlopen hold", "absent", f"no {OPENAT} tracepoint with a filename field")
+            return
+        try:
+            probes.bpf.attach_tracepoint(tp=OPENAT, fn_name="task_openat")
+            probes.cap("task", "dlopen hold", "attached", f"{OPENAT}: held at the dlopen return until attached")
+        except Exception as e:  # BCC raises bare Exception
+            probes.cap("task", "dlopen hold", "failed", str(e).splitlines()[0][:200])
 
     def sinks(self) -> dict[str, Sink]:
         return {"task_events": self.raw.append}
@@ -77,8 +111,17 @@ class TaskLayer(BaseLayer):
             self._event(*rec)
         self._deferred_exits = self._batch_exits
 
+    def _resume(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
+        self.held.discard(pid)
+
     def finish(self, ts: int) -> None:
-        """The last exits, once nothing is held back."""
+        """The last exits, once nothing is held back; no process is left stopped."""
+        for pid in list(self.held):
+            self._resume(pid)
         for rec in self._deferred_exits:
             self._event(*rec)
         self._deferred_exits = []
@@ -99,6 +142,15 @@ class TaskLayer(BaseLayer):
             if tid == pid:
                 self.hooks.exited(pid, ts)
         elif kind == _C["TASK_DLOPEN"]:
-            self.hooks.dlopen(pid)
+            if not child:
+                self.hooks.dlopen(pid)
+                return
+            # held (bpf/task.bpf.c): stopped at the return of a dlopen that opened a library the
+            # recorder attaches to; it goes on once that library's probes are attached
+            self.held.add(pid)
+            try:
+                self.hooks.dlopen(pid)
+            finally:
+                self._resume(pid)
         elif kind == _C["TASK_RENAME"]:
             ident.thread_renamed(tid, pid, comm, ts)

@@ -94,6 +94,7 @@ FROM (
            count(*) OVER (PARTITION BY c.session_id, a.family, coalesce(c.size_class, -1)) AS n
     FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id
     WHERE c.session_id NOT IN (SELECT session_id FROM cuda_baseline_stored)
+      AND c.open = 0                    -- a call in flight at the stop has no duration of its own
 )
 WHERE rn IN ((n + 1) / 2, (n + 2) / 2)   -- the middle one or two: the median
 GROUP BY session_id, family, size_class;
@@ -128,6 +129,7 @@ CREATE VIEW cuda_call_detail AS
 SELECT
     c.id, c.session_id, c.ts, c.dur, c.api, c.family, c.library, c.ret, c.size_bytes, c.stream,
     c.function, c.pointer, c.thread_id,
+    c.open,                             -- 1: had not returned at the stop (a hang; the report's own part)
     t.tid, t.pid, t.thread_name, t.process_name,
     c.expected_dur,                     -- ns, baseline of the family and size class
     c.baseline_calls,                   -- calls the baseline is taken over
@@ -165,14 +167,16 @@ JOIN thread_info t ON t.thread_id = c.thread_id;
 -- view: slow_cuda_call
 -- CUDA calls that took at least slow_call_rule.ratio (2) x their baseline and min_excess_dur
 -- (200 us) more, over a baseline of at least min_baseline_calls (3) calls: the thresholds are the
--- row of slow_call_rule (migration 0010), so a report quotes what it applied.
+-- row of slow_call_rule (migration 0010), so a report quotes what it applied. Calls that had not
+-- returned at the stop (open) are a hang, reported apart (store/hangs.py).
 -- blocked_dur: ns of the call off-CPU but not waiting for a CPU (sleeping, I/O, futex).
 CREATE VIEW slow_cuda_call AS
 SELECT *, offcpu_dur - cpu_wait_dur AS blocked_dur
 FROM cuda_call_detail
 WHERE baseline_calls >= (SELECT min_baseline_calls FROM slow_call_rule)
   AND dur >= (SELECT ratio FROM slow_call_rule) * expected_dur
-  AND excess_dur >= (SELECT min_excess_dur FROM slow_call_rule);
+  AND excess_dur >= (SELECT min_excess_dur FROM slow_call_rule)
+  AND open = 0;
 
 -- view: cuda_call_contender
 -- For each CUDA call, the processes that kept its thread from the CPU while it was runnable

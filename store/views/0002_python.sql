@@ -1,5 +1,6 @@
 -- Views v2: the Python line of every CUDA call. A call's Python stack is captured in BPF at its
--- entry; its innermost frame that is not glue (below) is the call site, the line that made the call.
+-- entry; its innermost frame of the user's own code that is not glue (below) is the call site, the
+-- line in the user's program that made the call (user_code_rule, schema v13).
 
 -- view: python_frame
 -- Every stored Python frame with its code object and a one-line text. Glue frames (`noise`) are
@@ -23,17 +24,24 @@ SELECT
              OR c.filename LIKE '%/ctypes/__init__.py'
              OR c.filename LIKE '%/functools.py'
              OR c.filename LIKE '%/contextlib.py'
-             OR c.filename LIKE '%/recorder/markers.py', 0) AS noise -- 1 for glue frames (above)
+             OR c.filename LIKE '%/recorder/markers.py', 0) AS noise, -- 1 for glue frames (above)
+    CASE WHEN c.id IS NULL THEN 0
+         WHEN EXISTS (SELECT 1 FROM user_code_rule r WHERE r.user = 1 AND c.filename LIKE r.pattern) THEN 1
+         WHEN EXISTS (SELECT 1 FROM user_code_rule r WHERE r.user = 0 AND c.filename LIKE r.pattern) THEN 0
+         ELSE 1
+    END AS user_code                    -- 1 for the user's own code: no user_code_rule pattern with user = 0 matches, or one with user = 1 does
 FROM python_stack_frame f
 LEFT JOIN python_code c ON c.id = f.code_id;
 
 -- view: python_call_site
--- Per stack, the frame that made the call: the innermost frame that is not glue (the innermost
--- frame when all are glue).
+-- Per stack, the line the report names: the innermost frame of the user's own code that is not glue
+-- (user_code_rule: not the standard library or an installed package); when the stack has none,
+-- the innermost frame that is not glue; the innermost frame when all are glue.
 CREATE VIEW python_call_site AS
 SELECT f.*
 FROM python_frame f
-WHERE f.depth = (SELECT coalesce(min(CASE WHEN g.noise = 0 THEN g.depth END), 0)
+WHERE f.depth = (SELECT coalesce(min(CASE WHEN g.noise = 0 AND g.user_code = 1 THEN g.depth END),
+                                 min(CASE WHEN g.noise = 0 THEN g.depth END), 0)
                  FROM python_frame g WHERE g.stack_id = f.stack_id);
 
 -- view: python_stack_text

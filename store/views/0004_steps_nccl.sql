@@ -62,6 +62,7 @@ LEFT JOIN lineage_label l ON l.session_id = m.session_id AND l.tag = m.tag;
 CREATE VIEW nccl_call_detail AS
 SELECT
     c.id, c.session_id, c.ts, c.dur, c.thread_id, c.ret, c.count, c.datatype, c.op, c.peer, c.stream,
+    c.open,                             -- 1: had not returned at the stop (a hang)
     a.name AS api, a.kind,
     t.process_id, p.pid,
     k.comm_hash, k.rank, k.nranks,

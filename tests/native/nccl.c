@@ -1,5 +1,6 @@
 /* Stand-in libnccl.so.2: NCCL's exported names and signatures (x86-64 ABI) with a real rendezvous
- * between ranks, so a rank that arrives late at a collective makes the others wait, as in NCCL.
+ * between ranks, so a rank that arrives late at a collective (or at the communicator's init) makes
+ * the others wait, as in NCCL.
  *
  * Ranks of one communicator are separate processes; they meet in a shared-memory segment named
  * after the communicator's unique id (/dev/shm/standin-nccl-<hex>). Every collective call
@@ -26,6 +27,7 @@ typedef struct { size_t size; unsigned int magic, version; int blocking; } ncclC
 #define MAX_RANKS 64
 struct shared {
     volatile uint64_t arrived[MAX_RANKS]; /* per rank: the last sequence number it arrived for */
+    volatile uint32_t joined[MAX_RANKS];  /* per rank: 1 once it entered ncclCommInitRank */
 };
 
 struct standin_comm {
@@ -69,6 +71,18 @@ static ncclResult_t init_rank(struct standin_comm **comm, int nranks, ncclUnique
     close(fd);
     if (shm == MAP_FAILED)
         return 2;
+    /* the init is collective, as NCCL's: it returns once every rank has entered it */
+    __atomic_store_n(&shm->joined[rank], 1, __ATOMIC_RELEASE);
+    for (int all = 0; !all;) {
+        all = 1;
+        for (int i = 0; i < nranks; i++)
+            if (!__atomic_load_n(&shm->joined[i], __ATOMIC_ACQUIRE))
+                all = 0;
+        if (!all) {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
     struct standin_comm *c = calloc(1, sizeof(*c));
     c->nranks = nranks;
     c->rank = rank;

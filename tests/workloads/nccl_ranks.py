@@ -3,7 +3,12 @@ cudaLaunchKernel -> ncclAllReduce -> cudaStreamSynchronize through the stand-in 
 rank slowed before its collective at chosen steps (the straggler).
 
     python nccl_ranks.py --libdir build/native [--ranks 2] [--steps 20] [--slow-rank 1]
-                         [--slow-steps 10,11] [--slow-ms 80]
+                         [--slow-steps 10,11] [--slow-ms 80] [--hang-rank 1 --hang-step 5]
+
+With --hang-rank, that rank's GPU synchronisation before the collective of --hang-step never
+returns (a dead kernel): it never enters the collective, and the other ranks wait in it for ever;
+with --hang-step -2 it never calls ncclCommInitRank, and the others wait in theirs. The hung rank
+prints {"hung": rank, "pid": ...} as it makes the call that does not return (or instead of the init).
 
 Run without --rank it is the launcher: it creates the communicator's unique id and starts one
 process per rank (children, so a recorder following the launcher records every rank). Prints one
@@ -45,6 +50,10 @@ def rank_main(args: argparse.Namespace) -> None:
     uid = UniqueId()
     uid.internal = bytes.fromhex(args.unique_id)
     comm = ctypes.c_void_p()
+    if args.rank == args.hang_rank and args.hang_step == -2:  # never joins the communicator
+        sys.stdout.write(json.dumps({"hung": args.rank, "pid": os.getpid(), "step": "init"}) + "\n")
+        sys.stdout.flush()
+        time.sleep(3600)
     assert nccl.ncclCommInitRank(ctypes.byref(comm), args.ranks, uid, args.rank) == 0
     stream = ctypes.c_void_p(0x7000 + args.rank)
     slow = {int(s) for s in args.slow_steps.split(",") if s} if args.rank == args.slow_rank else set()
@@ -54,6 +63,10 @@ def rank_main(args: argparse.Namespace) -> None:
         recorder.step(step)
         if step in slow:  # this rank is late to the collective: e.g. a slow data loader
             time.sleep(args.slow_ms / 1000)
+        if args.rank == args.hang_rank and step == args.hang_step:  # the kernels never finish
+            rt.standin_configure(b"cudaStreamSynchronize", ctypes.c_uint64(0), ctypes.c_uint64(3600 * 10**9), 0)
+            sys.stdout.write(json.dumps({"hung": args.rank, "pid": os.getpid(), "step": step}) + "\n")
+            sys.stdout.flush()
         rt.cudaStreamSynchronize(stream)  # the step's kernels
         assert nccl.ncclAllReduce(None, None, 1 << 20, 7, 0, comm, stream) == 0
         rt.cudaStreamSynchronize(stream)
@@ -71,7 +84,10 @@ def launcher(args: argparse.Namespace) -> None:
     argv = [sys.executable, os.path.abspath(__file__), "--libdir", args.libdir, "--ranks", str(args.ranks),
             "--steps", str(args.steps), "--slow-rank", str(args.slow_rank), "--slow-steps", args.slow_steps,
             "--slow-ms", str(args.slow_ms), "--gpu-ms", str(args.gpu_ms), "--settle-s", str(args.settle_s),
+            "--hang-rank", str(args.hang_rank), "--hang-step", str(args.hang_step),
             "--unique-id", bytes(uid.internal).hex()]
+    while args.wait_file and not os.path.exists(args.wait_file):  # a recorder attaching to the launcher
+        time.sleep(0.02)
     procs = [subprocess.Popen([*argv, "--rank", str(r)]) for r in range(args.ranks)]
     codes = [p.wait() for p in procs]
     sys.exit(max(codes))
@@ -87,6 +103,9 @@ def main() -> None:
     ap.add_argument("--slow-ms", type=int, default=80)
     ap.add_argument("--gpu-ms", type=int, default=4, help="device time per synchronisation")
     ap.add_argument("--settle-s", type=float, default=0.5, help="pause before a rank's first call")
+    ap.add_argument("--hang-rank", type=int, default=-1, help="rank whose synchronisation never returns")
+    ap.add_argument("--hang-step", type=int, default=-1)
+    ap.add_argument("--wait-file", help="the launcher starts the ranks once this file exists")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--unique-id")
     args = ap.parse_args()

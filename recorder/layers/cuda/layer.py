@@ -6,10 +6,11 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from recorder.core import events
 from recorder.core.clock import now_ns
+from recorder.core.inflight import in_flight
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
 from recorder.core.libraries import exported_functions
 from recorder.layers.cuda.apis import API_INDEX, APIS, bpf_programs
@@ -60,6 +61,12 @@ _CUDA_SIGNED = struct.Struct("=8x" + events.CUDA.fmt[1:].replace("Q", "q"))
 _CUDA_PID, _CUDA_TID, _CUDA_DIGEST = (events.CUDA.names.index(n) for n in ("pid", "tid", "py_digest"))
 
 
+# `loss.probe` of a call in flight at stop that could not be stored (its thread had ended)
+OPEN_LOST = "cuda call in flight, thread gone"
+_OPEN_INSERT = f"INSERT INTO cuda_call ({','.join(CUDA_COLUMNS)}, open) VALUES ({','.join('?' * len(CUDA_COLUMNS))}, 1)"
+_RET = CUDA_COLUMNS.index("ret")
+
+
 def _ingest_module():
     try:
         from recorder import _ingest
@@ -80,7 +87,7 @@ class CudaLayer(BaseLayer):
     name = "cuda"
     sources = SOURCES
     tables = ("cuda_api", "cuda_call", "library")
-    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP")
+    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP") + (OPEN_LOST,)
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -192,8 +199,46 @@ class CudaLayer(BaseLayer):
         if (pid, native) not in ctx.stacks.native_cache():  # a miss is counted at the call's row
             ctx.stacks.native_id(pid, native, count=False)
 
+    def drain_in_flight(self, ts: int, final: bool) -> int:
+        """Write the calls still in flight at `ts` as open cuda_call rows (dur: entry -> ts, ret
+        NULL) with their thread, arguments and stacks; `final` (the stop) removes them from the
+        map, else (a dump) they stay for their return. A call whose thread has ended is counted in
+        `loss`. Returns the rows written."""
+        ctx = self.context
+        stacks = ctx.stacks
+        records, lost = [], 0
+        for call in in_flight(ctx.probes.bpf, "cuda_inflight", delete=final):
+            r = call.record
+            if call.pid is None or r.ts > ts:
+                lost += call.pid is None
+                continue
+            records.append((
+                r.ts, ts - r.ts, r.cgroup_id, 0, _signed(r.size), _signed(r.stream), _signed(r.function),
+                _signed(r.pointer), _signed(r.handle), r.py_digest, call.pid, call.tid, call.api,
+                r.memcpy_kind, r.grid_x, r.grid_y, r.grid_z, r.block_x, r.block_y, r.block_z, r.shared_mem,
+                events.CONSTANTS["CUDA_FLAG_POINTER_UNREAD"], r.native_digest))  # not written yet
+        digests = stacks.digests()
+
+        def stack_of(rec: tuple) -> int | None:
+            k = cuda_stack_key(rec)
+            return digests.get(k) if type(k) is int else stacks.open_stack(k, take=final)
+
+        rows = self._rows((rec, stack_of(rec)) for rec in records)
+        # the calls in flight at an earlier drain (a dump) are replaced: open rows are those of the last
+        ctx.writer.execute("DELETE FROM cuda_call WHERE session_id = ? AND open = 1", (ctx.session_id,))
+        for row in rows:
+            ctx.writer.execute(_OPEN_INSERT, row[:_RET] + (None,) + row[_RET + 1:])
+        if lost:
+            ctx.writer.add("loss", (ctx.session_id, ts, OPEN_LOST, lost))
+        return len(rows)
+
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
         """cuda_call rows from framed cuda_event records (ring header, then the record)."""
+        stacks = self.context.stacks
+        return self._rows(stacks.join("cuda", _CUDA_SIGNED.iter_unpack(joined), cuda_stack_key))
+
+    def _rows(self, joined: Iterable[tuple[tuple, int | None]]) -> list[tuple]:
+        """cuda_call rows from unpacked cuda_event records, each with its Python stack id."""
         ctx = self.context
         sid = ctx.session_id
         ident = ctx.identity
@@ -203,7 +248,7 @@ class CudaLayer(BaseLayer):
         dims: dict[tuple[int, int, int], str] = {}  # a launch's few distinct grid/block shapes
         rows = []
         append = rows.append
-        for rec, py_stack in stacks.join("cuda", _CUDA_SIGNED.iter_unpack(joined), cuda_stack_key):
+        for rec, py_stack in joined:
             (ts, dur, cg, ret, size, stream, function, pointer, handle, _digest, pid, tid, api, kind,
              gx, gy, gz, bx, by, bz, shmem, flags, native_stack) = rec
             has_size, has_stream, launch, has_pointer, has_handle, has_kind = _API_FLAGS[api]
@@ -236,3 +281,8 @@ class CudaLayer(BaseLayer):
                 native,
             ))
         return rows
+
+
+def _signed(value: int) -> int:
+    """A 64-bit map value as SQLite stores it (two's complement above 2**63 - 1)."""
+    return value - (1 << 64) if value >= 1 << 63 else value

@@ -10,10 +10,12 @@ programs of recorder/layers/workload/nccl.py) is compiled after every other laye
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import bpf
 from recorder.core import events
 from recorder.core.clock import now_ns
+from recorder.core.inflight import in_flight
 from recorder.core.layer import BaseLayer, Context, Sink
 from recorder.core.libraries import exported_functions, mapped_files, resolve, workload_library_kind
 from recorder.layers.workload import nccl
@@ -23,6 +25,10 @@ NCCL_CALL_COLUMNS = ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "c
 NCCL_COMM_COLUMNS = ("session_id", "process_id", "handle", "comm_hash", "rank", "nranks", "init_ts")
 MARKER_SYMBOLS = {"stall_recorder_step": "marker_step", "stall_recorder_lineage": "marker_lineage",
                   "stall_recorder_checkpoint": "marker_checkpoint"}
+# `loss.probe` of a call in flight at stop that could not be stored (its thread had ended)
+OPEN_LOST = "nccl call in flight, thread gone"
+_OPEN_INSERT = (f"INSERT INTO nccl_call ({','.join(NCCL_CALL_COLUMNS)}, open)"
+                f" VALUES ({','.join('?' * len(NCCL_CALL_COLUMNS))}, 1)")
 _KIND = {i: api.kind for i, api in enumerate(nccl.APIS)}
 _STEP, _LINEAGE, _CHECKPOINT = (events.CONSTANTS[k] for k in ("MARKER_STEP", "MARKER_LINEAGE",
                                                                "MARKER_CHECKPOINT"))
@@ -40,7 +46,7 @@ class WorkloadLayer(BaseLayer):
     name = "workload"
     tables = ("nccl_api", "nccl_call", "nccl_comm", "step_mark", "lineage_mark", "lineage_label", "checkpoint_mark",
               "library")
-    losses = events.probe_names("PROBE_NCCL", "PROBE_NCCL_MAP", "PROBE_MARKER")
+    losses = events.probe_names("PROBE_NCCL", "PROBE_NCCL_MAP", "PROBE_MARKER") + (OPEN_LOST,)
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -128,22 +134,58 @@ class WorkloadLayer(BaseLayer):
                     w.add("checkpoint_mark", (sid, ts, th, value, signed64(tag), path, py_stack))
             self.raw["marker"].clear()
         if self.raw["nccl"] or stacks.held("nccl"):
-            rows = []
             records = events.NCCL.iter_unpack(b"".join(self.raw["nccl"]))
-            for (ts, dur, cg, ret, count, comm, stream, comm_hash, pid, tid, api, datatype, op, peer, nranks,
-                 rank), py_stack in stacks.join("nccl", records, _nccl_stack_key):
-                th = ident.thread(tid, pid, None, ts)
-                kind = _KIND[api]
-                if kind == "init":
-                    if ret == 0:
-                        w.add("nccl_comm", (sid, ident.process(pid, ts), comm, signed64(comm_hash), rank,
-                                            nranks, ts))
-                data = kind in ("collective", "p2p")
-                rows.append((sid, ts, dur, th, api, ret, count if data else None, datatype if data else None,
-                             op if data and op >= 0 else None, peer if peer >= 0 else None,
-                             comm or None, stream if data else None, cg, py_stack))
-            w.extend("nccl_call", rows)
+            w.extend("nccl_call", self._nccl_rows(stacks.join("nccl", records, _nccl_stack_key)))
             self.raw["nccl"].clear()
+
+    def _nccl_rows(self, joined: Iterable[tuple[tuple, int | None]], open_calls: bool = False) -> list[tuple]:
+        """nccl_call rows from unpacked nccl_event records with their Python stack ids (and the
+        communicators a returned init made, into nccl_comm)."""
+        s = self.context
+        sid, ident, w = s.session_id, s.identity, s.writer
+        rows = []
+        for (ts, dur, cg, ret, count, comm, stream, comm_hash, pid, tid, api, datatype, op, peer, nranks,
+             rank), py_stack in joined:
+            th = ident.thread(tid, pid, None, ts)
+            kind = _KIND[api]
+            if kind == "init" and ret == 0 and not open_calls:
+                w.add("nccl_comm", (sid, ident.process(pid, ts), comm, signed64(comm_hash), rank, nranks, ts))
+            data = kind in ("collective", "p2p")
+            rows.append((sid, ts, dur, th, api, None if open_calls else ret, count if data else None,
+                         datatype if data else None, op if data and op >= 0 else None,
+                         peer if peer >= 0 else None, comm or None, stream if data else None, cg, py_stack))
+        return rows
+
+    def drain_in_flight(self, ts: int, final: bool) -> int:
+        """Write the NCCL calls still in flight at `ts` as open nccl_call rows (dur: entry -> ts,
+        ret NULL) with their thread, communicator and Python stack: the hung collective of a stuck
+        job. `final` (the stop) removes them from the map, else (a dump) they stay for their
+        return. A call whose thread has ended is counted in `loss`. Returns the rows written."""
+        s = self.context
+        joined, lost = [], 0
+        for call in in_flight(s.probes.bpf, "nccl_inflight", delete=final):
+            r = call.record
+            if call.pid is None or r.ts > ts:
+                lost += call.pid is None
+                continue
+            # an init's communicator is written at its return: an open one has none yet
+            rec = (r.ts, ts - r.ts, r.cgroup_id, 0, r.count, 0 if r.out_comm else r.comm, r.stream,
+                   r.comm_hash, call.pid, call.tid, call.api, r.datatype, r.op, r.peer, r.nranks, r.rank)
+            k = _nccl_stack_key(rec)
+            joined.append((rec, s.stacks.open_stack(k, take=final)))
+            if final and _KIND[call.api] == "init":
+                # a rank stuck in its init: its communicator, with no handle yet (0), so the hang
+                # report knows its rank and which ranks never joined
+                s.writer.add("nccl_comm", (s.session_id, s.identity.process(call.pid, r.ts), 0,
+                                           signed64(r.comm_hash), r.rank, r.nranks, r.ts))
+        rows = self._nccl_rows(joined, open_calls=True)
+        # the calls in flight at an earlier drain (a dump) are replaced: open rows are those of the last
+        s.writer.execute("DELETE FROM nccl_call WHERE session_id = ? AND open = 1", (s.session_id,))
+        for row in rows:
+            s.writer.execute(_OPEN_INSERT, row)
+        if lost:
+            s.writer.add("loss", (s.session_id, ts, OPEN_LOST, lost))
+        return len(rows)
 
 
 def _marker_stack_key(rec: tuple) -> tuple[int, int, int]:
