@@ -116,10 +116,9 @@ def incident_name(ts_unix_ns: int, trigger: str) -> str:
 
 
 def save_incident(src: Path, out: Path, session_id: int, start: int, end: int, *, trigger: str, detail: str,
-                  ts: int, open_calls: list[tuple[str, dict]] | None = None) -> dict:
+                  ts: int) -> dict:
     """save_window(), then the steps a recording's stop would infer: a normal, complete recording."""
-    row = save_window(src, out, session_id, start, end, trigger=trigger, detail=detail, ts=ts,
-                      open_calls=open_calls or ())
+    row = save_window(src, out, session_id, start, end, trigger=trigger, detail=detail, ts=ts)
     with open_store(out) as store:
         infer_steps(store, session_id)
         store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -331,24 +330,6 @@ class FlightRecorder:
                 out.append((table, names[api].name, tid, v.ts))
         return out
 
-    def open_calls(self, end: int) -> list[tuple[str, dict]]:
-        """The calls in flight at `end`, as rows of cuda_call or nccl_call ending there."""
-        rows = []
-        threads = self.session.identity.threads
-        for table, api_name, tid, ts in self.in_flight():
-            thread_id = threads.get(tid)
-            if thread_id is None or ts >= end:
-                continue
-            api_id = self._api_id(table, api_name)
-            row = {"session_id": self.sid, "ts": ts, "dur": end - ts, "thread_id": thread_id, "api_id": api_id,
-                   "ret": 0, "cgroup_id": 0}
-            rows.append((table, row))
-        return rows
-
-    def _api_id(self, table: str, name: str) -> int:
-        api_table = "cuda_api" if table == "cuda_call" else "nccl_api"
-        return self._monitor.execute(f"SELECT id FROM {api_table} WHERE name = ?", (name,)).fetchone()[0]
-
     def _fire(self, trigger: str, ts: int, detail: str, force: bool = False) -> None:
         opts = self.options
         now = now_ns()
@@ -376,17 +357,20 @@ class FlightRecorder:
     def _save(self, p: Pending, end: int, background: bool = True) -> None:
         self.folder.mkdir(exist_ok=True)
         out = self.folder / incident_name(p.ts + self.wall_offset, p.trigger)
-        open_calls = self.open_calls(end)
         detail = "; ".join(p.details)
         if self._saver:
             self._saver.join()  # one copy at a time
         if background:
+            # the calls in flight now become open rows (open = 1) that the copy takes along; at the
+            # stop the session's last drain has written them already
+            self.session.drain_in_flight(end, final=False)
+            self.session.writer.flush()  # the open rows are queued statements: hand them over
             self.session.writer.sync()  # the window's rows are committed before the copy reads them
 
         def work() -> None:
             try:
                 row = save_incident(self.session.db_path, out, self.sid, p.start, end, trigger=p.trigger,
-                                    detail=detail, ts=p.ts, open_calls=open_calls)
+                                    detail=detail, ts=p.ts)
             except (UserError, sqlite3.Error, OSError) as e:
                 self._note_error(f"saving {out.name}: {e}")
                 return
@@ -403,6 +387,11 @@ class FlightRecorder:
     def _collect_saved(self, direct: Store | None = None) -> None:
         with self._lock:
             results, self._results = self._results, []
+        if results and direct is None and not (self._saver and self._saver.is_alive()):
+            # the open rows a save drained were for its copy: while recording, calls in flight
+            # are in the BPF maps, not in the tables (the stop's drain writes them for good)
+            for table in ("cuda_call", "nccl_call"):
+                self.session.writer.execute(f"DELETE FROM {table} WHERE session_id = ? AND open = 1", (self.sid,))
         for row in results:
             self.state.saved.append(row)
             values = (row["session_id"], row["ts"], row["trigger"], row["detail"], row["start_ts"], row["end_ts"],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from store.db import Store, open_store, sqlite_uri
@@ -94,11 +94,11 @@ def file_bytes(db: Path) -> int:
 
 
 def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, trigger: str,
-                detail: str, ts: int, open_calls: Iterable[tuple[str, dict]] = ()) -> dict:
+                detail: str, ts: int) -> dict:
     """Copy session `session_id`'s rows of [start, end] from recording `src` (live or not) into a
     new recording `out`: the events that overlap the window, every identity, stack, capability and
-    library of the session, and the session row ending at `end`. `open_calls` are (table, row)
-    of calls still in flight, written as rows ending at `end` and listed in open_call.
+    library of the session, and the session row ending at `end`. Calls in flight at the save are
+    the rows the session's drain wrote with open = 1 just before: they come along like any other.
 
     The copy is written next to `out` and renamed into place when complete: a reader never sees
     half an incident. Returns the incident row (with the copied row count).
@@ -125,7 +125,7 @@ def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, 
         windowed = set(event_tables(conn))
         source_tables = set(tables(conn, "src"))
         for name in tables(conn):
-            if name in ("session", "incident", "open_call") or name not in source_tables:
+            if name in ("session", "incident") or name not in source_tables:
                 continue
             cols = columns(conn, name)
             if cols != columns(conn, name, "src"):
@@ -144,13 +144,6 @@ def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, 
             else:
                 continue  # filled by the migrations (rules, decodings): this tool's copy is there
             rows += max(cur.rowcount, 0)
-        for table, row in open_calls:
-            names = list(row)
-            cur = conn.execute(f'INSERT INTO main."{table}" ({",".join(names)}) VALUES '
-                               f'({",".join("?" * len(names))})', [row[n] for n in names])
-            conn.execute("INSERT INTO open_call (session_id, call_table, call_id) VALUES (?, ?, ?)",
-                         (session_id, table, cur.lastrowid))
-            rows += 1
         incident = {"session_id": session_id, "ts": ts, "trigger": trigger, "detail": detail,
                     "start_ts": start, "end_ts": end, "file": str(out)}
         conn.execute("INSERT INTO incident (session_id, ts, trigger, detail, start_ts, end_ts, file, own) "

@@ -96,9 +96,9 @@ def test_a_hung_call_saves_an_incident_with_the_call_still_in_flight(tmp_path, n
     incidents = _incidents(db)
     assert len(incidents) == 1 and incidents[0].name.endswith("-hung-call.db"), incidents
     inc = incidents[0]
-    (dur,), = q(inc, "SELECT c.dur FROM open_call o JOIN cuda_call c ON c.id = o.call_id "
-                     "JOIN cuda_api a ON a.id = c.api_id WHERE o.call_table = 'cuda_call' "
-                     "AND a.name = 'cudaStreamSynchronize'")
+    (dur, ret), = q(inc, "SELECT c.dur, c.ret FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id "
+                         "WHERE c.open = 1 AND a.name = 'cudaStreamSynchronize'")
+    assert ret is None  # it had not returned
     assert 3.5 * S <= dur <= 8 * S, dur / S  # in flight 2 s at the trigger, saved 2 s later
     report = _explain(inc)
     assert report["stall"] is True
@@ -107,8 +107,9 @@ def test_a_hung_call_saves_an_incident_with_the_call_still_in_flight(tmp_path, n
     text = run_recorder("explain", "--db", str(inc), check=True).stdout
     cause = next(line for line in text.splitlines() if line.startswith("Primary cause:"))
     assert "cudaStreamSynchronize" in cause, text
-    # the finished recording has the real call, 9 s long
+    # the finished recording has the real call, 9 s long, and no open row left from the save
     assert q(db, "SELECT max(dur) >= 9e9 FROM cuda_call") == [(1,)]
+    assert q(db, "SELECT count(*) FROM cuda_call WHERE open = 1") == [(0,)]
 
 
 KMSG = """

@@ -176,7 +176,7 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
     write_scenario("cpu-contention", path)
     conn = sqlite3.connect(path)
     for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule",
-                  "thread_name", "incident", "open_call", "user_code_rule"):  # and what later versions added
+                  "thread_name", "incident", "user_code_rule"):  # and what later versions added
         conn.execute(f"DROP TABLE {table}")
     store_db._drop_views(conn)
     conn.execute("ALTER TABLE offcpu_interval DROP COLUMN waker_context")  # v14's

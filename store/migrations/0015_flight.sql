@@ -16,12 +16,3 @@ CREATE TABLE incident (
     file TEXT NOT NULL,                 -- the incident recording's path when it was saved
     own INTEGER NOT NULL DEFAULT 0      -- 1 in the incident recording itself (what cut it), 0 in the recording it was cut from
 );
-
--- table: open_call
--- CUDA and NCCL calls that were still in flight when an incident recording was saved: their row in
--- cuda_call or nccl_call ends at the save (dur is how long they had been in flight, ret is 0).
-CREATE TABLE open_call (
-    session_id INTEGER NOT NULL REFERENCES session(id),
-    call_table TEXT NOT NULL,           -- 'cuda_call' or 'nccl_call'
-    call_id INTEGER NOT NULL            -- the row's id in that table
-);
