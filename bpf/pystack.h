@@ -188,6 +188,17 @@ BPF_RINGBUF_OUTPUT(pystacks, PYSTACK_RINGBUF_PAGES);
 BPF_HASH(pystack_procs, u32, struct pystack_proc, 4096);
 /* tid -> PyThreadState, re-validated on use */
 BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
+/* Threads found to have no PyThreadState (a native library's workers: OpenMP, BLAS, a CUDA
+ * runtime's): their walk ends at once for PYSTACK_NO_TSTATE_NS, instead of scanning every thread
+ * state of the process at each capture. Looked for again after that, as a native thread may come
+ * to run Python (PyGILState_Ensure). */
+struct pystack_no_tstate {
+    u64 ts;         /* when the scan found none */
+    u32 pid;
+    u32 generation; /* the process's recipe then: an exec starts over */
+};
+#define PYSTACK_NO_TSTATE_NS 1000000000ull
+BPF_TABLE("lru_hash", u32, struct pystack_no_tstate, pystack_no_tstates, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
 BPF_ARRAY(pystack_code_cache, struct pystack_code_slot, PYSTACK_CODE_SLOTS);
@@ -418,6 +429,12 @@ static __always_inline int pystack_find_body(void *ctx, int tp)
     __builtin_memcpy(&st->cfg, cfg, sizeof(st->cfg));
     struct pystack_proc *c = &st->cfg;
     st->hashing = 1;
+    struct pystack_no_tstate *none = pystack_no_tstates.lookup(&tid);
+    if (none && none->pid == pid && none->generation == c->generation &&
+        bpf_ktime_get_ns() - none->ts < PYSTACK_NO_TSTATE_NS) {
+        pystack_submit(st, PYSTACK_NO_THREAD_STATE);
+        return 0;
+    }
 
     u64 fsbase = 0;
     /* a plain integer, not a struct pointer: no layout from the compile-time headers is used */
@@ -479,6 +496,12 @@ static __always_inline int pystack_scan_body(void *ctx, int tp)
     }
     st->interp = pystack_read_ptr(interp + c->interp_next, &err);
     if (!st->interp || err || ++st->interps >= PYSTACK_MAX_INTERPRETERS) {
+        if (!err) {
+            struct pystack_no_tstate none = {.ts = bpf_ktime_get_ns(), .pid = st->ev.pid,
+                                             .generation = c->generation};
+            u32 tid = st->ev.tid;
+            pystack_no_tstates.update(&tid, &none);
+        }
         pystack_submit(st, err ? PYSTACK_READ_ERROR : PYSTACK_NO_THREAD_STATE);
         return 0;
     }

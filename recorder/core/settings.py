@@ -7,6 +7,8 @@ names the variable and says what to give instead.
     STALL_RECORDER_NVML_LIB=PATH         load this libnvidia-ml.so.1 instead of the loader's
     STALL_RECORDER_GPU_INTERVAL_MS=N     sample the GPUs every N ms (10-60000; 0 turns sampling off)
     STALL_RECORDER_OFFCPU_STACKS=0       no Python stack at each blocking switch (on unless 0/off/no/false)
+    STALL_RECORDER_OFFCPU_STACK_MIN_US=N a wait inside a syscall gets its Python stack when it lasts N us
+                                         or more (default 1000; 0: every wait)
     STALL_RECORDER_BCC_RINGS=1           read the ring buffers through BCC's callbacks, not the mapping
 """
 
@@ -23,6 +25,10 @@ from store.errors import UserError
 PREFIX = "STALL_RECORDER_"
 DEFAULT_DB = "stall.db"
 DEFAULT_GPU_INTERVAL_MS = 100
+# Shorter waits inside a syscall get no Python stack: they are a busy job's many small ones
+# (thread-pool barriers, queue hand-offs), and no stall under 1 ms is reported.
+DEFAULT_OFFCPU_STACK_MIN_US = 1000
+MAX_OFFCPU_STACK_MIN_US = 10_000_000
 _OFF = ("0", "off", "no", "false")
 
 
@@ -40,6 +46,7 @@ class Settings(BaseModel):
     nvml_lib: Path | None = None
     gpu_interval_ms: int = DEFAULT_GPU_INTERVAL_MS
     offcpu_stacks: bool = True
+    offcpu_stack_min_us: int = DEFAULT_OFFCPU_STACK_MIN_US
     bcc_rings: bool = False
 
     @staticmethod
@@ -85,6 +92,17 @@ class Settings(BaseModel):
         if isinstance(value, str):  # anything but an explicit "off" keeps the stacks
             return value.strip().lower() not in _OFF
         return value
+
+    @field_validator("offcpu_stack_min_us", mode="before")
+    @classmethod
+    def _offcpu_min(cls, value: object) -> object:
+        text = str(value).strip()
+        if not text:
+            return DEFAULT_OFFCPU_STACK_MIN_US
+        if not text.isdigit() or int(text) > MAX_OFFCPU_STACK_MIN_US:
+            raise _Invalid(f"{PREFIX}OFFCPU_STACK_MIN_US={text}: give whole microseconds from 0 to "
+                           f"{MAX_OFFCPU_STACK_MIN_US} (default {DEFAULT_OFFCPU_STACK_MIN_US}), or unset it")
+        return int(text)
 
     @field_validator("bcc_rings", mode="before")
     @classmethod
