@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = ("sched:sched_switch", "raw_syscalls:sys_enter", "raw_syscalls:sys_exit")
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -109,10 +110,12 @@ def measure(round_trips: int, depth: int, reps: int) -> dict:
         try:
             from bench_block_tracing import BpfRunTime
 
-            stats = BpfRunTime(probes.bpf, ["sched:sched_switch"])
+            stats = BpfRunTime(probes.bpf, list(PROGRAMS))
         except Exception as e:  # no bpftool, or a kernel without BPF_ENABLE_STATS
             stats, stats_error = None, str(e)
         bpf_ns: dict[str, list[float]] = {m: [] for m in MODES}
+        # per program: the syscall's exit reads the stack of a long wait (bpf/sched.bpf.c)
+        prog_ns: dict[tuple[str, str], list[float]] = {(m, p): [] for m in MODES for p in PROGRAMS}
         for _ in range(reps + 1):  # the first repetition warms up
             for mode in MODES:
                 targets = probes.bpf["targets"]
@@ -122,10 +125,13 @@ def measure(round_trips: int, depth: int, reps: int) -> dict:
                     probes.add_pid(child.proc.pid)
                 set_offcpu_stacks(probes, mode == "target, stacks on")
                 before = dict(records)
-                ran_before = stats.snapshot()["sched:sched_switch"][0] if stats else 0
+                ran_before = stats.snapshot() if stats else {}
                 us = child.run(round_trips)
                 if stats:
-                    bpf_ns[mode].append((stats.snapshot()["sched:sched_switch"][0] - ran_before) / round_trips)
+                    ran = stats.snapshot()
+                    for prog in PROGRAMS:
+                        prog_ns[(mode, prog)].append((ran[prog][0] - ran_before[prog][0]) / round_trips)
+                    bpf_ns[mode].append(prog_ns[(mode, "sched:sched_switch")][-1])
                 probes.consume()  # outside the timed region
                 for kind in records:
                     per_trip[f"{kind} ({mode})"] = (records[kind] - before[kind]) / round_trips
@@ -153,6 +159,7 @@ def measure(round_trips: int, depth: int, reps: int) -> dict:
     if stats:
         ns = {m: statistics.median(v[1:]) for m, v in bpf_ns.items()}
         result["sched_switch_bpf_ns_per_round_trip"] = ns
+        result["bpf_ns_per_round_trip"] = {f"{p} ({m})": statistics.median(v[1:]) for (m, p), v in prog_ns.items()}
         result["capture_bpf_ns_per_blocking_switch"] = ((ns["target, stacks on"] - ns["target, stacks off"]) / blocking
                                                         if blocking else None)
     else:
@@ -195,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if r.get("capture_bpf_ns_per_blocking_switch") is not None:
         print(f"stack capture in BPF (kernel run time): {r['capture_bpf_ns_per_blocking_switch']:,.0f} ns per blocking "
               "switch")
+    for name, ns in r.get("bpf_ns_per_round_trip", {}).items():
+        print(f"  {name}: {ns:,.0f} ns BPF per round trip")
     return 0
 
 

@@ -12,9 +12,12 @@ BPF_HASH(targets, u32, u8, 16384);
 BPF_PERCPU_ARRAY(drops, u64, PROBE_COUNT);
 
 /* the syscall each traced thread is in, filled by raw_syscalls in sched.bpf.c: off-CPU intervals
- * name it, and its entry time tells the stack captures of one syscall apart (bpf/pystack.h) */
+ * name it, and its entry time tells the stack captures of one syscall apart (bpf/pystack.h). A
+ * thread's entry stays between its syscalls with ts 0 and is rewritten in place at the next entry:
+ * an insert (and a delete at every exit) took the map's locks twice per syscall. */
 struct syscall_t {
-    u64 ts;  /* entry */
+    u64 ts;        /* entry; 0: not in a syscall */
+    u64 stack_key; /* Python stack promised to this syscall's off-CPU intervals, read at its exit */
     s32 nr;
     u32 pad;
 };

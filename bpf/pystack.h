@@ -159,7 +159,7 @@ struct pystack_scratch {
     u64 fsbase;             /* this thread's fs base: tstate->thread_id to look for */
     u64 interp;             /* interpreter whose thread list is scanned next */
     u32 interps;            /* interpreters scanned so far */
-    u32 pad;
+    u32 unbound;            /* the scan met a thread state without its thread yet */
     u64 owner;              /* pid_tgid that filled this scratch */
     u64 digest;             /* hash of the frames walked so far */
     u64 sink_key;           /* PYSTACK_CAPTURE_BY_DIGEST: the caller's in-flight record */
@@ -188,6 +188,20 @@ BPF_RINGBUF_OUTPUT(pystacks, PYSTACK_RINGBUF_PAGES);
 BPF_HASH(pystack_procs, u32, struct pystack_proc, 4096);
 /* tid -> PyThreadState, re-validated on use */
 BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
+/* Threads found to have no PyThreadState (a native library's workers: OpenMP, BLAS, a CUDA
+ * runtime's): their walk ends after two reads, instead of scanning every thread state of the
+ * process at each capture, while the interpreter's list of thread states has the same head (a new
+ * thread state, e.g. a native thread's PyGILState_Ensure, is put at the head) and for at most
+ * PYSTACK_NO_TSTATE_NS. Not remembered when the scan met a thread state not yet bound to its
+ * thread (thread_id 0: a Python thread starting) or more than one interpreter. */
+struct pystack_no_tstate {
+    u64 ts;         /* when the scan found none */
+    u64 head;       /* the main interpreter's first thread state then */
+    u32 pid;
+    u32 generation; /* the process's recipe then: an exec starts over */
+};
+#define PYSTACK_NO_TSTATE_NS 1000000000ull
+BPF_TABLE("lru_hash", u32, struct pystack_no_tstate, pystack_no_tstates, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
 BPF_ARRAY(pystack_code_cache, struct pystack_code_slot, PYSTACK_CODE_SLOTS);
@@ -437,8 +451,16 @@ static __always_inline int pystack_find_body(void *ctx, int tp)
 
     st->interp = pystack_read_ptr(c->runtime + c->runtime_interpreters_head, &err);
     st->interps = 0;
+    st->unbound = 0;
     if (err || !st->interp) {
         pystack_submit(st, PYSTACK_READ_ERROR);
+        return 0;
+    }
+    struct pystack_no_tstate *none = pystack_no_tstates.lookup(&tid);
+    if (none && none->pid == pid && none->generation == c->generation &&
+        bpf_ktime_get_ns() - none->ts < PYSTACK_NO_TSTATE_NS &&
+        pystack_read_ptr(st->interp + c->interp_threads_head, &err) == none->head && !err) {
+        pystack_submit(st, PYSTACK_NO_THREAD_STATE);
         return 0;
     }
     pystack_next(ctx, tp, PYSTACK_PROG_SCAN);
@@ -458,14 +480,18 @@ static __always_inline int pystack_scan_body(void *ctx, int tp)
     u64 fsbase = st->fsbase, interp = st->interp, found = 0;
     int err = 0;
     u64 t = pystack_read_ptr(interp + c->interp_threads_head, &err);
+    u64 head = t;
 #pragma clang loop unroll(disable)
     for (int i = 0; i < PYSTACK_MAX_THREADS; i++) {
         if (!t || err)
             break;
-        if (pystack_read_ptr(t + c->tstate_thread_id, &err) == fsbase && !err) {
+        u64 thread_id = pystack_read_ptr(t + c->tstate_thread_id, &err);
+        if (thread_id == fsbase && !err) {
             found = t;
             break;
         }
+        if (!thread_id)
+            st->unbound = 1;
         t = pystack_read_ptr(t + c->tstate_next, &err);
     }
     if (found) {
@@ -479,6 +505,12 @@ static __always_inline int pystack_scan_body(void *ctx, int tp)
     }
     st->interp = pystack_read_ptr(interp + c->interp_next, &err);
     if (!st->interp || err || ++st->interps >= PYSTACK_MAX_INTERPRETERS) {
+        if (!err && !st->interp && st->interps == 0 && !st->unbound) { /* one interpreter */
+            struct pystack_no_tstate none = {.ts = bpf_ktime_get_ns(), .head = head,
+                                             .pid = st->ev.pid, .generation = c->generation};
+            u32 tid = st->ev.tid;
+            pystack_no_tstates.update(&tid, &none);
+        }
         pystack_submit(st, err ? PYSTACK_READ_ERROR : PYSTACK_NO_THREAD_STATE);
         return 0;
     }

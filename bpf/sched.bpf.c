@@ -10,13 +10,28 @@
  * behind after waking up. raw_syscalls keep the syscall in progress per traced thread, so user
  * space can tell a futex wait from a read.
  *
- * When a traced thread switches out blocked (sleeping, D state: not preempted) the switch ends by
- * capturing its Python stack (bpf/pystack.h; it is `current` here, so its user memory is readable):
- * the line it waits at. Preemptions are not captured: under CPU contention they can be far more
- * frequent, and the line a thread was preempted at is where it ran, not what it waited for. Blocking
- * again inside the same syscall reuses that syscall's capture. sched_settings[0] = 0 turns it off.
+ * A blocked interval (sleeping, D state: not preempted) gets the thread's Python stack: the line it
+ * waits at (bpf/pystack.h). Preemptions get none: under CPU contention they can be far more frequent,
+ * and the line a thread was preempted at is where it ran, not what it waited for. A training job's
+ * threads block tens of thousands of times a second for microseconds (thread-pool barriers, queue
+ * hand-offs), and walking the stack at each of those switches was most of the recorder's cost, so:
+ * - Blocked inside a syscall, no Python code runs until the syscall returns: the stack is read at
+ *   its exit (raw_syscalls:sys_exit, in the thread's own context), and only when one of its off-CPU
+ *   intervals lasted sched_settings[1] microseconds or more. The first such interval, at its
+ *   switch-in, promises the capture (syscall_t.stack_key: the key of the record to come, its own
+ *   start); it and every later interval of the syscall carry that key and OFFCPU_FLAG_PROMISED, so
+ *   user space waits for the record (recorder/core/stacks.py). Shorter intervals before it carry
+ *   none. An exec (execve, execveat) returns to another program: its promise is not kept.
+ * - A thread whose last capture is PYSTACK_EVERY_NS old or more is captured at the switch itself,
+ *   so that a thread that never comes back (a hang) still has its line, and so is a thread blocking
+ *   uninterruptibly (D: I/O, mostly rare), whose capture the bios a kworker queues for it later
+ *   take (bpf/block.bpf.c). An interval in a syscall that already has a capture shares it.
+ * - Blocked outside a syscall (a page fault), the stack is read at the switch: nothing says when
+ *   the thread is next in its own context with the same stack.
+ * sched_settings[0] = 0 turns the stacks off.
  */
 #define TASK_DEAD_STATES 0x30 /* X (dead) and Z (zombie): the thread never comes back */
+#define TASK_D_STATE 0x2      /* uninterruptible sleep */
 
 struct offcpu_open_t {
     u64 ts;
@@ -27,6 +42,9 @@ struct offcpu_open_t {
     u32 next_tid;
     s32 syscall;
     u64 stack_ts; /* key of its Python stack record, 0 when none was captured */
+    u64 epoch;    /* entry of the syscall it blocked in, when its stack is decided at the switch-in */
+    u32 flags;    /* OFFCPU_FLAG_PROMISED: stack_ts is read at the syscall's exit */
+    u32 pad;
     char comm[16];
     char next_comm[16];
 };
@@ -58,8 +76,11 @@ BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
 #define OFFCPU_RING_PAGES 2048
 BPF_RINGBUF_OUTPUT(offcpu_events, OFFCPU_RING_PAGES);
-/* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/layers/sched.py) */
-BPF_ARRAY(sched_settings, u32, 1);
+/* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/layers/sched.py);
+ * [1]: microseconds a blocked interval inside a syscall must last to get one (see above) */
+BPF_ARRAY(sched_settings, u32, 2);
+/* a thread not captured for this long is captured at its next blocking switch */
+#define PYSTACK_EVERY_NS 100000000ull
 
 /* prev_state as sched_switch reports it: 0 running (yield), 256 (TASK_REPORT_MAX) preempted */
 #define SWITCH_BLOCKED(state) ((state) & 0xff)
@@ -95,8 +116,22 @@ TRACEPOINT_PROBE(sched, sched_switch)
             e->cpu = open->cpu;
             e->next_tid = open->next_tid;
             e->syscall = open->syscall;
-            e->flags = 0;
+            e->flags = open->flags;
             e->stack_ts = open->stack_ts;
+            if (open->epoch) {
+                /* blocked in a syscall without a capture: a long enough interval promises one */
+                struct syscall_t *sc = in_syscall.lookup(&next);
+                if (sc && sc->ts == open->epoch) {
+                    u32 one = 1;
+                    u32 *min_us = sched_settings.lookup(&one);
+                    if (!sc->stack_key && min_us && e->dur >= (u64)*min_us * 1000)
+                        sc->stack_key = open->ts;
+                    if (sc->stack_key) {
+                        e->stack_ts = sc->stack_key;
+                        e->flags |= OFFCPU_FLAG_PROMISED;
+                    }
+                }
+            }
             e->in_cpu = bpf_get_smp_processor_id();
             e->contender_tid = 0;
             e->contender_run = 0;
@@ -156,13 +191,29 @@ TRACEPOINT_PROBE(sched, sched_switch)
     st.cpu = bpf_get_smp_processor_id();
     st.next_tid = next;
     struct syscall_t *sc = in_syscall.lookup(&prev);
+    if (sc && !sc->ts)
+        sc = 0; /* between two syscalls */
     st.syscall = sc ? sc->nr : -1;
     __builtin_memcpy(st.comm, args->prev_comm, 16);
     __builtin_memcpy(st.next_comm, args->next_comm, 16);
     int fresh = 0;
     u32 *stacks_on = sched_settings.lookup(&zero);
-    if (stacks_on && *stacks_on && SWITCH_BLOCKED(st.state))
-        st.stack_ts = pystack_key(sc ? sc->ts : 0, now, &fresh);
+    if (stacks_on && *stacks_on && SWITCH_BLOCKED(st.state)) {
+        if (!sc) {
+            st.stack_ts = pystack_key(0, now, &fresh);
+        } else if (sc->stack_key) {
+            st.stack_ts = sc->stack_key; /* promised by an earlier interval of this syscall */
+            st.flags = OFFCPU_FLAG_PROMISED;
+        } else {
+            struct pystack_last *last = pystack_last.lookup(&prev);
+            if (last && last->epoch == sc->ts && last->key)
+                st.stack_ts = last->key; /* captured earlier in this syscall */
+            else if (!last || now - last->key >= PYSTACK_EVERY_NS || (st.state & TASK_D_STATE))
+                st.stack_ts = pystack_key(sc->ts, now, &fresh);
+            else
+                st.epoch = sc->ts; /* decided at the switch-in (above), read at the syscall's exit */
+        }
+    }
     if (offcpu_open.update(&prev, &st))
         count_drop(PROBE_SCHED_MAP);
     if (fresh) /* even without the interval: later events of this syscall share the capture */
@@ -290,17 +341,35 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter)
     if (!is_target(id >> 32))
         return 0;
     u32 tid = (u32)id;
-    struct syscall_t sc = {.ts = bpf_ktime_get_ns(), .nr = (s32)args->id};
-    in_syscall.update(&tid, &sc);
+    u64 now = bpf_ktime_get_ns();
+    /* the thread's entry from its last syscall, rewritten in place: no lock, no allocation */
+    struct syscall_t *sc = in_syscall.lookup(&tid);
+    if (sc) {
+        sc->stack_key = 0;
+        sc->nr = (s32)args->id;
+        sc->ts = now;
+        return 0;
+    }
+    struct syscall_t first = {.ts = now, .nr = (s32)args->id};
+    in_syscall.update(&tid, &first);
     return 0;
 }
 
 TRACEPOINT_PROBE(raw_syscalls, sys_exit)
 {
     /* every syscall on the machine ends here: a lookup (lock-free) finds nothing for the tasks
-     * that are not traced, where a delete would take the map's bucket lock each time */
+     * that are not traced */
     u32 tid = (u32)bpf_get_current_pid_tgid();
-    if (in_syscall.lookup(&tid))
-        in_syscall.delete(&tid);
+    struct syscall_t *sc = in_syscall.lookup(&tid);
+    if (!sc || !sc->ts)
+        return 0;
+    u64 key = sc->stack_key;
+    s32 nr = sc->nr;
+    sc->ts = 0;
+    sc->stack_key = 0;
+    /* an interval of this syscall was promised the stack it returns to; an exec returns to
+     * another program's (x86-64 execve 59, execveat 322): its intervals keep none */
+    if (key && nr != 59 && nr != 322)
+        PYSTACK_CAPTURE_TP(args, key);
     return 0;
 }

@@ -175,7 +175,7 @@ class Session:
     def layer_order(self, settings: Settings, gpu_settings: GpuSettings) -> list[Layer]:
         """Every layer of a session, in the order they compile, attach and open their rings."""
         ctx = self.context
-        self.sched = SchedLayer(ctx, settings.offcpu_stacks)
+        self.sched = SchedLayer(ctx, settings.offcpu_stacks, settings.offcpu_stack_min_us)
         self.task = TaskLayer(ctx, TaskHooks(scan=self._scan_process, known=self.known_pids.__contains__,
                                              exited=self._process_exited, dlopen=self._dlopen))
         self.cuda = CudaLayer(ctx)
@@ -380,6 +380,8 @@ class Session:
         self.stacks.finish()
         self.drain_in_flight(stop, final=True)  # a hung call's stack record was read at its entry
         self.flush()  # the calls held back for their stack record, and the capability rows
+        for reason, n in self.stacks.housekeeping(stop).items():  # the stacks those never got
+            self.writer.add("loss", (self.session_id, stop - stop % 1_000_000_000, reason, n))
         self.task.finish(stop)  # the last exits, now that nothing is held back
         self.sched.finish(stop)  # intervals still open end at the stop
         self.stacks.report_misses()

@@ -704,3 +704,17 @@ def test_a_freed_code_object_is_not_resolved_from_its_leftover_fields() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_pointer_beyond_user_space_is_an_unreadable_frame_not_a_crash() -> None:
+    """A code object freed and reused between the capture and its resolution can hold any bytes:
+    a name pointer past 2**63 must read as unreadable (OSError), not stop the recorder."""
+    from recorder.core.pyframes import StackResolver
+
+    resolver = StackResolver({})
+    try:
+        assert len(resolver._read(os.getpid(), id(resolver), 8)) == 8  # a real address reads
+        with pytest.raises(OSError, match="not a user address"):
+            resolver._read(os.getpid(), (1 << 64) - 8, 8)
+    finally:
+        resolver.close()

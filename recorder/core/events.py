@@ -106,8 +106,9 @@ OFFCPU = Layout(
         ("state", "s64"),  # sched_switch prev_state as the tracepoint reports it
         ("wakeup_ts", "u64"),  # when it was woken (became runnable again), 0 if never asleep
         ("contender_run", "u64"),  # ns the contender ran on in_cpu while this thread was runnable
-        # key (ts) of its Python stack record: the switch-out, or an earlier capture in the same
-        # syscall; 0: none (preempted, or captures turned off)
+        # key (ts) of its Python stack record: the switch-out, an earlier capture in the same
+        # syscall, or the one promised at the syscall's exit (OFFCPU_FLAG_PROMISED); 0: none
+        # (preempted, a short wait in a syscall, or captures turned off)
         ("stack_ts", "u64"),
         ("pid", "u32"),
         ("tid", "u32"),
@@ -183,6 +184,7 @@ CONSTANTS: dict[str, int] = {
     "TASK_DLOPEN": 4,
     "TASK_RENAME": 5,  # tid is the renamed task, which may be another thread of the process
     "OFFCPU_FLAG_OPEN": 1,  # still off-CPU when the session stopped: dur runs to the stop
+    "OFFCPU_FLAG_PROMISED": 2,  # stack_ts is captured at the syscall's exit (bpf/sched.bpf.c)
     "CUDA_FLAG_POINTER_UNREAD": 1,  # the allocated pointer could not be read at return
     "MODE_PIDS": 0,
     "MODE_CGROUP": 1,

@@ -686,6 +686,8 @@ class StackResolver:
         if fd is None:
             fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
             self._mem[pid] = fd
+        if not 0 <= addr < 1 << 63:  # a pointer read from memory freed and reused since the capture
+            raise OSError(f"not a user address: {addr:#x}")
         data = os.pread(fd, size, addr)
         if len(data) != size:
             raise OSError(f"short read at {addr:#x}")

@@ -7,6 +7,8 @@ names the variable and says what to give instead.
     STALL_RECORDER_NVML_LIB=PATH         load this libnvidia-ml.so.1 instead of the loader's
     STALL_RECORDER_GPU_INTERVAL_MS=N     sample the GPUs every N ms (10-60000; 0 turns sampling off)
     STALL_RECORDER_OFFCPU_STACKS=0       no Python stack at each blocking switch (on unless 0/off/no/false)
+    STALL_RECORDER_OFFCPU_STACK_MIN_US=N a wait inside a syscall gets its Python stack when it lasts N us
+                                         or more (default 1000; 0: every wait)
     STALL_RECORDER_BCC_RINGS=1           read the ring buffers through BCC's callbacks, not the mapping
     STALL_RECORDER_BLOCK_INFLIGHT=N      block requests followed in flight at once (64-1048576, 16384)
     STALL_RECORDER_BLOCK_RING_PAGES=N    pages of the block requests' ring (a power of two, 1-65536, 256)
@@ -32,6 +34,12 @@ DEFAULT_GPU_INTERVAL_MS = 100
 DEFAULT_BLOCK_INFLIGHT = 16384
 DEFAULT_BLOCK_RING_PAGES = 256
 DEFAULT_INFLIGHT_MAX_AGE_S = 120
+
+# Shorter waits inside a syscall get no Python stack: they are a busy job's many small ones
+# (thread-pool barriers, queue hand-offs), and no stall under 1 ms is reported.
+DEFAULT_OFFCPU_STACK_MIN_US = 1000
+MAX_OFFCPU_STACK_MIN_US = 10_000_000
+
 _OFF = ("0", "off", "no", "false")
 # field -> (lowest, highest, default, must be a power of two)
 _SIZES = {
@@ -55,6 +63,7 @@ class Settings(BaseModel):
     nvml_lib: Path | None = None
     gpu_interval_ms: int = DEFAULT_GPU_INTERVAL_MS
     offcpu_stacks: bool = True
+    offcpu_stack_min_us: int = DEFAULT_OFFCPU_STACK_MIN_US
     bcc_rings: bool = False
     block_inflight: int = DEFAULT_BLOCK_INFLIGHT
     block_ring_pages: int = DEFAULT_BLOCK_RING_PAGES
@@ -111,6 +120,17 @@ class Settings(BaseModel):
         if isinstance(value, str):  # anything but an explicit "off" keeps holding
             return value.strip().lower() not in _OFF
         return value
+
+    @field_validator("offcpu_stack_min_us", mode="before")
+    @classmethod
+    def _offcpu_min(cls, value: object) -> object:
+        text = str(value).strip()
+        if not text:
+            return DEFAULT_OFFCPU_STACK_MIN_US
+        if not text.isdigit() or int(text) > MAX_OFFCPU_STACK_MIN_US:
+            raise _Invalid(f"{PREFIX}OFFCPU_STACK_MIN_US={text}: give whole microseconds from 0 to "
+                           f"{MAX_OFFCPU_STACK_MIN_US} (default {DEFAULT_OFFCPU_STACK_MIN_US}), or unset it")
+        return int(text)
 
     @field_validator("bcc_rings", mode="before")
     @classmethod

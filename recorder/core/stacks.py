@@ -54,6 +54,10 @@ PARKED_MAX = 65536  # threads whose latest unjoined stack is kept beyond that, f
 # RECENT_NS after the thread's newest taken key, at most RECENT_PER_THREAD of them.
 RECENT_NS = 30 * 1_000_000_000
 RECENT_PER_THREAD = 4096
+# An off-CPU interval whose stack is read at its syscall's exit (bpf/sched.bpf.c) waits this long
+# for it: a syscall that blocked for a while may go on blocking (a large read) after the interval.
+PROMISE_WAIT_NS = 60 * 1_000_000_000
+PROMISE_MISSED = "python stack of a syscall that did not return"
 Key = tuple[int, int, int]  # a stack record's (ts, pid, tid)
 try:
     from recorder._ingest import join_known_stacks as _join_known_stacks
@@ -413,18 +417,24 @@ class StackRecorder:
         return bool(self._held.get(kind))
 
     def join(self, kind: str, records: Iterable[tuple], key: Callable[[tuple], Key | None],
-             shared: bool = False) -> Iterator[tuple[tuple, int | None]]:
+             shared: bool = False, patient: Callable[[tuple], bool] | None = None
+             ) -> Iterator[tuple[tuple, int | None]]:
         """The events of `kind` held back at the last call, then `records`, each with its Python
         stack id. `key(rec)` is the (ts, pid, tid) of the event's stack record, None when it has
         none (e.g. a preemption). An event whose record has not been read yet is held back for the
         next call, once; after that (or at the end of the session) its stack is None, which the
         walker has counted as lost (ring buffer full, scratch clobbered). `shared`: several events
         may name one key (the tracepoint captures, one per syscall). `key(rec)` may also be a
-        stack digest (an int): the stack was sent before and the event carries its digest."""
+        stack digest (an int): the stack was sent before and the event carries its digest.
+        `patient(rec)`: the record may come long after the event (captured at the end of the
+        event's syscall): such an event is held until it comes, for up to PROMISE_WAIT_NS after
+        the key's time or until the end of the session; one it never came for is counted in
+        `losses` (PROMISE_MISSED)."""
         held = self._held.pop(kind, [])
         retrying = {key(r) for r in held}
         again = []
         pop = self._join.pop
+        now = _now_ns()
         for rec in itertools.chain(held, records):
             k = key(rec)
             if k is None:
@@ -434,7 +444,12 @@ class StackRecorder:
                 stack_id = self._digests.get(k)
             else:
                 stack_id = self.take(k, shared) if shared else pop(k, None)
-            if stack_id is None and not self._final and k not in retrying:
+            if stack_id is None and patient is not None and type(k) is tuple and patient(rec):
+                if not self._final and now - k[0] < PROMISE_WAIT_NS:
+                    again.append(rec)
+                    continue
+                self.losses[PROMISE_MISSED] = self.losses.get(PROMISE_MISSED, 0) + 1
+            elif stack_id is None and not self._final and k not in retrying:
                 again.append(rec)
                 continue
             yield rec, stack_id

@@ -1,6 +1,8 @@
 """The scheduler layer: off-CPU intervals of the target threads (bpf/sched.bpf.c) into
 `offcpu_interval`, each with who woke the thread, who held its CPU, and the Python stack it
-blocked in (unless STALL_RECORDER_OFFCPU_STACKS=0)."""
+blocked in (unless STALL_RECORDER_OFFCPU_STACKS=0). Inside a syscall the stack is read at the
+syscall's exit and only for a wait of STALL_RECORDER_OFFCPU_STACK_MIN_US or more: the interval's
+row waits for that record (StackRecorder.join)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import ctypes
 
 from recorder.core import events
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.settings import DEFAULT_OFFCPU_STACK_MIN_US
 
 # where the kernel has them, a wake-up from a timer, interrupt or softirq is told from one by a task
 WAKER_CONTEXT_TRACEPOINTS = ("irq:irq_handler_entry", "irq:softirq_entry", "timer:hrtimer_expire_entry",
@@ -22,18 +25,28 @@ OFFCPU_COLUMNS = (
     "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
     "open", "python_stack_id", "waker_context",
 )
-_OFF_STACK, _OFF_PID, _OFF_TID = (events.OFFCPU.names.index(n) for n in ("stack_ts", "pid", "tid"))
+_OFF_STACK, _OFF_PID, _OFF_TID, _OFF_FLAGS = (events.OFFCPU.names.index(n)
+                                              for n in ("stack_ts", "pid", "tid", "flags"))
+_PROMISED = events.CONSTANTS["OFFCPU_FLAG_PROMISED"]
 
 
-def set_offcpu_stacks(probes, on: bool) -> None:
-    """Capture (or not) the Python stack of a traced thread each time it blocks."""
+def set_offcpu_stacks(probes, on: bool, min_us: int = DEFAULT_OFFCPU_STACK_MIN_US) -> None:
+    """Capture (or not) the Python stack of a traced thread when it blocks: at the switch outside a
+    syscall, at the syscall's exit when it blocked in one for `min_us` or longer."""
     if "sched" in probes.layers:
-        probes.bpf["sched_settings"][ctypes.c_int(0)] = ctypes.c_uint32(int(on))
+        settings = probes.bpf["sched_settings"]
+        settings[ctypes.c_int(0)] = ctypes.c_uint32(int(on))
+        settings[ctypes.c_int(1)] = ctypes.c_uint32(min_us)
 
 
 def offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
     """(stack_ts, pid, tid) of an offcpu_event's Python stack record; None for a preemption."""
     return (rec[_OFF_STACK], rec[_OFF_PID], rec[_OFF_TID]) if rec[_OFF_STACK] else None
+
+
+def offcpu_stack_promised(rec: tuple) -> bool:
+    """Whether the event's stack record comes at its syscall's exit, maybe long after the event."""
+    return bool(rec[_OFF_FLAGS] & _PROMISED)
 
 
 class SchedLayer(BaseLayer):
@@ -42,9 +55,11 @@ class SchedLayer(BaseLayer):
     tables = ("offcpu_interval",)
     losses = events.probe_names("PROBE_SCHED", "PROBE_SCHED_MAP")
 
-    def __init__(self, context: Context, offcpu_stacks: bool = True) -> None:
+    def __init__(self, context: Context, offcpu_stacks: bool = True,
+                 stack_min_us: int = DEFAULT_OFFCPU_STACK_MIN_US) -> None:
         super().__init__(context)
         self.offcpu_stacks = offcpu_stacks
+        self.stack_min_us = stack_min_us
         self.raw: list[bytes] = []
 
     def prepare(self) -> None:
@@ -52,12 +67,14 @@ class SchedLayer(BaseLayer):
 
     def attach(self) -> None:
         probes = self.context.probes
-        set_offcpu_stacks(probes, self.offcpu_stacks)
+        set_offcpu_stacks(probes, self.offcpu_stacks, self.stack_min_us)
         if "sched" in probes.layers:
             # in the sched layer: the python layer is observed only where a process's frames are read
             on = self.offcpu_stacks
             probes.cap("sched", "python stacks at blocking switches", "attached" if on else "absent",
-                       "at each blocking switch" if on else "turned off (STALL_RECORDER_OFFCPU_STACKS=0)")
+                       f"waits of {self.stack_min_us} us or more in a syscall (read at its exit), every wait"
+                       " outside one, and the first wait of a thread not captured for 100 ms" if on
+                       else "turned off (STALL_RECORDER_OFFCPU_STACKS=0)")
 
     def sinks(self) -> dict[str, Sink]:
         return {"offcpu_events": self.raw.append}
@@ -77,7 +94,7 @@ class SchedLayer(BaseLayer):
         rows = []
         threads = ident.threads
         for rec, py_stack in stacks.join("offcpu", events.OFFCPU.iter_framed(joined_off),
-                                         offcpu_stack_key, shared=True):
+                                         offcpu_stack_key, shared=True, patient=offcpu_stack_promised):
             (ts, dur, cg, state, wakeup_ts, contender_run, stack_ts, pid, tid, cpu, next_tid, waker_tid,
              waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,
              contender_comm) = rec
