@@ -40,6 +40,13 @@ def blocked(db: Path, tid: int, where: str = "1") -> list[tuple]:
                  f" WHERE t.tid = ? AND s.reason != 'preempted' AND {where} ORDER BY o.ts", (tid,))
 
 
+def no_loss_but_skips(db: Path) -> list[tuple]:
+    """The loss rows other than runs of BPF programs the kernel skipped because another BPF
+    program was running on the CPU (a busy machine's, counted and allowed for above)."""
+    return q(db, "SELECT probe, sum(dropped) FROM loss WHERE probe NOT LIKE 'bpf program % skipped (%)' "
+                 "GROUP BY probe")
+
+
 def test_long_waits_carry_their_line_and_short_ones_cost_no_walk(tmp_path: Path) -> None:
     db = tmp_path / "w.db"
     job = record(db)
@@ -64,8 +71,10 @@ def test_long_waits_carry_their_line_and_short_ones_cost_no_walk(tmp_path: Path)
     assert sum(1 for *_, line in short if line is not None) < len(short) / 10, len(short)
     # nothing is lost on the way: every voluntary switch is an interval, no stack went missing
     total = len(blocked(db, job["main"])) + len(blocked(db, job["responder"]))
-    assert job["voluntary_switches"] - 3 <= total <= job["voluntary_switches"], (total, job)
-    assert q(db, "SELECT probe, sum(dropped) FROM loss GROUP BY probe") == []
+    skipped = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe ="
+                    " 'bpf program tracepoint__sched__sched_switch skipped (sched)'")[0][0]
+    assert job["voluntary_switches"] - 3 - skipped <= total <= job["voluntary_switches"], (total, job, skipped)
+    assert no_loss_but_skips(db) == []
 
 
 def test_every_wait_has_its_line_when_the_threshold_is_zero(tmp_path: Path) -> None:
@@ -81,7 +90,7 @@ def test_every_wait_has_its_line_when_the_threshold_is_zero(tmp_path: Path) -> N
     assert {(fn, line) for *_, fn, line in reply} == {(RESPONDER, lines["reply"])}
     assert q(db, "SELECT detail FROM capability WHERE probe = 'python stacks at blocking switches'")[0][0].startswith(
         "waits of 0 us or more in a syscall")
-    assert q(db, "SELECT probe, sum(dropped) FROM loss GROUP BY probe") == []
+    assert no_loss_but_skips(db) == []
 
 
 def test_threshold_setting_rejects_what_is_not_microseconds() -> None:
