@@ -27,6 +27,7 @@ struct offcpu_open_t {
     u32 next_tid;
     s32 syscall;
     u64 stack_ts; /* key of its Python stack record, 0 when none was captured */
+    u64 futex_addr; /* futex word when it blocked in futex(), 0 otherwise */
     char comm[16];
     char next_comm[16];
 };
@@ -58,6 +59,11 @@ BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
 #define OFFCPU_RING_PAGES 2048
 BPF_RINGBUF_OUTPUT(offcpu_events, OFFCPU_RING_PAGES);
+/* futex(): the futex word (args[0]) of a traced thread's futex() in progress, so that user space
+ * can tell a wait on the interpreter lock from any other futex wait by its address. Read only when
+ * the thread blocks inside futex() (in_syscall says so), so a stale entry is never used. */
+#define NR_FUTEX 202
+BPF_TABLE("lru_hash", u32, u64, futex_uaddr, 65536);
 /* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/layers/sched.py) */
 BPF_ARRAY(sched_settings, u32, 1);
 
@@ -97,6 +103,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
             e->syscall = open->syscall;
             e->flags = 0;
             e->stack_ts = open->stack_ts;
+            e->futex_addr = open->futex_addr;
             e->in_cpu = bpf_get_smp_processor_id();
             e->contender_tid = 0;
             e->contender_run = 0;
@@ -157,6 +164,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
     st.next_tid = next;
     struct syscall_t *sc = in_syscall.lookup(&prev);
     st.syscall = sc ? sc->nr : -1;
+    if (sc && sc->nr == NR_FUTEX) {
+        u64 *uaddr = futex_uaddr.lookup(&prev);
+        st.futex_addr = uaddr ? *uaddr : 0;
+    }
     __builtin_memcpy(st.comm, args->prev_comm, 16);
     __builtin_memcpy(st.next_comm, args->next_comm, 16);
     int fresh = 0;
@@ -192,6 +203,10 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter)
     u32 tid = (u32)id;
     struct syscall_t sc = {.ts = bpf_ktime_get_ns(), .nr = (s32)args->id};
     in_syscall.update(&tid, &sc);
+    if (args->id == NR_FUTEX) {
+        u64 uaddr = args->args[0];
+        futex_uaddr.update(&tid, &uaddr);
+    }
     return 0;
 }
 

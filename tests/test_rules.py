@@ -176,9 +176,11 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
     write_scenario("cpu-contention", path)
     conn = sqlite3.connect(path)
     for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule",
-                  "thread_name"):  # and what later versions added
+                  "thread_name", "wait_chain_rule", "python_gil"):  # and what later versions added
         conn.execute(f"DROP TABLE {table}")
     store_db._drop_views(conn)
+    for table, column in (("offcpu_interval", "futex_addr"), ("tcp_retransmit", "process_id")):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
     conn.close()

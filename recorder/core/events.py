@@ -109,6 +109,7 @@ OFFCPU = Layout(
         # key (ts) of its Python stack record: the switch-out, or an earlier capture in the same
         # syscall; 0: none (preempted, or captures turned off)
         ("stack_ts", "u64"),
+        ("futex_addr", "u64"),  # futex word of the futex() it blocked in (args[0]), 0 outside one
         ("pid", "u32"),
         ("tid", "u32"),
         ("cpu", "u32"),  # cpu it left

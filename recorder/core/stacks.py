@@ -41,6 +41,7 @@ from recorder.core.pyframes import (
     STATUS_NOT_CONFIGURED,
     STATUS_UNSUPPORTED,
     PyStackProbe,
+    PythonTarget,
     StackResolver,
     Unsupported,
     parse_pystack_event,
@@ -181,6 +182,7 @@ PY_STACK_COLUMNS = ("id", "session_id", "hash", "depth", "status")
 PY_FRAME_COLUMNS = ("stack_id", "depth", "code_id", "line")
 NATIVE_STACK_COLUMNS = ("id", "session_id", "hash", "depth")
 NATIVE_FRAME_COLUMNS = ("stack_id", "depth", "address", "object", "symbol", "symbol_offset")
+PY_GIL_COLUMNS = ("session_id", "pid", "lo", "hi", "version")
 
 
 def _hash(value: object) -> str:
@@ -205,7 +207,7 @@ class StackRecorder:
         import elftools.elf.elffile  # noqa: F401
         for name, cols in (("python_code", PY_CODE_COLUMNS), ("python_stack", PY_STACK_COLUMNS),
                            ("python_stack_frame", PY_FRAME_COLUMNS), ("native_stack", NATIVE_STACK_COLUMNS),
-                           ("native_stack_frame", NATIVE_FRAME_COLUMNS)):
+                           ("native_stack_frame", NATIVE_FRAME_COLUMNS), ("python_gil", PY_GIL_COLUMNS)):
             writer.table(name, cols)
         self._next = {t: store.one(f"SELECT coalesce(max(id), 0) AS n FROM {t}")["n"]
                       for t in ("python_code", "python_stack", "native_stack")}
@@ -228,6 +230,7 @@ class StackRecorder:
         # other, so an event can be read in the poll before its (earlier) stack record; held one flush
         self._held: dict[str, list[tuple]] = {}
         self._final = False
+        self._gils: set[tuple[int, int]] = set()  # (pid, _PyRuntime) written to python_gil
         self.pending: set[int] = set()  # pids that may still turn out to be Python (libpython not mapped)
         self._reported: set[int] = set()  # pids whose capability row is written
         self._maps_seen: dict[int, int] = {}  # pending pid -> mapped files when last detected
@@ -254,6 +257,11 @@ class StackRecorder:
             self.pending.add(pid)
         else:
             self.pending.discard(pid)
+        if isinstance(target, PythonTarget) and target.runtime_size and (pid, target.runtime) not in self._gils:
+            # where its GIL is: a futex wait in this range is a wait for the interpreter lock
+            self._gils.add((pid, target.runtime))
+            self.writer.add("python_gil", (self.session_id, pid, target.runtime,
+                                           target.runtime + target.runtime_size, target.version_text))
 
     @staticmethod
     def _may_become_python(pid: int) -> bool:

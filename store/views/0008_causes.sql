@@ -365,10 +365,33 @@ SELECT step_mark_id, 'nccl_wait',
        sum(wait_dur), count(*)
 FROM step_nccl_wait GROUP BY 1, 2, 3;
 
+-- view: wait_hop
+-- One hop of a wait chain: an off-CPU interval whose thread was woken by another thread -> the
+-- waker's own wait that ended while the first thread waited, the one that overlapped its wait the
+-- most (at least wait_chain_rule.min_blocked_dur): what the waker was waiting for before it woke
+-- it. waker_offcpu_id is NULL when the waker has no such wait (it ran, or is not traced: a kernel
+-- thread, an interrupt). wait_chain (0009_waits.sql) follows these hops.
+CREATE VIEW wait_hop AS
+SELECT o.session_id, o.id AS offcpu_id, o.thread_id, o.waker_thread_id, o.wakeup_ts,
+       (SELECT id FROM (
+            SELECT x.id, x.ts AS at,
+                   min(coalesce(x.wakeup_ts, x.ts + x.dur), o.wakeup_ts) - max(x.ts, o.ts) AS overlap
+            FROM offcpu_interval x
+            WHERE x.thread_id = o.waker_thread_id
+              AND x.ts >= o.ts - (SELECT lookback FROM wait_chain_rule) AND x.ts < o.wakeup_ts
+              AND x.ts + x.dur >= o.ts AND x.ts + x.dur <= o.wakeup_ts
+              AND x.state NOT IN (0, 256))
+         WHERE overlap >= (SELECT min_blocked_dur FROM wait_chain_rule)
+         ORDER BY overlap DESC, at DESC LIMIT 1) AS waker_offcpu_id -- the waker's wait (offcpu_interval.id), NULL if none
+FROM offcpu_interval o
+WHERE o.waker_thread_id IS NOT NULL AND o.waker_thread_id != o.thread_id AND o.wakeup_ts IS NOT NULL
+  AND o.state NOT IN (0, 256);
+
 -- view: causal_link
 -- One drill-down graph over every causal link above: from a row (table, id) to a row it is
 -- explained by, with the relation and the ns it accounts for. Start from a step
--- (from_table = 'step_mark') and follow to_table/to_id.
+-- (from_table = 'step_mark') and follow to_table/to_id. 'woken_after' goes from a wait to the
+-- waker's own wait before it woke the thread (wait_hop): followed hop by hop it is wait_chain.
 CREATE VIEW causal_link AS
 SELECT session_id, 'step_mark' AS from_table, step_mark_id AS from_id, 'off_cpu' AS relation,
        'offcpu_interval' AS to_table, offcpu_id AS to_id, overlap_dur AS dur
@@ -376,6 +399,10 @@ FROM step_offcpu
 UNION ALL
 SELECT o.session_id, 'offcpu_interval', o.id, 'waited_behind', 'thread', o.contender_thread_id, o.contender_run_dur
 FROM offcpu_interval o WHERE o.contender_thread_id IS NOT NULL
+UNION ALL
+SELECT h.session_id, 'offcpu_interval', h.offcpu_id, 'woken_after', 'offcpu_interval', h.waker_offcpu_id,
+       min(coalesce(x.wakeup_ts, x.ts + x.dur), h.wakeup_ts) - max(x.ts, o.ts)
+FROM wait_hop h JOIN offcpu_interval o ON o.id = h.offcpu_id JOIN offcpu_interval x ON x.id = h.waker_offcpu_id
 UNION ALL
 SELECT session_id, 'step_mark', step_mark_id, 'slow_call', 'cuda_call', cuda_call_id, excess_dur FROM step_cuda_call
 UNION ALL
