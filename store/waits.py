@@ -17,6 +17,7 @@ from store.db import Store
 from store.units import ms
 
 HOLDER_LINE_NS = 100_000_000  # the GIL holder's line: its next blocking switch this soon after it dropped it
+HOLDER_WINDOW_NS = 1_000_000_000  # else its lines this close to the waits
 
 
 def max_depth(store: Store) -> int:
@@ -53,9 +54,9 @@ def who(hop: dict) -> str:
 
 def doing(hop: dict) -> str:
     """What the thread was blocked on in this wait, in words."""
-    if hop["gil"]:
+    if hop["gil"]:  # the holder is the waker when it is a thread of the same process (not a timeout)
         return "waiting for the GIL" + (f" held by {hop['waker_name']} (tid {hop['waker_tid']})"
-                                        if hop.get("waker_tid") else "")
+                                        if hop.get("waker_tid") and hop["waker_pid"] == hop["pid"] else "")
     if hop["retransmits"]:
         n = hop["retransmits"]
         return (f"waiting on the network in {hop['syscall_name'] or hop['reason']}(): {n} TCP retransmit"
@@ -124,17 +125,21 @@ def gil_waits(store: Store, step_mark_id: int) -> dict | None:
     """The step's waits on the GIL of its own process (futex on the python_gil range): their blocked
     time, and the thread that held it (the one that woke the waits, by time) with its line."""
     rows = store.query(
-        "SELECT s.offcpu_id, s.blocked_dur, s.ts, o.wakeup_ts, o.waker_thread_id, o.thread_id"
+        "SELECT s.offcpu_id, s.blocked_dur, s.ts, o.wakeup_ts, o.waker_thread_id, o.thread_id,"
+        " w.process_id = t.process_id AS same_process"
         " FROM step_offcpu s JOIN offcpu_interval o ON o.id = s.offcpu_id"
         " JOIN thread t ON t.id = o.thread_id JOIN process p ON p.id = t.process_id"
         " JOIN python_gil g ON g.session_id = o.session_id AND g.pid = p.pid"
         "   AND o.futex_addr >= g.lo AND o.futex_addr < g.hi"
+        " LEFT JOIN thread w ON w.id = o.waker_thread_id"
         " WHERE s.step_mark_id = ? AND s.reason = 'futex'", (step_mark_id,))
     if not rows:
         return None
     by_waker: Counter[int] = Counter()
     for r in rows:
-        if r["waker_thread_id"] and r["waker_thread_id"] != r["thread_id"]:
+        # only a thread of the same process can hold its GIL: a wait that timed out (every switch
+        # interval) is woken by whatever task the timer interrupt found running
+        if r["same_process"] and r["waker_thread_id"] != r["thread_id"]:
             by_waker[r["waker_thread_id"]] += r["blocked_dur"]
     out = {"dur_ns": sum(r["blocked_dur"] for r in rows), "waits": len(rows),
            "longest": max(rows, key=lambda r: r["blocked_dur"])["offcpu_id"], "holder": None}
@@ -153,6 +158,13 @@ def gil_waits(store: Store, step_mark_id: int) -> dict | None:
                 (holder, r["wakeup_ts"] - HOLDER_LINE_NS // 100, r["wakeup_ts"] + HOLDER_LINE_NS))
             if nxt:
                 lines[nxt["text"]] += 1
+        if not lines:  # it never blocked right after a wake: its lines around the waits
+            lo = min(r["ts"] for r in rows) - HOLDER_WINDOW_NS
+            hi = max(r["wakeup_ts"] or r["ts"] for r in rows) + HOLDER_WINDOW_NS
+            lines.update({r["text"]: r["n"] for r in store.query(
+                "SELECT s.text, count(*) AS n FROM offcpu_interval x JOIN python_call_site s"
+                " ON s.stack_id = x.python_stack_id WHERE x.thread_id = ? AND x.ts >= ? AND x.ts <= ?"
+                " GROUP BY s.text", (holder, lo, hi))})
         out["holder"] = {"thread_id": holder, "tid": names["tid"], "pid": names["pid"],
                          "name": names["thread_name"], "process": names["process_name"],
                          "python": lines.most_common(1)[0][0] if lines else None,

@@ -259,6 +259,10 @@ class StackRecorder:
             self.pending.discard(pid)
         if isinstance(target, PythonTarget) and target.runtime_size and (pid, target.runtime) not in self._gils:
             # where its GIL is: a futex wait in this range is a wait for the interpreter lock
+            if any(p == pid for p, _ in self._gils):  # an exec: the old image's lock is gone
+                self._gils = {k for k in self._gils if k[0] != pid}
+                self.writer.execute("DELETE FROM python_gil WHERE session_id = ? AND pid = ? AND lo != ?",
+                                    (self.session_id, pid, target.runtime))
             self._gils.add((pid, target.runtime))
             self.writer.add("python_gil", (self.session_id, pid, target.runtime,
                                            target.runtime + target.runtime_size, target.version_text))

@@ -25,13 +25,13 @@ ALTER TABLE offcpu_interval ADD COLUMN futex_addr INTEGER; -- user address of th
 -- Where a traced CPython process keeps its interpreter lock: the address range of its `_PyRuntime`
 -- (on 3.10-3.11 the GIL is _PyRuntime.ceval.gil, on 3.12-3.13 the main interpreter's _gil, also
 -- inside _PyRuntime). The interpreter's other locks are allocated elsewhere, so a futex in this
--- range is the GIL's mutex or condition variable. A row per process image (an exec adds one).
+-- range is the GIL's mutex or condition variable. An exec replaces its process's row.
 CREATE TABLE python_gil (
     session_id INTEGER NOT NULL REFERENCES session(id),
     pid INTEGER NOT NULL,               -- the process (process.pid)
     lo INTEGER NOT NULL,                -- first address of _PyRuntime in the process
     hi INTEGER NOT NULL,                -- one past its last
-    version TEXT,                       -- the interpreter's version ('3.12')
+    version TEXT,                       -- the interpreter's version ('3.12.1')
     PRIMARY KEY (session_id, pid, lo)
 ) WITHOUT ROWID;
 

@@ -95,8 +95,8 @@ def gil(a: argparse.Namespace) -> dict:
         _name(b"gil-hog")
         out["hog_tid"] = threading.get_native_id()
         x = 1
-        while not done[0]:
-            x = x * 3 % 1000003  # HOG_LOOP
+        while not done[0]:  # HOG_LOOP
+            x = x * 3 % 1000003  # HOG_BODY
         out["hog_result"] = x
 
     hog_thread = threading.Thread(target=hog, name="gil-hog")
@@ -114,6 +114,7 @@ def gil(a: argparse.Namespace) -> dict:
             time.sleep(0.001)  # MAIN_SLEEP
     if not a.no_markers:
         recorder.step(a.steps)
+    out["steps_end"] = time.monotonic_ns()
     # a futex wait that is not the GIL's: an Event set by another thread after 50 ms
     event = threading.Event()
     setter = threading.Thread(target=lambda: (time.sleep(0.05), event.set()), name="setter")
@@ -122,7 +123,8 @@ def gil(a: argparse.Namespace) -> dict:
     event.wait()  # EVENT_WAIT
     out["event_wait_end"] = time.monotonic_ns()
     setter.join()
-    out.update(hog_line=_line("HOG_LOOP"), sleep_line=_line("MAIN_SLEEP"), event_line=_line("EVENT_WAIT"))
+    out.update(hog_lines=[_line("HOG_LOOP"), _line("HOG_BODY")], sleep_line=_line("MAIN_SLEEP"),
+               event_line=_line("EVENT_WAIT"))
     return out
 
 
