@@ -175,13 +175,14 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
 
 def own_retransmits(store: Store, step: dict, reason: str) -> list[dict]:
     """TCP retransmits on connections of the step's own process while its thread waited (`reason`
-    waits): a socket read with a timeout waits in poll(), a buffered one in read(), not only in
-    recv(); the retransmit's running task is rarely the owner (tcp_retransmit.process_id is)."""
+    waits), at either end (a reply retransmitted by a local peer is the asker's wait): a socket read
+    with a timeout waits in poll(), a buffered one in read(), not only in recv(); the retransmit's
+    running task is rarely the owner (tcp_retransmit.process_id and peer_process_id are)."""
     return store.query(
         "SELECT e.daddr || ':' || e.dport AS peer, count(DISTINCT e.id) AS n, min(e.ts) AS first_ts,"
         " max(e.saddr || ':' || e.sport || ' -> ' || e.daddr || ':' || e.dport) AS connection"
         " FROM step_offcpu s JOIN tcp_retransmit e ON e.session_id = s.session_id"
-        "  AND e.ts >= s.ts AND e.ts < s.ts + s.overlap_dur AND e.process_id = ?"
+        "  AND e.ts >= s.ts AND e.ts < s.ts + s.overlap_dur AND ? IN (e.process_id, e.peer_process_id)"
         " WHERE s.step_mark_id = ? AND s.reason = ? AND s.blocked_dur > 0"
         " GROUP BY e.daddr, e.dport ORDER BY n DESC", (step["process_id"], step["step_mark_id"], reason))
 

@@ -179,7 +179,8 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
                   "thread_name", "wait_chain_rule", "python_gil"):  # and what later versions added
         conn.execute(f"DROP TABLE {table}")
     store_db._drop_views(conn)
-    for table, column in (("offcpu_interval", "futex_addr"), ("tcp_retransmit", "process_id")):
+    for table, column in (("offcpu_interval", "futex_addr"), ("tcp_retransmit", "process_id"),
+                          ("tcp_retransmit", "peer_process_id")):
         conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 9")
     conn.commit()

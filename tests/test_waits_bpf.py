@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,8 @@ WORKLOAD = str(ROOT / "tests" / "workloads" / "waits.py")
 PYENV = Path("/root/.pyenv/versions")
 
 
-def record(db: Path, *cmd: str, python: str = sys.executable) -> dict:
-    res = subprocess.run([*RECORDER, "record", "--db", str(db), "--", python, WORKLOAD, *cmd],
+def record(db: Path, *cmd: str, python: str = sys.executable, prefix: tuple[str, ...] = ()) -> dict:
+    res = subprocess.run([*RECORDER, "record", "--db", str(db), "--", *prefix, python, WORKLOAD, *cmd],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     return workload_output(res.stdout)
@@ -39,6 +40,21 @@ def explain_worst(db: Path, first: int, last: int) -> dict:
 
 def _chain_rows(db: Path, root: int) -> list[tuple]:
     return q(db, "SELECT depth, offcpu_id, tid, pid FROM wait_chain WHERE root_offcpu_id = ? ORDER BY depth", (root,))
+
+
+def _mcp_explain(db: Path, step: int) -> dict:
+    import anyio
+    from mcp import Client
+
+    from mcp_server.server import build_server
+
+    async def go() -> dict:
+        async with Client(build_server(db)) as client:
+            result = await client.call_tool("explain_stall", {"step": step})
+            assert not result.is_error, result.content
+            return result.structured_content
+
+    return anyio.run(go)
 
 
 # -- a queue fed by a throttled worker ----------------------------------------------------------------
@@ -83,6 +99,9 @@ def test_queue_wait_is_explained_by_the_workers_throttled_read(tmp_path, throttl
     # the root is the step's own wait (step -> off_cpu -> woken_after ...)
     assert q(db, "SELECT count(*) FROM causal_link WHERE from_table = 'step_mark' AND relation = 'off_cpu'"
                  " AND to_id = ?", (root,))[0][0] == 1
+    # MCP's explain_stall, through a real client, gives the same chain
+    mcp = _mcp_explain(db, report["step"]["step"])
+    assert mcp["primary_cause"]["kind"] == "wait_chain" and mcp["primary_cause"]["chain"] == hops
     text = run_recorder("explain", "--db", str(db), "--step", str(report["step"]["step"]), check=True).stdout
     assert f"Primary cause: loader-worker (pid {truth['worker_pid']}) blocked on I/O on {disk}" in text, text
     assert "Kernel path: read() -> woken by" in text, text
@@ -173,3 +192,50 @@ def test_gil_waits_are_recognised_on_every_supported_cpython(tmp_path, version):
     event = q(db, "SELECT gil FROM offcpu_wait WHERE tid = ? AND reason = 'futex' AND ts >= ? AND ts < ?"
                   " ORDER BY blocked_dur DESC LIMIT 1", (main, truth["event_wait_start"], truth["event_wait_end"]))
     assert event == [(0,)], event
+
+
+# -- TCP retransmissions ------------------------------------------------------------------------------
+def _net(db: Path, mode: str) -> dict:
+    if not shutil.which("unshare") or not shutil.which("tc"):
+        pytest.skip("needs unshare and tc (a network namespace with its own qdisc on lo)")
+    return record(db, "net", "--mode", mode, prefix=("unshare", "-n"))
+
+
+@pytest.mark.parametrize("mode,syscall", [("poll", "poll"), ("recv", "recvfrom")])
+def test_retransmits_explain_the_wait_in_poll_and_in_recv(tmp_path, mode, syscall):
+    """A socket with a timeout waits in poll(), one without in recvfrom(): both are explained by the
+    retransmissions on their own connection (the task running at the retransmit is not the client)."""
+    db = tmp_path / f"{mode}.db"
+    truth = _net(db, mode)
+    report = explain_worst(db, 25, 26)
+    cause = report["primary_cause"]
+    assert report["stall"] and cause["kind"] == "tcp_retransmit", json.dumps(cause, indent=1)
+    peers = {f"127.0.0.1:{truth['server_port']}", f"127.0.0.1:{truth['client'][1]}"}  # the request or the echo
+    assert cause["retransmits"] >= 1 and cause["peer"] in peers, cause
+    assert cause["summary"].startswith(f"TCP retransmits: {cause['retransmits']} retransmit"), cause["summary"]
+    assert f"in {syscall}" in cause["summary"], cause["summary"]
+    # the retransmits of the connection (the request, or the echo) belong to its two ends: the client
+    # and the server, whatever task was running when they fired
+    ends = {truth["client"][1]: truth["pid"], truth["server_port"]: truth["server_pid"]}
+    rows = q(db, "SELECT e.sport, e.dport, p.pid, r.pid FROM tcp_retransmit e JOIN process p ON p.id = e.process_id"
+                 " JOIN process r ON r.id = e.peer_process_id")
+    assert rows and all(ends[sport] == owner and ends[dport] == peer for sport, dport, owner, peer in rows), rows
+
+
+def test_a_slow_peer_is_not_blamed_on_another_process_retransmits(tmp_path):
+    """The client waits for a server that sleeps, while another process's connections retransmit: the
+    cause is the server's sleep (through the wait chain), not the retransmits."""
+    db = tmp_path / "slow-server.db"
+    truth = _net(db, "slow-server")
+    report = explain_worst(db, 25, 26)
+    cause = report["primary_cause"]
+    assert report["stall"] and cause["kind"] == "wait_chain", json.dumps(cause, indent=1)
+    end = cause["chain"][-1]
+    assert end["thread"]["pid"] == truth["server_pid"] and end["reason"] == "sleep", end
+    assert end["python"].endswith(f"waits.py:{truth['server_line']}"), end
+    assert end["retransmits"] == 0 and cause["chain"][0]["retransmits"] == 0
+    assert cause["summary"].startswith(f"echo-server (pid {truth['server_pid']}) blocked (sleep"), cause["summary"]
+    # the other process's retransmits were recorded, and are its own
+    noise = q(db, "SELECT count(*), count(DISTINCT e.process_id), min(p.pid) FROM tcp_retransmit e"
+                  " LEFT JOIN process p ON p.id = e.process_id")
+    assert noise[0][0] >= 1 and noise[0][1] == 1 and noise[0][2] == truth["noise_pid"], noise

@@ -38,4 +38,7 @@ CREATE TABLE python_gil (
 -- The process that owns a retransmitted connection (its socket, found in the targets' /proc fd and
 -- net tables when the retransmit is stored). The task running at the retransmit is rarely the owner:
 -- retransmits fire from timers in softirq context.
-ALTER TABLE tcp_retransmit ADD COLUMN process_id INTEGER REFERENCES process(id); -- owner of the socket, NULL when not a target's
+ALTER TABLE tcp_retransmit ADD COLUMN process_id INTEGER REFERENCES process(id); -- owner of the socket, NULL when not a recorded process's
+-- The process holding the other end when it is on this host (loopback, another namespace's veth): a
+-- retransmitted reply is a wait of the process that asked for it.
+ALTER TABLE tcp_retransmit ADD COLUMN peer_process_id INTEGER REFERENCES process(id); -- owner of the other end, NULL when remote or not recorded

@@ -27,10 +27,10 @@ SELECT
     r.id AS block_request_id, r.device, r.op, r.size_bytes, r.queued_dur, r.device_dur,
     r.dur AS request_dur, r.submitter_kind,
     (SELECT count(*) FROM tcp_retransmit e
-      WHERE e.session_id = o.session_id AND e.process_id = t.process_id
-        AND e.ts >= o.ts AND e.ts < o.ts + o.dur) AS retransmits, -- on its process's connections
+      WHERE e.session_id = o.session_id AND t.process_id IN (e.process_id, e.peer_process_id)
+        AND e.ts >= o.ts AND e.ts < o.ts + o.dur) AS retransmits, -- on its process's connections (either end)
     (SELECT e.daddr || ':' || e.dport FROM tcp_retransmit e
-      WHERE e.session_id = o.session_id AND e.process_id = t.process_id
+      WHERE e.session_id = o.session_id AND t.process_id IN (e.process_id, e.peer_process_id)
         AND e.ts >= o.ts AND e.ts < o.ts + o.dur
       GROUP BY e.daddr, e.dport ORDER BY count(*) DESC LIMIT 1) AS retransmit_peer
 FROM offcpu o

@@ -13,10 +13,11 @@
     python waits.py net --mode poll|recv|slow-server [--steps 40] [--slow-step 25]
         Run in a network namespace of its own (unshare -n): an echo server process on 127.0.0.1 and a
         client (the main thread) that sends a request per step and waits for the echo. At --slow-step:
-        'poll'/'recv' drop every packet on lo (tc netem) for --drop-ms, so the request is retransmitted;
-        the client socket has a timeout ('poll': it waits in poll()) or none ('recv': in recvfrom()).
-        'slow-server': no loss on the client's connection, the server sleeps --drop-ms before it
-        answers, while another process's connection (to a port whose packets are dropped) retransmits.
+        'poll'/'recv' drop every packet on lo (a tbf qdisc too small for any packet) for --drop-ms, so
+        the request is retransmitted; the client socket has a timeout ('poll': it waits in poll()) or
+        none ('recv': in recvfrom()). 'slow-server': no loss on the client's connection, the server
+        sleeps --drop-ms before it answers, while another process (`waits.py noise`, in a namespace of
+        its own) has connections that retransmit.
 
 Prints one JSON line: the pids and thread ids involved and the source lines of the waits.
 """
@@ -129,6 +130,12 @@ def gil(a: argparse.Namespace) -> dict:
 
 
 # -- a client waiting for its peer behind retransmissions ----------------------------------------------
+# Every packet on lo is dropped while a token bucket too small for any packet is its qdisc (tbf needs
+# no classifier or netem module); only inside the workload's own network namespace.
+DROP = ("qdisc", "add", "dev", "lo", "root", "tbf", "rate", "8bit", "burst", "100", "limit", "1")
+UNDROP = ("qdisc", "del", "dev", "lo", "root")
+
+
 def _tc(*args: str) -> None:
     subprocess.run(["tc", *args], check=True, capture_output=True)
 
@@ -147,12 +154,27 @@ def _serve(listener: socket.socket, delay_at: int, delay_s: float) -> None:
         n += 1
 
 
-def _noise(port: int, seconds: float) -> None:
-    """Another process's connection whose packets are dropped: it retransmits meanwhile."""
+def noise(a: argparse.Namespace) -> dict:
+    """In a network namespace of its own: connections whose packets are lost (lo down), one sent on
+    every 100 ms, so that they retransmit for --seconds. Prints 'ready' once connected."""
     _name(b"noise-sender")
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"x" * 1000)
-    time.sleep(seconds)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    conns = [socket.create_connection(listener.getsockname()) for _ in range(int(a.seconds * 10))]
+    accepted = [listener.accept()[0] for _ in conns]
+    print("ready", flush=True)
+    # lo down: every segment is lost, and each connection retransmits on its timer
+    subprocess.run(["ip", "link", "set", "lo", "down"], check=True)
+    for c in conns:
+        c.sendall(b"n" * 512)
+        time.sleep(0.1)
+    time.sleep(0.5)  # the recorder finds who owns a retransmitted connection while it is open
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    for c in conns + accepted:
+        c.close()
+    return {"pid": os.getpid(), "connections": len(conns)}
 
 
 def net(a: argparse.Namespace) -> dict:
@@ -170,27 +192,20 @@ def net(a: argparse.Namespace) -> dict:
     client.settimeout(10 if a.mode in ("poll", "slow-server") else None)
     out: dict = {"pid": os.getpid(), "tid": threading.get_native_id(), "server_pid": server.pid,
                  "client": list(client.getsockname()), "server_port": port}
-    noise = None
-    if slow_server:  # a connection of another process that is dropped (prio band 3 + netem, by port)
-        sink = socket.socket()
-        sink.bind(("127.0.0.1", 0))
-        sink.listen(1)
-        out["noise_port"] = noise_port = sink.getsockname()[1]
-        _tc("qdisc", "add", "dev", "lo", "root", "handle", "1:", "prio")
-        _tc("qdisc", "add", "dev", "lo", "parent", "1:3", "handle", "30:", "netem", "loss", "100%")
+    other = None
     for step in range(a.steps):
         recorder.step(step)
+        if slow_server and step == a.slow_step - 1:
+            # another process's connections retransmit during the slow step, in their own namespace
+            other = subprocess.Popen(["unshare", "-n", sys.executable, __file__, "noise", "--seconds", "2"],
+                                     stdout=subprocess.PIPE, text=True)
+            assert other.stdout is not None and other.stdout.readline().strip() == "ready"
+            out["noise_pid"] = other.pid
         if step == a.slow_step:
             out["drop_start"] = time.monotonic_ns()
-            if slow_server:
-                noise = mp.get_context("fork").Process(target=_noise, args=(noise_port, a.drop_ms / 1000 + 0.5))
-                noise.start()
-                time.sleep(0.05)  # its handshake passes, then its data is dropped
-                _tc("filter", "add", "dev", "lo", "parent", "1:0", "protocol", "ip", "prio", "1", "u32",
-                    "match", "ip", "dport", str(noise_port), "0xffff", "flowid", "1:3")
-            else:
-                _tc("qdisc", "add", "dev", "lo", "root", "netem", "loss", "100%")
-                threading.Timer(a.drop_ms / 1000, _tc, ("qdisc", "del", "dev", "lo", "root")).start()
+            if not slow_server:
+                _tc(*DROP)
+                threading.Timer(a.drop_ms / 1000, _tc, UNDROP).start()
         client.sendall(b"r" * 512)
         got = b""
         while len(got) < 512:
@@ -199,8 +214,8 @@ def net(a: argparse.Namespace) -> dict:
     recorder.step(a.steps)
     client.close()
     server.join()
-    if noise is not None:
-        noise.join()
+    if other is not None:
+        other.wait()
     out.update(recv_line=_line("CLIENT_RECV"), server_line=_line("SERVER_SLEEP"))
     return out
 
@@ -224,8 +239,10 @@ def main() -> None:
     n.add_argument("--steps", type=int, default=40)
     n.add_argument("--slow-step", type=int, default=25)
     n.add_argument("--drop-ms", type=int, default=700)
+    o = sub.add_parser("noise")
+    o.add_argument("--seconds", type=float, default=2)
     a = ap.parse_args()
-    out = {"chain": chain, "gil": gil, "net": net}[a.what](a)
+    out = {"chain": chain, "gil": gil, "net": net, "noise": noise}[a.what](a)
     print(json.dumps(out), flush=True)
 
 

@@ -68,7 +68,7 @@ DIRTY_COLUMNS = ("session_id", "ts", "dur", "thread_id", "bdi", "period_dur", "t
 OOM_COLUMNS = ("session_id", "ts", "pid", "comm", "uid", "oom_score_adj", "total_vm_bytes", "anon_rss_bytes",
                "file_rss_bytes", "shmem_rss_bytes", "pgtables_bytes", "killer_tid")
 TCP_COLUMNS = ("session_id", "ts", "thread_id", "family", "saddr", "sport", "daddr", "dport", "state", "err",
-               "cgroup_id", "process_id")
+               "cgroup_id", "process_id", "peer_process_id")
 DMA_COLUMNS = ("session_id", "ts", "dur", "thread_id", "kind", "device", "addr", "dma_addr", "size_bytes",
                "nents", "direction", "attrs", "direct", "bounced", "forced", "fault_flags")
 NVME_AI_COLUMNS = ("session_id", "ts", "controller", "disk", "qid", "command_id", "rq_tag", "opcode", "action",
@@ -285,7 +285,8 @@ class IoLayer(BaseLayer):
                 src, dst = _ip(saddr, family), _ip(daddr, family)
                 self.writer.add("tcp_retransmit", (
                     sid, ts, self._thread(tid, pid, comm, ts, False), family, src, sport,
-                    dst, dport, state, err, cg, self.sockets.owner((src, sport, dst, dport))))
+                    dst, dport, state, err, cg, self.sockets.owner((src, sport, dst, dport)),
+                    self.sockets.owner((dst, dport, src, sport))))
             raw["net"].clear()
         if raw["dma"]:
             for rec in events.DMA.iter_unpack(b"".join(raw["dma"])):
