@@ -42,6 +42,15 @@ def _chain_rows(db: Path, root: int) -> list[tuple]:
     return q(db, "SELECT depth, offcpu_id, tid, pid FROM wait_chain WHERE root_offcpu_id = ? ORDER BY depth", (root,))
 
 
+def _plain(value):
+    """An MCP result with its text values unwrapped (the server marks them as untrusted data)."""
+    if isinstance(value, dict):
+        return value["untrusted_text"] if set(value) == {"untrusted_text"} else {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _mcp_explain(db: Path, step: int) -> dict:
     import anyio
     from mcp import Client
@@ -101,7 +110,7 @@ def test_queue_wait_is_explained_by_the_workers_throttled_read(tmp_path, throttl
                  " AND to_id = ?", (root,))[0][0] == 1
     # MCP's explain_stall, through a real client, gives the same chain
     mcp = _mcp_explain(db, report["step"]["step"])
-    assert mcp["primary_cause"]["kind"] == "wait_chain" and mcp["primary_cause"]["chain"] == hops
+    assert _plain(mcp["primary_cause"]["kind"]) == "wait_chain" and _plain(mcp["primary_cause"]["chain"]) == hops
     text = run_recorder("explain", "--db", str(db), "--step", str(report["step"]["step"]), check=True).stdout
     assert f"Primary cause: loader-worker (pid {truth['worker_pid']}) blocked on I/O on {disk}" in text, text
     assert "Kernel path: read() -> woken by" in text, text
