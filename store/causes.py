@@ -187,7 +187,7 @@ def own_retransmits(store: Store, step: dict, reason: str) -> list[dict]:
         " GROUP BY e.daddr, e.dport ORDER BY n DESC", (step["process_id"], step["step_mark_id"], reason))
 
 
-WAITED_FOR_REASONS = ("futex", "io", "poll", "blocked", "net", "sleep")  # waits another task may end
+WAITED_FOR_REASONS = ("futex", "io", "poll", "blocked", "net")  # waits another task may end (not a sleep)
 
 
 def wait_candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:

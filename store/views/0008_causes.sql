@@ -370,7 +370,8 @@ FROM step_nccl_wait GROUP BY 1, 2, 3;
 -- waker's own wait that ended while the first thread waited, the one that overlapped its wait the
 -- most (at least wait_chain_rule.min_blocked_dur): what the waker was waiting for before it woke
 -- it. waker_offcpu_id is NULL when the waker has no such wait (it ran, or is not traced: a kernel
--- thread, an interrupt). wait_chain (0009_waits.sql) follows these hops.
+-- thread, an interrupt). A sleep is never followed (its timer ends it). wait_chain
+-- (0009_waits.sql) follows these hops.
 CREATE VIEW wait_hop AS
 SELECT o.session_id, o.id AS offcpu_id, o.thread_id, o.waker_thread_id, o.wakeup_ts,
        (SELECT id FROM (
@@ -385,7 +386,9 @@ SELECT o.session_id, o.id AS offcpu_id, o.thread_id, o.waker_thread_id, o.wakeup
          ORDER BY overlap DESC, at DESC LIMIT 1) AS waker_offcpu_id -- the waker's wait (offcpu_interval.id), NULL if none
 FROM offcpu_interval o
 WHERE o.waker_thread_id IS NOT NULL AND o.waker_thread_id != o.thread_id AND o.wakeup_ts IS NOT NULL
-  AND o.state NOT IN (0, 256);
+  AND o.state NOT IN (0, 256)
+  -- a sleep ends by its timer: its "waker" is whatever task the interrupt found running
+  AND NOT EXISTS (SELECT 1 FROM syscall_name n WHERE n.nr = o.syscall AND n.class = 'sleep');
 
 -- view: causal_link
 -- One drill-down graph over every causal link above: from a row (table, id) to a row it is
