@@ -374,15 +374,22 @@ FROM step_nccl_wait GROUP BY 1, 2, 3;
 -- (0009_waits.sql) follows these hops.
 CREATE VIEW wait_hop AS
 SELECT o.session_id, o.id AS offcpu_id, o.thread_id, o.waker_thread_id, o.wakeup_ts,
+       -- a thread's intervals never overlap: the waker's waits that ended during ours are those
+       -- that started during it and the one last started before it (two index range scans)
        (SELECT id FROM (
-            SELECT x.id, x.ts AS at,
+            SELECT x.id, x.ts AS at, x.state, x.ts + x.dur AS end_ts,
                    min(coalesce(x.wakeup_ts, x.ts + x.dur), o.wakeup_ts) - max(x.ts, o.ts) AS overlap
             FROM offcpu_interval x
-            WHERE x.thread_id = o.waker_thread_id
-              AND x.ts >= o.ts - (SELECT lookback FROM wait_chain_rule) AND x.ts < o.wakeup_ts
-              AND x.ts + x.dur >= o.ts AND x.ts + x.dur <= o.wakeup_ts
-              AND x.state NOT IN (0, 256))
-         WHERE overlap >= (SELECT min_blocked_dur FROM wait_chain_rule)
+            WHERE x.thread_id = o.waker_thread_id AND x.ts >= o.ts AND x.ts < o.wakeup_ts
+            UNION ALL
+            SELECT y.id, y.ts, y.state, y.ts + y.dur,
+                   min(coalesce(y.wakeup_ts, y.ts + y.dur), o.wakeup_ts) - max(y.ts, o.ts)
+            FROM (SELECT * FROM offcpu_interval x
+                  WHERE x.thread_id = o.waker_thread_id AND x.ts < o.ts
+                    AND x.ts >= o.ts - (SELECT lookback FROM wait_chain_rule)
+                  ORDER BY x.ts DESC LIMIT 1) y)
+         WHERE end_ts >= (SELECT ts FROM offcpu_interval WHERE id = o.id) AND end_ts <= o.wakeup_ts
+           AND state NOT IN (0, 256) AND overlap >= (SELECT min_blocked_dur FROM wait_chain_rule)
          ORDER BY overlap DESC, at DESC LIMIT 1) AS waker_offcpu_id -- the waker's wait (offcpu_interval.id), NULL if none
 FROM offcpu_interval o
 WHERE o.waker_thread_id IS NOT NULL AND o.waker_thread_id != o.thread_id AND o.wakeup_ts IS NOT NULL
