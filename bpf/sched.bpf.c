@@ -45,6 +45,7 @@ struct offcpu_open_t {
     u64 epoch;    /* entry of the syscall it blocked in, when its stack is decided at the switch-in */
     u32 flags;    /* OFFCPU_FLAG_PROMISED: stack_ts is read at the syscall's exit */
     u32 pad;
+    u64 futex_addr; /* futex word when it blocked in futex(), 0 otherwise */
     char comm[16];
     char next_comm[16];
 };
@@ -76,6 +77,11 @@ BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
 BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
 #define OFFCPU_RING_PAGES 2048
 BPF_RINGBUF_OUTPUT(offcpu_events, OFFCPU_RING_PAGES);
+/* futex(): the futex word (args[0]) of a traced thread's futex() in progress, so that user space
+ * can tell a wait on the interpreter lock from any other futex wait by its address. Read only when
+ * the thread blocks inside futex() (in_syscall says so), so a stale entry is never used. */
+#define NR_FUTEX 202
+BPF_TABLE("lru_hash", u32, u64, futex_uaddr, 65536);
 /* [0]: capture the Python stack when a traced thread blocks (1, set by recorder/layers/sched.py);
  * [1]: microseconds a blocked interval inside a syscall must last to get one (see above) */
 BPF_ARRAY(sched_settings, u32, 2);
@@ -132,6 +138,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
                     }
                 }
             }
+            e->futex_addr = open->futex_addr;
             e->in_cpu = bpf_get_smp_processor_id();
             e->contender_tid = 0;
             e->contender_run = 0;
@@ -194,6 +201,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (sc && !sc->ts)
         sc = 0; /* between two syscalls */
     st.syscall = sc ? sc->nr : -1;
+    if (sc && sc->nr == NR_FUTEX) {
+        u64 *uaddr = futex_uaddr.lookup(&prev);
+        st.futex_addr = uaddr ? *uaddr : 0;
+    }
     __builtin_memcpy(st.comm, args->prev_comm, 16);
     __builtin_memcpy(st.next_comm, args->next_comm, 16);
     int fresh = 0;
@@ -342,6 +353,10 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter)
         return 0;
     u32 tid = (u32)id;
     u64 now = bpf_ktime_get_ns();
+    if (args->id == NR_FUTEX) {
+        u64 uaddr = args->args[0];
+        futex_uaddr.update(&tid, &uaddr);
+    }
     /* the thread's entry from its last syscall, rewritten in place: no lock, no allocation */
     struct syscall_t *sc = in_syscall.lookup(&tid);
     if (sc) {

@@ -118,6 +118,23 @@ STEP_ACTIONS: dict[str, list[Action]] = {
         "check GPU health (nvidia-smi -q) for that period",
     ],
     "dirty_throttle": ["Write checkpoints with O_DIRECT or from another thread, or raise dirty_bytes"],
+    "wait_chain": [
+        "The training thread waited for {end_who}, which was {end_text}: fix that wait, not the queue or "
+        "lock the training thread blocked on",
+        ("Check the I/O limits of {end_who}'s cgroup (io.max, blkio.throttle.*) and its reads on {end_device}: "
+         "SELECT * FROM block_request_named WHERE pid = {end_pid} AND device = '{end_device}'", "end_device"),
+        ("Check the path to {end_peer}: ss -ti dst {end_peer} (retrans, rto), interface errors (ip -s link)",
+         "end_peer"),
+        "Let the producer run ahead of the training loop: more DataLoader workers or a larger prefetch_factor, "
+        "data read ahead or cached closer to the job",
+        "Follow the chain yourself: SELECT * FROM wait_chain WHERE root_offcpu_id = {offcpu_id} ORDER BY depth",
+    ],
+    "gil_wait": [
+        "{holder} held the interpreter lock{holder_at}: move that CPU work out of the training process "
+        "(a worker process, or native code that releases the GIL), or make it yield more often",
+        "Check the switch interval (sys.getswitchinterval(), 5 ms by default): a thread that holds the GIL "
+        "delays every other thread of the process by up to that much at each wait",
+    ],
     "blocked": ["Find what the thread waited for: the waker above, or the lock or event at the Python line"],
     # a stalled step that no recorded wait explains
     "unexplained": [

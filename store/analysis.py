@@ -489,6 +489,32 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
             facts["summary"] = (f"slow {c.get('api')}: {ms(c.get('dur'))} against ~{ms(c.get('expected_dur'))}, "
                                 "on the CPU inside the library (driver or device wait)")
         path = [f"{c.get('api')}", "on-CPU in the CUDA library"]
+    elif kind == "wait_chain":
+        from store import waits
+
+        hops = cand["chain"]
+        end = hops[-1]
+        facts.update(reason=cand.get("reason"), syscall=syscall, chain=[waits.hop_json(h) for h in hops],
+                     waited_for=end["thread_name"])
+        facts["summary"] = waits.chain_summary(hops, dur)
+        path = waits.chain_path(hops)
+        context.update(end_who=waits.who(end), end_text=waits.doing(end), end_pid=end["pid"],
+                       end_device=end["device"] if end["block_request_id"] is not None else None,
+                       end_peer=end["retransmit_peer"] if end["retransmits"] else None,
+                       offcpu_id=hops[0]["offcpu_id"])
+    elif kind == "gil_wait":
+        g = cand["gil"]
+        h = g["holder"] or {}
+        holder = (f"{h['name']} (tid {h['tid']}) of {h['process']} (pid {h['pid']})" if h else "another thread")
+        facts.update(reason="futex", syscall=syscall, gil_waits=g["waits"],
+                     holder={"tid": h.get("tid"), "pid": h.get("pid"), "name": h.get("name"),
+                             "process": h.get("process"), "python": h.get("python"),
+                             "woke_dur_ns": h.get("dur_ns")} if h else None)
+        facts["summary"] = (f"waiting for the GIL: the thread waited {ms(dur)} for the interpreter lock "
+                            f"({g['waits']} waits), held by {holder}"
+                            + (f" running {h['python']}" if h.get("python") else ""))
+        path = ["futex() on the GIL", f"held by {holder}"]
+        context.update(holder=holder, holder_at=f" at {h['python']}" if h.get("python") else "")
     elif kind == "dirty_throttle":
         facts["summary"] = f"dirty-page throttling: the thread was paused {ms(dur)} writing to {cand.get('bdi')}"
         path = ["write()", "balance_dirty_pages pause"]
@@ -602,6 +628,8 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
         facts = _cause_facts(store, chosen, step)
         at = causes.evidence_ts(chosen, step)
         stack = causes.evidence_stack(chosen) or causes.nearest_stack(store, step["thread_id"], at, step["ts"])
+        if chosen["kind"] == "wait_chain":  # the line where the chain ends: the wait that explains it
+            stack = chosen["chain"][-1]["python_stack_id"] or stack
         site, frames = causes.python_site(store, stack)
         request = chosen.get("request") or {}
         facts.update(
@@ -620,6 +648,9 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
         if c is chosen or c["excess_dur_ns"] < rule.secondary_share * max(excess, 1) or not step["slow"]:
             continue
         if chosen is not None and c["kind"] == "blocked":  # the sleep the primary cause is made of
+            continue
+        if chosen is not None and chosen["kind"] in ("wait_chain", "gil_wait", "tcp_retransmit") \
+                and c["kind"] in ("blocked_io", "network_wait"):  # the wait the primary cause explains
             continue
         secondary.append(_cause_facts(store, c, step)["summary"])
     used = {"oom_kill"} if chosen is not None and chosen["kind"] == "memory_reclaim" else set()

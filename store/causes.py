@@ -130,10 +130,13 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
         if cause == "cpu_wait":
             continue
         elif cause == "blocked" and detail == "net":
-            retrans = store.query(
+            # retransmits on the process's own connections during its waits; else, in a network
+            # call, those of the step whose owner is not known (never another process's)
+            retrans = own_retransmits(store, step, "net") or store.query(
                 "SELECT device AS peer, count(*) AS n, min(ts) AS first_ts, max(detail) AS connection"
                 " FROM step_machine_event WHERE step_mark_id = ? AND kind = 'tcp_retransmit'"
-                " GROUP BY device ORDER BY n DESC", (sid,))
+                " AND event_id IN (SELECT id FROM tcp_retransmit WHERE session_id = ? AND process_id IS NULL)"
+                " GROUP BY device ORDER BY n DESC", (sid, step["session_id"]))
             wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = 'net'"
                              " ORDER BY blocked_dur DESC LIMIT 1", (sid,))
             out.append({**base, "kind": "tcp_retransmit" if retrans else "network_wait", "retransmits": retrans,
@@ -167,12 +170,70 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
             wait = store.one(
                 "SELECT * FROM step_nccl_wait WHERE step_mark_id = ? ORDER BY wait_dur DESC LIMIT 1", (sid,))
             out.append({**base, "kind": "nccl_straggler" if straggling else "nccl_wait", "wait": wait})
+    out += wait_candidates(store, step, rows)
     merged: dict[str, dict] = {}
     for c in out:  # one candidate per kind: the largest (cpu_wait rows are per contender)
         have = merged.get(c["kind"])
         if have is None or c["excess_dur_ns"] > have["excess_dur_ns"]:
             merged[c["kind"]] = c
     return sorted(merged.values(), key=lambda c: -c["excess_dur_ns"])
+
+
+def own_retransmits(store: Store, step: dict, reason: str) -> list[dict]:
+    """TCP retransmits on connections of the step's own process while its thread waited (`reason`
+    waits), at either end (a reply retransmitted by a local peer is the asker's wait): a socket read
+    with a timeout waits in poll(), a buffered one in read(), not only in recv(); the retransmit's
+    running task is rarely the owner (tcp_retransmit.process_id and peer_process_id are)."""
+    return store.query(
+        "SELECT e.daddr || ':' || e.dport AS peer, count(DISTINCT e.id) AS n, min(e.ts) AS first_ts,"
+        " max(e.saddr || ':' || e.sport || ' -> ' || e.daddr || ':' || e.dport) AS connection"
+        " FROM step_offcpu s JOIN tcp_retransmit e ON e.session_id = s.session_id"
+        "  AND e.ts >= s.ts AND e.ts < s.ts + s.overlap_dur AND ? IN (e.process_id, e.peer_process_id)"
+        " WHERE s.step_mark_id = ? AND s.reason = ? AND s.blocked_dur > 0"
+        " GROUP BY e.daddr, e.dport ORDER BY n DESC", (step["process_id"], step["step_mark_id"], reason))
+
+
+WAITED_FOR_REASONS = ("futex", "io", "poll", "blocked", "net")  # waits another task may end (not a sleep)
+
+
+def wait_candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
+    """Causes found by following the step's waits to other threads and processes: a wait on the GIL
+    (gil_wait, the thread that held it), retransmits on the process's own connections during a poll
+    or read (tcp_retransmit), and a wait ended by a thread that was itself waiting (wait_chain, to
+    the end of the chain: store/waits.py)."""
+    from store import waits
+
+    sid = step["step_mark_id"]
+    out: list[dict] = []
+    for r in rows:
+        if r["cause"] != "blocked" or r["detail"] not in WAITED_FOR_REASONS or not r["excess_dur_ns"]:
+            continue
+        reason = r["detail"]
+        base = {"dur_ns": r["dur_ns"], "excess_dur_ns": r["excess_dur_ns"], "detail": reason, "reason": reason}
+        if reason == "futex":
+            gil = waits.gil_waits(store, sid)
+            if gil and gil["dur_ns"] >= 0.5 * r["dur_ns"]:
+                share = min(1.0, gil["dur_ns"] / max(r["dur_ns"], 1))
+                wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND offcpu_id = ?",
+                                 (sid, gil["longest"]))
+                out.append({**base, "kind": "gil_wait", "dur_ns": gil["dur_ns"],
+                            "excess_dur_ns": int(r["excess_dur_ns"] * share), "gil": gil, "wait": wait})
+                continue
+        if reason in ("poll", "io", "blocked"):
+            retrans = own_retransmits(store, step, reason)
+            if retrans:
+                wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = ?"
+                                 " ORDER BY blocked_dur DESC LIMIT 1", (sid, reason))
+                out.append({**base, "kind": "tcp_retransmit", "retransmits": retrans, "wait": wait})
+                continue
+        # the longest waits of this reason, followed through their wakers
+        for wait in store.query("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = ? AND blocked_dur > 0"
+                                " ORDER BY blocked_dur DESC LIMIT 3", (sid, reason)):
+            hops = waits.chain(store, wait["offcpu_id"])
+            if hops:
+                out.append({**base, "kind": "wait_chain", "wait": wait, "chain": hops})
+                break
+    return out
 
 
 def primary(cands: list[dict], stall_excess: int, rule: CauseRule) -> dict | None:

@@ -263,6 +263,40 @@ class Contender(Part):
     delayed_wakeups: int | None
 
 
+class WaitHop(Part):
+    """One wait of a wait chain (the wait_chain view): depth 0 is the stalled thread's wait, depth n
+    the wait of the thread that woke hop n-1, before it woke it."""
+
+    depth: int
+    offcpu_id: int = Field(description="offcpu_interval id")
+    ts: int
+    blocked_dur_ns: int = Field(description="ns asleep before it was woken")
+    thread: Thread
+    reason: str | None
+    syscall: str | None
+    python: str | None = Field(description="the line it blocked at")
+    waker: Thread = Field(description="the task that woke it (the next hop's thread)")
+    gil: bool = Field(description="a wait on its process's interpreter lock")
+    block_request_id: int | None
+    device: str | None
+    queued_dur_ns: int | None
+    device_dur_ns: int | None
+    retransmits: int = Field(description="TCP retransmits on its process's connections during the wait")
+    retransmit_peer: str | None
+    text: str = Field(description="what it was blocked on, in words")
+
+
+class GilHolder(Part):
+    """The thread that held the GIL while the stalled thread waited for it (the waker of its waits)."""
+
+    tid: int | None
+    pid: int | None
+    name: str | None
+    process: str | None
+    python: str | None = Field(description="the line it ran while it held the GIL")
+    woke_dur_ns: int | None = Field(description="ns of the waits it ended")
+
+
 class PrimaryCause(Part):
     """A step's root cause (store/causes.py kinds, rows of cause_kind): what it is, how much of the
     stall it explains, its evidence and next actions, and the facts of its kind."""
@@ -315,6 +349,10 @@ class PrimaryCause(Part):
     detail: str | None = None
     reason: str | None = None
     waker: str | None = None
+    chain: list[WaitHop] | None = Field(None, description="wait_chain: the waits followed, to the one at its end")
+    waited_for: str | None = Field(None, description="wait_chain: the thread at the end of the chain")
+    gil_waits: int | None = None
+    holder: GilHolder | None = None
 
 
 class BreakdownRow(Part):

@@ -1,6 +1,6 @@
 """The Python line of a blocked thread, with real BPF, now that a wait inside a syscall has its
 stack read at the syscall's exit and only when it lasted STALL_RECORDER_OFFCPU_STACK_MIN_US:
-the cheaper path must give the answers the capture at every switch gave. tests/workloads/waits.py
+the cheaper path must give the answers the capture at every switch gave. tests/workloads/syscall_waits.py
 makes two threads wait thousands of times for microseconds and, after each burst, for 20 ms: a
 capture at the switch is then rate-limited away, and the long waits get their line from the
 capture at the syscall's exit. Every blocked interval is still recorded, none is lost."""
@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
-WORKLOAD = ROOT / "tests" / "workloads" / "waits.py"
+WORKLOAD = ROOT / "tests" / "workloads" / "syscall_waits.py"
 SYS_READ, SYS_CLOCK_NANOSLEEP = 0, 230  # x86-64
 RESPONDER = "main.<locals>.responder"
 

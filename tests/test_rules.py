@@ -176,12 +176,13 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
     write_scenario("cpu-contention", path)
     conn = sqlite3.connect(path)
     for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule",
-                  "thread_name", "incident", "user_code_rule"):  # and what later versions added
-        conn.execute(f"DROP TABLE {table}")
+                  "thread_name", "incident", "user_code_rule", "wait_chain_rule", "python_gil"):
+        conn.execute(f"DROP TABLE {table}")  # and what later versions added
     store_db._drop_views(conn)
-    conn.execute("ALTER TABLE offcpu_interval DROP COLUMN waker_context")  # v14's
-    for table in ("cuda_call", "nccl_call"):  # v13's column
-        conn.execute(f"ALTER TABLE {table} DROP COLUMN open")
+    for table, column in (("offcpu_interval", "waker_context"), ("offcpu_interval", "futex_addr"),
+                          ("tcp_retransmit", "process_id"), ("tcp_retransmit", "peer_process_id"),
+                          ("cuda_call", "open"), ("nccl_call", "open")):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
     conn.close()

@@ -110,6 +110,7 @@ OFFCPU = Layout(
         # syscall, or the one promised at the syscall's exit (OFFCPU_FLAG_PROMISED); 0: none
         # (preempted, a short wait in a syscall, or captures turned off)
         ("stack_ts", "u64"),
+        ("futex_addr", "u64"),  # futex word of the futex() it blocked in (args[0]), 0 outside one
         ("pid", "u32"),
         ("tid", "u32"),
         ("cpu", "u32"),  # cpu it left

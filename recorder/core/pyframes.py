@@ -235,6 +235,7 @@ class PythonTarget:
     code_type: int  # run-time address of PyCode_Type
     load_bias: int
     offsets: PyOffsets = field(repr=False)
+    runtime_size: int = 0  # bytes of _PyRuntime (its ELF symbol's size): the GIL lies inside it
 
     @property
     def version_text(self) -> str:
@@ -270,6 +271,7 @@ class _ElfFacts:
     first_load_vaddr: int
     symbols: dict[str, int]  # defined symbols we care about -> st_value
     pyruntime_section: int | None
+    runtime_size: int = 0  # st_size of _PyRuntime (or the .PyRuntime section's size)
 
 
 _WANTED = ("_PyRuntime", "Py_Version", "PyCode_Type")
@@ -301,6 +303,7 @@ def _read_elf_facts(path: str) -> _ElfFacts:
             raise ValueError(f"{elf['e_machine']} binaries are not supported (x86-64 only)")
         loads = [s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
         symbols: dict[str, int] = {}
+        runtime_size = 0
         # the GNU hash table finds exported symbols without reading every symbol (ms, not 100s of
         # ms: detection runs between a Python's exec and its first traced call)
         table = elf.get_section_by_name(".gnu.hash")
@@ -308,6 +311,8 @@ def _read_elf_facts(path: str) -> _ElfFacts:
             sym = table.get_symbol(wanted)
             if sym is not None and sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                 symbols[wanted] = sym["st_value"]
+                if wanted == "_PyRuntime":
+                    runtime_size = sym["st_size"]
         complete = "_PyRuntime" in symbols and "PyCode_Type" in symbols  # Py_Version: 3.11+ only
         for name in (".dynsym", ".symtab") if not complete else ():
             sec = elf.get_section_by_name(name)
@@ -320,10 +325,14 @@ def _read_elf_facts(path: str) -> _ElfFacts:
                     # extension modules reference _PyRuntime too: only a definition counts
                     if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                         symbols[wanted] = sym["st_value"]
+                        if wanted == "_PyRuntime":
+                            runtime_size = sym["st_size"]
                         break
         sec = elf.get_section_by_name(".PyRuntime")
+        if not runtime_size and sec is not None:
+            runtime_size = sec["sh_size"]
         return _ElfFacts(elf["e_type"], min(loads) if loads else 0, symbols,
-                         sec["sh_addr"] if sec is not None else None)
+                         sec["sh_addr"] if sec is not None else None, runtime_size)
 
 
 _VERSION_IN_NAME = re.compile(r"python(\d)\.(\d+)(t?)")
@@ -394,7 +403,7 @@ def _target(
             return Unsupported(pid, f"CPython {text} free-threaded build: not supported")
     else:
         return Unsupported(pid, f"CPython {text} is not supported ({SUPPORTED})")
-    return PythonTarget(pid, path, version, runtime, code_type, bias, offsets)
+    return PythonTarget(pid, path, version, runtime, code_type, bias, offsets, facts.runtime_size)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from recorder.core.pyframes import (
     STATUS_NOT_CONFIGURED,
     STATUS_UNSUPPORTED,
     PyStackProbe,
+    PythonTarget,
     StackResolver,
     Unsupported,
     parse_pystack_event,
@@ -192,6 +193,7 @@ PY_STACK_COLUMNS = ("id", "session_id", "hash", "depth", "status")
 PY_FRAME_COLUMNS = ("stack_id", "depth", "code_id", "line")
 NATIVE_STACK_COLUMNS = ("id", "session_id", "hash", "depth")
 NATIVE_FRAME_COLUMNS = ("stack_id", "depth", "address", "object", "symbol", "symbol_offset")
+PY_GIL_COLUMNS = ("session_id", "pid", "lo", "hi", "version")
 
 
 def _hash(value: object) -> str:
@@ -217,7 +219,7 @@ class StackRecorder:
         import elftools.elf.elffile  # noqa: F401
         for name, cols in (("python_code", PY_CODE_COLUMNS), ("python_stack", PY_STACK_COLUMNS),
                            ("python_stack_frame", PY_FRAME_COLUMNS), ("native_stack", NATIVE_STACK_COLUMNS),
-                           ("native_stack_frame", NATIVE_FRAME_COLUMNS)):
+                           ("native_stack_frame", NATIVE_FRAME_COLUMNS), ("python_gil", PY_GIL_COLUMNS)):
             writer.table(name, cols)
         self._next = {t: store.one(f"SELECT coalesce(max(id), 0) AS n FROM {t}")["n"]
                       for t in ("python_code", "python_stack", "native_stack")}
@@ -243,6 +245,7 @@ class StackRecorder:
         # other, so an event can be read in the poll before its (earlier) stack record; held one flush
         self._held: dict[str, list[tuple]] = {}
         self._final = False
+        self._gils: set[tuple[int, int]] = set()  # (pid, _PyRuntime) written to python_gil
         self.pending: set[int] = set()  # pids that may still turn out to be Python (libpython not mapped)
         self._reported: set[int] = set()  # pids whose capability row is written
         self._maps_seen: dict[int, int] = {}  # pending pid -> mapped files when last detected
@@ -269,6 +272,15 @@ class StackRecorder:
             self.pending.add(pid)
         else:
             self.pending.discard(pid)
+        if isinstance(target, PythonTarget) and target.runtime_size and (pid, target.runtime) not in self._gils:
+            # where its GIL is: a futex wait in this range is a wait for the interpreter lock
+            if any(p == pid for p, _ in self._gils):  # an exec: the old image's lock is gone
+                self._gils = {k for k in self._gils if k[0] != pid}
+                self.writer.execute("DELETE FROM python_gil WHERE session_id = ? AND pid = ? AND lo != ?",
+                                    (self.session_id, pid, target.runtime))
+            self._gils.add((pid, target.runtime))
+            self.writer.add("python_gil", (self.session_id, pid, target.runtime,
+                                           target.runtime + target.runtime_size, target.version_text))
 
     @staticmethod
     def _may_become_python(pid: int) -> bool:

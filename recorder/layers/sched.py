@@ -23,7 +23,7 @@ WAKER_CONTEXTS = {b"timer": "timer", b"interrupt": "interrupt", b"softirq": "sof
 OFFCPU_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "cpu", "state", "syscall", "next_thread_id",
     "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
-    "open", "python_stack_id", "waker_context",
+    "open", "python_stack_id", "waker_context", "futex_addr",
 )
 _OFF_STACK, _OFF_PID, _OFF_TID, _OFF_FLAGS = (events.OFFCPU.names.index(n)
                                               for n in ("stack_ts", "pid", "tid", "flags"))
@@ -95,7 +95,7 @@ class SchedLayer(BaseLayer):
         threads = ident.threads
         for rec, py_stack in stacks.join("offcpu", events.OFFCPU.iter_framed(joined_off),
                                          offcpu_stack_key, shared=True, patient=offcpu_stack_promised):
-            (ts, dur, cg, state, wakeup_ts, contender_run, stack_ts, pid, tid, cpu, next_tid, waker_tid,
+            (ts, dur, cg, state, wakeup_ts, contender_run, stack_ts, futex_addr, pid, tid, cpu, next_tid, waker_tid,
              waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,
              contender_comm) = rec
             th = threads.get(tid) or ident.thread(tid, pid, comm, ts)
@@ -105,7 +105,8 @@ class SchedLayer(BaseLayer):
             rival = ident.thread(contender, None, contender_comm, ts, False) if contender else None
             rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
                          wk, waker_cpu if waker_tid or context else None, wakeup_ts or None, in_cpu,
-                         rival, contender_run if contender else None, cg, flags & 1, py_stack, context))
+                         rival, contender_run if contender else None, cg, flags & 1, py_stack, context,
+                         futex_addr or None))
         raw_off.clear()
         ctx.writer.extend("offcpu_interval", rows)
 
@@ -122,4 +123,5 @@ class SchedLayer(BaseLayer):
                 ctx.session_id, rec.ts, ts - rec.ts, th, rec.cpu, rec.state,
                 rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
                 None, rec.cgroup_id, 1,
-                ctx.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None, None))
+                ctx.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None, None,
+                rec.futex_addr or None))

@@ -379,10 +379,43 @@ SELECT step_mark_id, 'nccl_wait',
        sum(wait_dur), count(*)
 FROM step_nccl_wait GROUP BY 1, 2, 3;
 
+-- view: wait_hop
+-- One hop of a wait chain: an off-CPU interval whose thread was woken by another thread -> the
+-- waker's own wait that ended while the first thread waited, the one that overlapped its wait the
+-- most (at least wait_chain_rule.min_blocked_dur): what the waker was waiting for before it woke
+-- it. waker_offcpu_id is NULL when the waker has no such wait (it ran, or is not traced: a kernel
+-- thread, an interrupt). A sleep is never followed (its timer ends it). wait_chain
+-- (0009_waits.sql) follows these hops.
+CREATE VIEW wait_hop AS
+SELECT o.session_id, o.id AS offcpu_id, o.thread_id, o.waker_thread_id, o.wakeup_ts,
+       -- a thread's intervals never overlap: the waker's waits that ended during ours are those
+       -- that started during it and the one last started before it (two index range scans)
+       (SELECT id FROM (
+            SELECT x.id, x.ts AS at, x.state, x.ts + x.dur AS end_ts,
+                   min(coalesce(x.wakeup_ts, x.ts + x.dur), o.wakeup_ts) - max(x.ts, o.ts) AS overlap
+            FROM offcpu_interval x
+            WHERE x.thread_id = o.waker_thread_id AND x.ts >= o.ts AND x.ts < o.wakeup_ts
+            UNION ALL
+            SELECT y.id, y.ts, y.state, y.ts + y.dur,
+                   min(coalesce(y.wakeup_ts, y.ts + y.dur), o.wakeup_ts) - max(y.ts, o.ts)
+            FROM (SELECT * FROM offcpu_interval x
+                  WHERE x.thread_id = o.waker_thread_id AND x.ts < o.ts
+                    AND x.ts >= o.ts - (SELECT lookback FROM wait_chain_rule)
+                  ORDER BY x.ts DESC LIMIT 1) y)
+         WHERE end_ts >= (SELECT ts FROM offcpu_interval WHERE id = o.id) AND end_ts <= o.wakeup_ts
+           AND state NOT IN (0, 256) AND overlap >= (SELECT min_blocked_dur FROM wait_chain_rule)
+         ORDER BY overlap DESC, at DESC LIMIT 1) AS waker_offcpu_id -- the waker's wait (offcpu_interval.id), NULL if none
+FROM offcpu_interval o
+WHERE o.waker_thread_id IS NOT NULL AND o.waker_thread_id != o.thread_id AND o.wakeup_ts IS NOT NULL
+  AND o.state NOT IN (0, 256)
+  -- a sleep ends by its timer: its "waker" is whatever task the interrupt found running
+  AND NOT EXISTS (SELECT 1 FROM syscall_name n WHERE n.nr = o.syscall AND n.class = 'sleep');
+
 -- view: causal_link
 -- One drill-down graph over every causal link above: from a row (table, id) to a row it is
 -- explained by, with the relation and the ns it accounts for. Start from a step
--- (from_table = 'step_mark') and follow to_table/to_id.
+-- (from_table = 'step_mark') and follow to_table/to_id. 'woken_after' goes from a wait to the
+-- waker's own wait before it woke the thread (wait_hop): followed hop by hop it is wait_chain.
 CREATE VIEW causal_link AS
 SELECT session_id, 'step_mark' AS from_table, step_mark_id AS from_id, 'off_cpu' AS relation,
        'offcpu_interval' AS to_table, offcpu_id AS to_id, overlap_dur AS dur
@@ -390,6 +423,10 @@ FROM step_offcpu
 UNION ALL
 SELECT o.session_id, 'offcpu_interval', o.id, 'waited_behind', 'thread', o.contender_thread_id, o.contender_run_dur
 FROM offcpu_interval o WHERE o.contender_thread_id IS NOT NULL
+UNION ALL
+SELECT h.session_id, 'offcpu_interval', h.offcpu_id, 'woken_after', 'offcpu_interval', h.waker_offcpu_id,
+       min(coalesce(x.wakeup_ts, x.ts + x.dur), h.wakeup_ts) - max(x.ts, o.ts)
+FROM wait_hop h JOIN offcpu_interval o ON o.id = h.offcpu_id JOIN offcpu_interval x ON x.id = h.waker_offcpu_id
 UNION ALL
 SELECT session_id, 'step_mark', step_mark_id, 'slow_call', 'cuda_call', cuda_call_id, excess_dur FROM step_cuda_call
 UNION ALL

@@ -19,6 +19,7 @@ from recorder.core import events
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
 from recorder.core.settings import DEFAULT_INFLIGHT_MAX_AGE_S
 from recorder.layers.io.devices import BlockDeviceTable
+from recorder.layers.io.sockets import SocketOwners
 
 # Tracepoints used when present (HAVE_TP_<system>_<name> is defined for the BPF source); each is
 # recorded in `capability` as attached or absent.
@@ -71,7 +72,7 @@ DIRTY_COLUMNS = ("session_id", "ts", "dur", "thread_id", "bdi", "period_dur", "t
 OOM_COLUMNS = ("session_id", "ts", "pid", "comm", "uid", "oom_score_adj", "total_vm_bytes", "anon_rss_bytes",
                "file_rss_bytes", "shmem_rss_bytes", "pgtables_bytes", "killer_tid")
 TCP_COLUMNS = ("session_id", "ts", "thread_id", "family", "saddr", "sport", "daddr", "dport", "state", "err",
-               "cgroup_id")
+               "cgroup_id", "process_id", "peer_process_id")
 DMA_COLUMNS = ("session_id", "ts", "dur", "thread_id", "kind", "device", "addr", "dma_addr", "size_bytes",
                "nents", "direction", "attrs", "direct", "bounced", "forced", "fault_flags")
 NVME_AI_COLUMNS = ("session_id", "ts", "controller", "disk", "qid", "command_id", "rq_tag", "opcode", "action",
@@ -177,6 +178,8 @@ class IoLayer(BaseLayer):
         self._kthread: dict[int, bool] = {}
         self.events = 0
         self.probes = None
+        # the recorded process that owns a retransmitted connection (the running task rarely does)
+        self.sockets = SocketOwners(lambda: self.identity.processes)
         self.stacks = None  # the session's StackRecorder: submitters' Python stacks (None: not joined)
         self.max_age_ns = DEFAULT_INFLIGHT_MAX_AGE_S * 1_000_000_000
         self._last_sweep = 0
@@ -319,9 +322,11 @@ class IoLayer(BaseLayer):
         if raw["net"]:
             for rec in events.TCP.iter_unpack(b"".join(raw["net"])):
                 ts, cg, pid, tid, state, err, sport, dport, family, _pad, saddr, daddr, comm = rec
+                src, dst = _ip(saddr, family), _ip(daddr, family)
                 self.writer.add("tcp_retransmit", (
-                    sid, ts, self._thread(tid, pid, comm, ts, False), family, _ip(saddr, family), sport,
-                    _ip(daddr, family), dport, state, err, cg))
+                    sid, ts, self._thread(tid, pid, comm, ts, False), family, src, sport,
+                    dst, dport, state, err, cg, self.sockets.owner((src, sport, dst, dport)),
+                    self.sockets.owner((dst, dport, src, sport))))
             raw["net"].clear()
         if raw["dma"]:
             for rec in events.DMA.iter_unpack(b"".join(raw["dma"])):
