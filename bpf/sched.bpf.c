@@ -336,7 +336,9 @@ TRACEPOINT_PROBE(sched, sched_waking)
         __builtin_memcpy(w.comm, "timer", 6);
     } else if (c && c->hardirq == at) {
         __builtin_memcpy(w.comm, "interrupt", 10);
-    } else if (c && c->softirq == at) {
+    } else if (c && c->softirq == at && !is_target(bpf_get_current_pid_tgid() >> 32)) {
+        /* a softirq on a traced task's time is most often its own doing (a send on loopback runs
+         * the receive in the sender's context at local_bh_enable): that task stays the waker */
         __builtin_memcpy(w.comm, "softirq", 8);
     } else {
         w.tid = (u32)bpf_get_current_pid_tgid();
