@@ -16,7 +16,6 @@ Trigger storms: a trigger that fires while an incident is waiting for its after 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import sqlite3
 import statistics
 import threading
@@ -311,6 +310,7 @@ class FlightRecorder:
     def in_flight(self) -> list[tuple[str, str, int, int]]:
         """(table, API name, tid, entry ts) of the CUDA and NCCL calls in flight now, from the BPF maps
         of calls entered and not yet returned (a thread gone is no call in flight)."""
+        from recorder.core.inflight import in_flight
         from recorder.layers.cuda.apis import APIS as CUDA_APIS
         from recorder.layers.workload.nccl import APIS as NCCL_APIS
 
@@ -318,16 +318,10 @@ class FlightRecorder:
         bpf = self.session.probes.bpf
         for map_name, table, names in (("cuda_inflight", "cuda_call", CUDA_APIS),
                                        ("nccl_inflight", "nccl_call", NCCL_APIS)):
-            try:
-                items = list(bpf.get_table(map_name).items())
-            except KeyError:  # the layer compiled no such map
-                continue
-            for k, v in items:
-                key = k.value
-                tid, api = key >> 32, key & 0xFFFFFFFF
-                if v.ts == 0 or api >= len(names) or not os.path.exists(f"/proc/{tid}"):
+            for call in in_flight(bpf, map_name, delete=False):
+                if call.pid is None or call.record.ts == 0 or call.api >= len(names):
                     continue
-                out.append((table, names[api].name, tid, v.ts))
+                out.append((table, names[call.api].name, call.tid, call.record.ts))
         return out
 
     def _fire(self, trigger: str, ts: int, detail: str, force: bool = False) -> None:
