@@ -88,6 +88,7 @@ class CompileOnly(BPF):
 p = object.__new__(loader.Probes)
 p.target = loader.TargetSpec(pids=(os.getpid(),))
 p.capabilities, p.layers, p.optional, p.sources = [], [], {}, bpf_sources()
+p.settings = loader.Settings.from_environment()
 text = p._source([bpf_programs()])
 out = {"defines": sorted(l.split()[1] for l in text.splitlines() if l.startswith("#define HAVE_TP")),
        "layers": p.layers}

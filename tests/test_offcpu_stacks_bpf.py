@@ -83,7 +83,8 @@ def test_every_wait_has_its_line_when_the_threshold_is_zero(tmp_path: Path) -> N
     db = tmp_path / "w0.db"
     job = record(db, STALL_RECORDER_OFFCPU_STACK_MIN_US="0")
     lines = tagged_lines()
-    main = blocked(db, job["main"], "o.syscall = 0")
+    # the interpreter's reads of its modules at start-up block too on a cold page cache: not the ping-pong's
+    main = [r for r in blocked(db, job["main"], "o.syscall = 0") if r[2] != "<module>"]
     reply = blocked(db, job["responder"], "o.syscall = 0")
     assert len(main) > job["rounds"] * 1000 and len(reply) > job["rounds"] * 1000
     assert {(fn, line) for *_, fn, line in main} == {("main", lines["ping"])}

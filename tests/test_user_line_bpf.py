@@ -48,14 +48,18 @@ def producer():
     batches.put("batch")
 
 
-time.sleep(0.5)  # the recorder reads the new interpreter
-for step in range(40):
-    recorder.step(step)
-    fakelib.allocate(rt, 1 << 20)  # the user's allocation line
-    if step == {SLOW_STEP}:
-        threading.Thread(target=producer).start()
-        batches.get()  # the user's wait line
-    time.sleep(0.01)
+def train():
+    time.sleep(0.5)  # the recorder reads the new interpreter
+    for step in range(40):
+        recorder.step(step)
+        fakelib.allocate(rt, 1 << 20)  # the user's allocation line
+        if step == {SLOW_STEP}:
+            threading.Thread(target=producer).start()
+            batches.get()  # the user's wait line
+        time.sleep(0.01)
+
+
+train()
 sys.stdout.write(json.dumps({{"pid": os.getpid()}}) + "\\n")
 """
 
@@ -79,7 +83,7 @@ def test_the_python_line_is_the_users_own(tmp_path, native):
 
     # every cudaMalloc is made in the package; its line is the script's that called the package
     sites = q(db, "SELECT python_line, count(*) FROM cuda_call_python GROUP BY 1")
-    assert sites == [(f"<module>() at train_user.py:{alloc_line}", 40)], sites
+    assert sites == [(f"train() at train_user.py:{alloc_line}", 40)], sites
     frames = q(db, "SELECT f.file, f.user_code FROM cuda_call c JOIN python_frame f ON f.stack_id = c.python_stack_id"
                    " WHERE f.depth = 0 LIMIT 1")
     assert frames == [("__init__.py", 0)]  # the innermost frame is the package's, not the user's
@@ -87,15 +91,20 @@ def test_the_python_line_is_the_users_own(tmp_path, native):
     # the step report of the wait: the user's queue.get() line, the standard library's frames below it
     report = json.loads(run_recorder("explain", "--db", str(db), "--step", str(SLOW_STEP), "--json",
                                      check=True).stdout)
+    # the wait is followed to its end (the producer's sleep): each hop at the user's own line
     cause = report["primary_cause"]
-    assert cause["python"] == f"<module>() at train_user.py:{wait_line}", cause
-    assert "threading.py" in cause["python_stack"][0], cause
-    assert cause["python_stack"][-1] == cause["python"]
+    sleep_line = _line(SCRIPT, "time.sleep(0.4)")
+    assert cause["kind"] == "wait_chain", cause
+    assert cause["python"] == f"producer() at train_user.py:{sleep_line}", cause
+    assert [hop["python"] for hop in cause["chain"][:2]] == [
+        f"train() at train_user.py:{wait_line}", f"producer() at train_user.py:{sleep_line}"], cause["chain"]
+    assert f"via the futex() in train() at train_user.py:{wait_line}" in cause["summary"], cause
+    assert cause["python_stack"][0] == cause["python"], cause  # the sleep is made in C: no frame below
     text = run_recorder("explain", "--db", str(db), "--step", str(SLOW_STEP), check=True).stdout
-    assert f"Python: <module>() at train_user.py:{wait_line}" in text, text
-    assert "threading.py" not in text
+    assert f"Python: producer() at train_user.py:{sleep_line}" in text, text
+    assert "threading.py" not in text and "queue.py" not in text  # the standard library's frames: under --stack
     stacked = run_recorder("explain", "--db", str(db), "--step", str(SLOW_STEP), "--stack", check=True).stdout
-    assert "threading.py" in stacked and "queue.py" in stacked
+    assert "threading.py" in stacked  # the producer thread's frames below its own line
     (mcp,) = over_stdio(db, [("explain_stall", {"step": SLOW_STEP})])
     assert mcp["primary_cause"]["python"] == cause["python"]
 
