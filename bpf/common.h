@@ -19,7 +19,7 @@ struct syscall_t {
     u64 ts;        /* entry; 0: not in a syscall */
     u64 stack_key; /* Python stack promised to this syscall's off-CPU intervals, read at its exit */
     s32 nr;
-    u32 pad;
+    u32 blocked; /* one of its off-CPU intervals opened in this syscall (bpf/sched.bpf.c) */
 };
 BPF_TABLE("lru_hash", u32, struct syscall_t, in_syscall, 65536);
 

@@ -33,8 +33,19 @@
 #define TASK_DEAD_STATES 0x30 /* X (dead) and Z (zombie): the thread never comes back */
 #define TASK_D_STATE 0x2      /* uninterruptible sleep */
 
+struct waker_t {
+    u64 ts;   /* when it was woken; 0: not woken since it left the CPU (preempted, or not yet) */
+    u32 tid;
+    u32 cpu;
+    char comm[16];
+};
+
+/* A traced thread's entry: open (ts != 0) from its switch-out until it runs again, then closed in
+ * place (ts = 0) and reused at its next switch-out; removed at its last switch (it died). Writing
+ * in place takes no bucket lock and no free-list node at a switch (an insert, two deletes and a
+ * second map for the waker did, at every blocking switch). sched_waking fills `waker`. */
 struct offcpu_open_t {
-    u64 ts;
+    u64 ts;       /* switch-out; 0: closed, the thread is on a CPU */
     u64 cgroup_id;
     s64 state;
     u32 pid;
@@ -48,13 +59,7 @@ struct offcpu_open_t {
     u64 futex_addr; /* futex word when it blocked in futex(), 0 otherwise */
     char comm[16];
     char next_comm[16];
-};
-
-struct waker_t {
-    u64 ts;
-    u32 tid;
-    u32 cpu;
-    char comm[16];
+    struct waker_t waker;
 };
 
 #define CPU_SLICES 16
@@ -73,8 +78,9 @@ struct cpu_runs_t {
 };
 
 BPF_PERCPU_ARRAY(cpu_runs, struct cpu_runs_t, 1);
-BPF_TABLE("lru_hash", u32, struct offcpu_open_t, offcpu_open, 65536);
-BPF_TABLE("lru_hash", u32, struct waker_t, offcpu_waker, 65536);
+/* a plain hash: a full map is a counted loss (PROBE_SCHED_MAP), never an eviction of a thread
+ * that has been off the CPU the longest, which is what an LRU would drop first: a hang */
+BPF_HASH(offcpu_open, u32, struct offcpu_open_t, 65536);
 #define OFFCPU_RING_PAGES 2048
 BPF_RINGBUF_OUTPUT(offcpu_events, OFFCPU_RING_PAGES);
 /* futex(): the futex word (args[0]) of a traced thread's futex() in progress, so that user space
@@ -91,12 +97,100 @@ BPF_ARRAY(sched_settings, u32, 2);
 /* prev_state as sched_switch reports it: 0 running (yield), 256 (TASK_REPORT_MAX) preempted */
 #define SWITCH_BLOCKED(state) ((state) & 0xff)
 
+/* Send thread `tid`'s open interval, ending at `end` on CPU `in_cpu`, and close its entry.
+ * `runs`: this CPU's run slices, to name the contender (at a switch-in); 0 where the interval
+ * ends without one (OFFCPU_FLAG_END_*). */
+static __always_inline void close_interval(struct offcpu_open_t *open, u32 tid, u64 end, u32 in_cpu,
+                                           struct cpu_runs_t *runs, u32 flags)
+{
+    struct offcpu_event *e = offcpu_events.ringbuf_reserve(sizeof(struct offcpu_event));
+    if (!e) {
+        count_drop(PROBE_SCHED);
+        open->ts = 0;
+        return;
+    }
+    e->ts = open->ts;
+    e->dur = end > open->ts ? end - open->ts : 0;
+    e->cgroup_id = open->cgroup_id;
+    e->state = open->state;
+    e->pid = open->pid;
+    e->tid = tid;
+    e->cpu = open->cpu;
+    e->next_tid = open->next_tid;
+    e->syscall = open->syscall;
+    e->flags = open->flags | flags;
+    e->stack_ts = open->stack_ts;
+    if (open->epoch) {
+        /* blocked in a syscall without a capture: a long enough interval promises one */
+        struct syscall_t *sc = in_syscall.lookup(&tid);
+        if (sc && sc->ts == open->epoch) {
+            u32 one = 1;
+            u32 *min_us = sched_settings.lookup(&one);
+            if (!sc->stack_key && min_us && e->dur >= (u64)*min_us * 1000)
+                sc->stack_key = open->ts;
+            if (sc->stack_key) {
+                e->stack_ts = sc->stack_key;
+                e->flags |= OFFCPU_FLAG_PROMISED;
+            }
+        }
+    }
+    e->futex_addr = open->futex_addr;
+    e->in_cpu = in_cpu;
+    e->contender_tid = 0;
+    e->contender_run = 0;
+    __builtin_memset(e->contender_comm, 0, 16);
+    __builtin_memcpy(e->comm, open->comm, 16);
+    __builtin_memcpy(e->next_comm, open->next_comm, 16);
+    /* a waker's ts before the switch-out is a wake-up that raced it (the thread never slept) */
+    if (open->waker.ts >= open->ts) {
+        e->wakeup_ts = open->waker.ts;
+        e->waker_tid = open->waker.tid;
+        e->waker_cpu = open->waker.cpu;
+        __builtin_memcpy(e->waker_comm, open->waker.comm, 16);
+    } else {
+        e->wakeup_ts = 0;
+        e->waker_tid = 0;
+        e->waker_cpu = 0;
+        __builtin_memset(e->waker_comm, 0, 16);
+    }
+    open->ts = 0;
+    /* runnable from the wakeup (or the switch-out, when preempted) until now */
+    u64 from = e->wakeup_ts ? e->wakeup_ts : e->ts;
+    if (runs) {
+        u32 best = CPU_SLICES;
+        u64 best_run = 0;
+#pragma unroll
+        for (u32 i = 0; i < CPU_SLICES; i++) {
+            struct run_slice_t *sl = &runs->slices[i];
+            u64 a = sl->start > from ? sl->start : from;
+            if (sl->tid != 0 && sl->tid != tid && sl->end > a && sl->end - a > best_run) {
+                best_run = sl->end - a;
+                best = i;
+            }
+        }
+        if (best < CPU_SLICES) {
+            e->contender_tid = runs->slices[best].tid;
+            e->contender_run = best_run;
+            __builtin_memcpy(e->contender_comm, runs->slices[best].comm, 16);
+        }
+    }
+    offcpu_events.ringbuf_submit(e, ring_wakeup_flags(RING_SCHED, RING_QUIET(OFFCPU_RING_PAGES, sizeof(*e))));
+}
+
+/* Switch-ins the kernel does not report. On some kernels (seen on 6.18 guests) a CPU switching
+ * from its idle task to a woken thread fires no sched_switch, so the thread runs again with its
+ * interval open. Two later points in the thread's own life close it: its return from the syscall
+ * it blocked in (raw_syscalls:sys_exit, microseconds after it ran again: the end is that return,
+ * OFFCPU_FLAG_END_SYSCALL), or else its next switch-out (the end is then its wake-up, as an idle
+ * CPU ran it at once: OFFCPU_FLAG_END_WAKEUP; never woken, the end is not known and the duration
+ * 0). Nothing is lost and nothing is merged. */
 TRACEPOINT_PROBE(sched, sched_switch)
 {
     u64 now = bpf_ktime_get_ns();
     u32 prev = args->prev_pid;
     u32 next = args->next_pid;
     u32 zero = 0;
+    u32 cpu = bpf_get_smp_processor_id();
     struct cpu_runs_t *runs = cpu_runs.lookup(&zero);
     if (runs) {
         /* close prev's run slice on this CPU */
@@ -110,123 +204,78 @@ TRACEPOINT_PROBE(sched, sched_switch)
     }
 
     struct offcpu_open_t *open = offcpu_open.lookup(&next);
-    if (open) {
-        struct offcpu_event *e = offcpu_events.ringbuf_reserve(sizeof(struct offcpu_event));
-        if (e) {
-            e->ts = open->ts;
-            e->dur = now - open->ts;
-            e->cgroup_id = open->cgroup_id;
-            e->state = open->state;
-            e->pid = open->pid;
-            e->tid = next;
-            e->cpu = open->cpu;
-            e->next_tid = open->next_tid;
-            e->syscall = open->syscall;
-            e->flags = open->flags;
-            e->stack_ts = open->stack_ts;
-            if (open->epoch) {
-                /* blocked in a syscall without a capture: a long enough interval promises one */
-                struct syscall_t *sc = in_syscall.lookup(&next);
-                if (sc && sc->ts == open->epoch) {
-                    u32 one = 1;
-                    u32 *min_us = sched_settings.lookup(&one);
-                    if (!sc->stack_key && min_us && e->dur >= (u64)*min_us * 1000)
-                        sc->stack_key = open->ts;
-                    if (sc->stack_key) {
-                        e->stack_ts = sc->stack_key;
-                        e->flags |= OFFCPU_FLAG_PROMISED;
-                    }
-                }
-            }
-            e->futex_addr = open->futex_addr;
-            e->in_cpu = bpf_get_smp_processor_id();
-            e->contender_tid = 0;
-            e->contender_run = 0;
-            __builtin_memset(e->contender_comm, 0, 16);
-            __builtin_memcpy(e->comm, open->comm, 16);
-            __builtin_memcpy(e->next_comm, open->next_comm, 16);
-            struct waker_t *w = offcpu_waker.lookup(&next);
-            if (w) {
-                e->wakeup_ts = w->ts;
-                e->waker_tid = w->tid;
-                e->waker_cpu = w->cpu;
-                __builtin_memcpy(e->waker_comm, w->comm, 16);
-            } else {
-                e->wakeup_ts = 0;
-                e->waker_tid = 0;
-                e->waker_cpu = 0;
-                __builtin_memset(e->waker_comm, 0, 16);
-            }
-            /* runnable from the wakeup (or the switch-out, when preempted) until now */
-            u64 from = e->wakeup_ts ? e->wakeup_ts : e->ts;
-            if (runs) {
-                u32 best = CPU_SLICES;
-                u64 best_run = 0;
-#pragma unroll
-                for (u32 i = 0; i < CPU_SLICES; i++) {
-                    struct run_slice_t *sl = &runs->slices[i];
-                    u64 a = sl->start > from ? sl->start : from;
-                    if (sl->tid != 0 && sl->tid != next && sl->end > a && sl->end - a > best_run) {
-                        best_run = sl->end - a;
-                        best = i;
-                    }
-                }
-                if (best < CPU_SLICES) {
-                    e->contender_tid = runs->slices[best].tid;
-                    e->contender_run = best_run;
-                    __builtin_memcpy(e->contender_comm, runs->slices[best].comm, 16);
-                }
-            }
-            offcpu_events.ringbuf_submit(e, ring_wakeup_flags(RING_SCHED, RING_QUIET(OFFCPU_RING_PAGES, sizeof(*e))));
-        } else {
-            count_drop(PROBE_SCHED);
-        }
-        offcpu_open.delete(&next);
-        offcpu_waker.delete(&next);
-    }
+    if (open && open->ts)
+        close_interval(open, next, now, cpu, runs, 0);
 
-    if (prev == 0 || (args->prev_state & TASK_DEAD_STATES))
+    if (prev == 0)
         return 0;
+    if (args->prev_state & TASK_DEAD_STATES) {
+        /* its last switch: a traced thread's entry goes (its process may no longer be a target) */
+        offcpu_open.delete(&prev);
+        return 0;
+    }
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!is_target(tgid))
         return 0;
-    struct offcpu_open_t st = {};
-    st.ts = now;
-    st.cgroup_id = bpf_get_current_cgroup_id();
-    st.state = args->prev_state;
-    st.pid = tgid;
-    st.cpu = bpf_get_smp_processor_id();
-    st.next_tid = next;
+    struct offcpu_open_t *st = offcpu_open.lookup(&prev);
+    if (!st) {
+        struct offcpu_open_t fresh_entry = {};
+        if (offcpu_open.update(&prev, &fresh_entry)) {
+            count_drop(PROBE_SCHED_MAP);
+            return 0;
+        }
+        st = offcpu_open.lookup(&prev);
+        if (!st)
+            return 0;
+    } else if (st->ts) {
+        /* it ran since its last switch-out without a switch-in (see above) */
+        close_interval(st, prev, st->waker.ts >= st->ts ? st->waker.ts : st->ts, cpu, 0,
+                       OFFCPU_FLAG_END_WAKEUP);
+    }
+    st->cgroup_id = bpf_get_current_cgroup_id();
+    st->state = args->prev_state;
+    st->pid = tgid;
+    st->cpu = cpu;
+    st->next_tid = next;
+    st->stack_ts = 0;
+    st->epoch = 0;
+    st->flags = 0;
+    st->futex_addr = 0;
+    st->waker.ts = 0;
     struct syscall_t *sc = in_syscall.lookup(&prev);
     if (sc && !sc->ts)
         sc = 0; /* between two syscalls */
-    st.syscall = sc ? sc->nr : -1;
-    if (sc && sc->nr == NR_FUTEX) {
-        u64 *uaddr = futex_uaddr.lookup(&prev);
-        st.futex_addr = uaddr ? *uaddr : 0;
+    st->syscall = sc ? sc->nr : -1;
+    if (sc) {
+        sc->blocked = 1; /* its exit looks for an interval left open (see above) */
+        if (sc->nr == NR_FUTEX) {
+            u64 *uaddr = futex_uaddr.lookup(&prev);
+            st->futex_addr = uaddr ? *uaddr : 0;
+        }
     }
-    __builtin_memcpy(st.comm, args->prev_comm, 16);
-    __builtin_memcpy(st.next_comm, args->next_comm, 16);
+    __builtin_memcpy(st->comm, args->prev_comm, 16);
+    __builtin_memcpy(st->next_comm, args->next_comm, 16);
     int fresh = 0;
     u32 *stacks_on = sched_settings.lookup(&zero);
-    if (stacks_on && *stacks_on && SWITCH_BLOCKED(st.state)) {
+    if (stacks_on && *stacks_on && SWITCH_BLOCKED(st->state)) {
         if (!sc) {
-            st.stack_ts = pystack_key(0, now, &fresh);
+            st->stack_ts = pystack_key(0, now, &fresh);
         } else if (sc->stack_key) {
-            st.stack_ts = sc->stack_key; /* promised by an earlier interval of this syscall */
-            st.flags = OFFCPU_FLAG_PROMISED;
+            st->stack_ts = sc->stack_key; /* promised by an earlier interval of this syscall */
+            st->flags = OFFCPU_FLAG_PROMISED;
         } else {
             struct pystack_last *last = pystack_last.lookup(&prev);
             if (last && last->epoch == sc->ts && last->key)
-                st.stack_ts = last->key; /* captured earlier in this syscall */
-            else if (!last || now - last->key >= PYSTACK_EVERY_NS || (st.state & TASK_D_STATE))
-                st.stack_ts = pystack_key(sc->ts, now, &fresh);
+                st->stack_ts = last->key; /* captured earlier in this syscall */
+            else if (!last || now - last->key >= PYSTACK_EVERY_NS || (st->state & TASK_D_STATE))
+                st->stack_ts = pystack_key(sc->ts, now, &fresh);
             else
-                st.epoch = sc->ts; /* decided at the switch-in (above), read at the syscall's exit */
+                st->epoch = sc->ts; /* decided at the switch-in (above), read at the syscall's exit */
         }
     }
-    if (offcpu_open.update(&prev, &st))
-        count_drop(PROBE_SCHED_MAP);
+    /* open last: sched_waking fills the waker only of an open entry */
+    asm volatile("" ::: "memory");
+    st->ts = now;
     if (fresh) /* even without the interval: later events of this syscall share the capture */
         PYSTACK_CAPTURE_TP(args, now);
     return 0;
@@ -323,28 +372,31 @@ TRACEPOINT_PROBE(timer, timer_expire_exit)
 TRACEPOINT_PROBE(sched, sched_waking)
 {
     u32 wakee = args->pid;
-    if (!offcpu_open.lookup(&wakee))
+    struct offcpu_open_t *o = offcpu_open.lookup(&wakee);
+    if (!o || !o->ts)
         return 0;
-    struct waker_t w = {};
-    w.ts = bpf_ktime_get_ns();
-    w.cpu = bpf_get_smp_processor_id();
+    struct waker_t *w = &o->waker;
+    w->cpu = bpf_get_smp_processor_id();
     u32 zero = 0;
     u64 at = (u64)args;
     struct irq_ctx_t *c = irq_ctx.lookup(&zero);
     /* the waker's tid is 0 and its name the context (recorder/layers/sched.py reads it so) */
     if (c && c->timer == at) {
-        __builtin_memcpy(w.comm, "timer", 6);
+        w->tid = 0;
+        __builtin_memcpy(w->comm, "timer\0\0\0\0\0\0\0\0\0\0\0", 16);
     } else if (c && c->hardirq == at) {
-        __builtin_memcpy(w.comm, "interrupt", 10);
+        w->tid = 0;
+        __builtin_memcpy(w->comm, "interrupt\0\0\0\0\0\0\0", 16);
     } else if (c && c->softirq == at && !is_target(bpf_get_current_pid_tgid() >> 32)) {
         /* a softirq on a traced task's time is most often its own doing (a send on loopback runs
          * the receive in the sender's context at local_bh_enable): that task stays the waker */
-        __builtin_memcpy(w.comm, "softirq", 8);
+        w->tid = 0;
+        __builtin_memcpy(w->comm, "softirq\0\0\0\0\0\0\0\0\0", 16);
     } else {
-        w.tid = (u32)bpf_get_current_pid_tgid();
-        bpf_get_current_comm(w.comm, sizeof(w.comm));
+        w->tid = (u32)bpf_get_current_pid_tgid();
+        bpf_get_current_comm(w->comm, sizeof(w->comm));
     }
-    offcpu_waker.update(&wakee, &w);
+    w->ts = bpf_ktime_get_ns();
     return 0;
 }
 
@@ -363,6 +415,7 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter)
     struct syscall_t *sc = in_syscall.lookup(&tid);
     if (sc) {
         sc->stack_key = 0;
+        sc->blocked = 0;
         sc->nr = (s32)args->id;
         sc->ts = now;
         return 0;
@@ -380,6 +433,14 @@ TRACEPOINT_PROBE(raw_syscalls, sys_exit)
     struct syscall_t *sc = in_syscall.lookup(&tid);
     if (!sc || !sc->ts)
         return 0;
+    if (sc->blocked) {
+        /* it blocked in this syscall: an interval the kernel sent no switch-in for ends now */
+        sc->blocked = 0;
+        struct offcpu_open_t *o = offcpu_open.lookup(&tid);
+        if (o && o->ts)
+            close_interval(o, tid, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), 0,
+                           OFFCPU_FLAG_END_SYSCALL);
+    }
     u64 key = sc->stack_key;
     s32 nr = sc->nr;
     sc->ts = 0;

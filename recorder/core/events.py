@@ -186,6 +186,10 @@ CONSTANTS: dict[str, int] = {
     "TASK_RENAME": 5,  # tid is the renamed task, which may be another thread of the process
     "OFFCPU_FLAG_OPEN": 1,  # still off-CPU when the session stopped: dur runs to the stop
     "OFFCPU_FLAG_PROMISED": 2,  # stack_ts is captured at the syscall's exit (bpf/sched.bpf.c)
+    # the kernel reported no switch-in (bpf/sched.bpf.c): the end is the return from the syscall it
+    # blocked in, or else its wake-up (0 when it was never woken: its end is not known)
+    "OFFCPU_FLAG_END_SYSCALL": 4,
+    "OFFCPU_FLAG_END_WAKEUP": 8,
     "CUDA_FLAG_POINTER_UNREAD": 1,  # the allocated pointer could not be read at return
     "MODE_PIDS": 0,
     "MODE_CGROUP": 1,

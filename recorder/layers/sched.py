@@ -23,11 +23,13 @@ WAKER_CONTEXTS = {b"timer": "timer", b"interrupt": "interrupt", b"softirq": "sof
 OFFCPU_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "cpu", "state", "syscall", "next_thread_id",
     "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
-    "open", "python_stack_id", "waker_context", "futex_addr",
+    "open", "python_stack_id", "waker_context", "futex_addr", "end_seen",
 )
 _OFF_STACK, _OFF_PID, _OFF_TID, _OFF_FLAGS = (events.OFFCPU.names.index(n)
                                               for n in ("stack_ts", "pid", "tid", "flags"))
 _PROMISED = events.CONSTANTS["OFFCPU_FLAG_PROMISED"]
+_END_SYSCALL = events.CONSTANTS["OFFCPU_FLAG_END_SYSCALL"]
+_END_WAKEUP = events.CONSTANTS["OFFCPU_FLAG_END_WAKEUP"]
 
 
 def set_offcpu_stacks(probes, on: bool, min_us: int = DEFAULT_OFFCPU_STACK_MIN_US) -> None:
@@ -37,6 +39,15 @@ def set_offcpu_stacks(probes, on: bool, min_us: int = DEFAULT_OFFCPU_STACK_MIN_U
         settings = probes.bpf["sched_settings"]
         settings[ctypes.c_int(0)] = ctypes.c_uint32(int(on))
         settings[ctypes.c_int(1)] = ctypes.c_uint32(min_us)
+
+
+def _end_seen(flags: int, wakeup_ts: int) -> str | None:
+    """How the interval's end was seen when the kernel reported no switch-in (bpf/sched.bpf.c)."""
+    if flags & _END_SYSCALL:
+        return "syscall return"
+    if flags & _END_WAKEUP:
+        return "wake-up" if wakeup_ts else "not seen"
+    return None
 
 
 def offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
@@ -106,7 +117,7 @@ class SchedLayer(BaseLayer):
             rows.append((sid, ts, dur, th, cpu, state, syscall if syscall >= 0 else None, nxt,
                          wk, waker_cpu if waker_tid or context else None, wakeup_ts or None, in_cpu,
                          rival, contender_run if contender else None, cg, flags & 1, py_stack, context,
-                         futex_addr or None))
+                         futex_addr or None, _end_seen(flags, wakeup_ts)))
         raw_off.clear()
         ctx.writer.extend("offcpu_interval", rows)
 
@@ -117,6 +128,8 @@ class SchedLayer(BaseLayer):
             return
         ctx = self.context
         for k, rec in probes.bpf["offcpu_open"].items():
+            if not rec.ts:  # closed: the thread is on a CPU
+                continue
             tid = k.value
             th = ctx.identity.thread(tid, rec.pid, bytes(rec.comm), rec.ts)
             ctx.writer.add("offcpu_interval", (
@@ -124,4 +137,4 @@ class SchedLayer(BaseLayer):
                 rec.syscall if rec.syscall >= 0 else None, None, None, None, None, None, None,
                 None, rec.cgroup_id, 1,
                 ctx.stacks.take((rec.stack_ts, rec.pid, tid), shared=True) if rec.stack_ts else None, None,
-                rec.futex_addr or None))
+                rec.futex_addr or None, None))
