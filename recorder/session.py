@@ -40,6 +40,7 @@ from recorder.layers.task import TaskHooks, TaskLayer
 from recorder.layers.workload.layer import WorkloadLayer
 from recorder.steps_infer import infer_steps
 from store.db import Store, Writer, lock_path, open_store
+from store.flight import file_bytes
 
 VERSION = "0.1.0"
 FLUSH_INTERVAL_S = 0.1
@@ -349,7 +350,7 @@ class Session:
             "session_id": self.session_id, "recorder_pid": os.getpid(), "db": str(self.db_path),
             "target": self.described_target, "running_s": round(now - c.started, 1),
             "events": c.events, "events_per_s": {k: round(v, 1) for k, v in c.rate.items()},
-            "dropped": c.dropped, "db_bytes": _db_bytes(self.db_path),
+            "dropped": c.dropped, "db_bytes": file_bytes(self.db_path),
             "libraries": sorted(p for p, n in self.probes.attached_libraries.items() if n),
             "updated_unix": time.time(),
         }
@@ -426,7 +427,7 @@ def session_summary(store: Store, session_id: int) -> dict:
     dur = ((s["stopped_ts"] or s["started_ts"]) - s["started_ts"]) / 1e9
     return {"session_id": session_id, "status": s["status"], "duration_s": round(dur, 3),
             "rows": counts, "dropped": lost, "db": str(store.path),
-            "db_bytes": _db_bytes(store.path)}
+            "db_bytes": file_bytes(store.path)}
 
 
 def _boot_id() -> str:
@@ -434,16 +435,6 @@ def _boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
-
-
-def _db_bytes(db: Path) -> int:
-    total = 0
-    for p in (db, db.with_name(db.name + "-wal")):
-        try:
-            total += p.stat().st_size
-        except OSError:
-            pass
-    return total
 
 
 def install_stop_signals(session: Session) -> None:
