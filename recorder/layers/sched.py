@@ -40,7 +40,7 @@ def set_offcpu_stacks(probes, on: bool, min_us: int = DEFAULT_OFFCPU_STACK_MIN_U
 
 
 def offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
-    """(stack_ts, pid, tid) of an offcpu_event's Python stack record; None for a preemption."""
+    """(stack_ts, pid, tid) of an offcpu_event's Python stack record; None when it has none (most preemptions)."""
     return (rec[_OFF_STACK], rec[_OFF_PID], rec[_OFF_TID]) if rec[_OFF_STACK] else None
 
 
