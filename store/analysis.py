@@ -512,7 +512,7 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                              "woke_dur_ns": h.get("dur_ns"), "held_dur_ns": h.get("held_dur_ns"),
                              "waits": h.get("waits"), "timed_out_waits": h.get("timed_out")} if h else None)
         # how the holder is known: it handed the lock over (woke the waits), or the waits timed out
-        # while it was the one Python thread of the process awake (only one thread holds the GIL)
+        # while it was the one thread of the process awake (only one thread holds the GIL)
         if not h:
             held = ""
         elif h["timed_out"] == h["waits"]:

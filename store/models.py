@@ -288,8 +288,8 @@ class WaitHop(Part):
 
 class GilHolder(Part):
     """The thread that held the GIL while the stalled thread waited for it (gil_holder: the thread of
-    the process that woke its waits, or for a wait that timed out the one Python thread of the process
-    awake through it)."""
+    the process that woke its waits, or for a wait that timed out the one other thread of the process,
+    native threads left out, awake through it)."""
 
     tid: int | None
     pid: int | None

@@ -124,8 +124,8 @@ def hop_json(hop: dict) -> dict:
 def gil_waits(store: Store, step_mark_id: int) -> dict | None:
     """The step's waits on the GIL of its own process (futex on the python_gil range): their blocked
     time, and the thread that held it with its line. Each wait's holder is gil_holder's: the thread of
-    the process that woke it (a hand-over), or for a wait that timed out the one other Python thread
-    of the process awake through it; the step's holder is the one awake through most of its waits."""
+    the process that woke it (a hand-over), or for a wait that timed out the one other thread of the
+    process (not a native one) awake through it; the step's holder is the one awake through most of its waits."""
     rows = store.query(
         "SELECT s.offcpu_id, s.blocked_dur, s.ts, h.holder_thread_id, h.holder_how, h.holder_awake_dur,"
         " coalesce(o.wakeup_ts, o.ts + o.dur) AS end_ts"

@@ -178,6 +178,33 @@ def test_gil_wait_names_the_holder_and_its_line(tmp_path):
     assert event and event[0][0] == 0 and event[0][1] >= 40_000_000 and event[0][2] != truth["hog_tid"], event
 
 
+def test_a_thread_awake_without_the_gil_is_never_named_its_holder(tmp_path):
+    """A third thread hashes a large buffer with the GIL released: awake beside the hog, it makes a
+    timed-out wait ambiguous (two threads awake, one of them without the lock), and such a wait
+    names no one. The cruncher may hold the lock between two hashes: named for a timed-out wait
+    only when the hog slept through most of it (a thread asleep does not hold the GIL)."""
+    db = tmp_path / "gil-crunch.db"
+    truth = record(db, "gil", "--cruncher")
+    main, hog, crunch = truth["tid"], truth["hog_tid"], truth["cruncher_tid"]
+    awake = ("(SELECT s.awake_dur * 2 >= s.wait_dur FROM gil_wait_sibling s JOIN thread t"
+             " ON t.id = s.sibling_thread_id WHERE s.offcpu_id = w.offcpu_id AND t.tid = ?)")  # through half of it
+    waits = q(db, f"SELECT w.offcpu_id, w.gil_holder_tid, w.gil_holder_how, {awake}, {awake}"
+                  " FROM offcpu_wait w JOIN offcpu_interval o ON o.id = w.offcpu_id"
+                  " WHERE w.tid = ? AND w.gil = 1 AND o.waker_context IS NOT NULL AND w.ts >= ? AND w.ts < ?",
+              (hog, crunch, main, truth["hog_start"], truth["hog_end"]))
+    assert len(waits) >= 10, waits  # the main thread's waits the switch interval ended
+    both = [w for w in waits if w[3] and w[4]]
+    assert both and all(w[1] is None for w in both), both  # ambiguous: no holder named
+    for _, holder, how, hog_awake, crunch_awake in waits:
+        assert holder in (hog, crunch, None) and how in ("awake", None)
+        if holder == crunch:
+            assert crunch_awake and not hog_awake
+        if holder == hog:
+            assert hog_awake and not crunch_awake
+    # the hog is still named where it alone was awake
+    assert any(w[1] == hog for w in waits) or not any(w[3] and not w[4] for w in waits), waits
+
+
 def test_clean_run_without_a_gil_holder(tmp_path):
     db = tmp_path / "gil-clean.db"
     truth = record(db, "gil", "--hog-steps", "0")

@@ -7,8 +7,9 @@
 -- For each wait on the interpreter lock (a futex in its process's python_gil range), every other
 -- thread of the same process alive during it, with the ns of the wait it was awake (running or
 -- runnable: not blocked in a syscall) and whether it ran Python (a Python stack at one of its own
--- waits). A thread blocked in a syscall has released the GIL (CPython drops it around blocking
--- calls); the one that holds it is awake. gil_holder picks it.
+-- waits) or never did (native: its stacks have no Python thread state). A thread blocked in a
+-- syscall has released the GIL (CPython drops it around blocking calls); the one that holds it is
+-- awake. gil_holder picks it.
 CREATE VIEW gil_wait_sibling AS
 SELECT c.offcpu_id, c.session_id, c.thread_id, c.sibling_thread_id,
        c.wait_dur,                      -- ns the waiter was asleep (its wait for the GIL)
@@ -23,7 +24,12 @@ SELECT c.offcpu_id, c.session_id, c.thread_id, c.sibling_thread_id,
                            ORDER BY x.ts DESC LIMIT 1) y
                      WHERE y.state NOT IN (0, 256)), 0) AS awake_dur,
        EXISTS (SELECT 1 FROM offcpu_interval x JOIN python_stack ps ON ps.id = x.python_stack_id
-               WHERE x.thread_id = c.sibling_thread_id AND ps.depth > 0) AS ran_python -- 1 when it ran Python
+               WHERE x.thread_id = c.sibling_thread_id AND ps.depth > 0) AS ran_python, -- 1 when it ran Python
+       -- 1 for a thread that never ran Python (a native pool's): its stacks say it has no thread state
+       EXISTS (SELECT 1 FROM offcpu_interval x JOIN python_stack ps ON ps.id = x.python_stack_id
+               WHERE x.thread_id = c.sibling_thread_id AND ps.status = 'no python thread state')
+         AND NOT EXISTS (SELECT 1 FROM offcpu_interval x JOIN python_stack ps ON ps.id = x.python_stack_id
+                         WHERE x.thread_id = c.sibling_thread_id AND ps.depth > 0) AS native
 FROM (
     SELECT o.id AS offcpu_id, o.session_id, o.thread_id, s.id AS sibling_thread_id,
            coalesce(o.wakeup_ts, o.ts + o.dur) - o.ts AS wait_dur,
@@ -43,9 +49,10 @@ FROM (
 -- Each wait on the interpreter lock with the thread that held it. 'handed_over': a thread of the
 -- same process woke the waiter (it dropped the lock and signalled). 'awake': the wait timed out (a
 -- CPython GIL wait is a timed wait of the switch interval, 5 ms; the timer ends it while the lock is
--- still held) or its waker is unknown, and exactly one other thread of the process that ran Python
--- (else exactly one thread at all) was awake for at least half the wait: only one thread holds the
--- GIL, and a blocked one has dropped it. NULL holder when the recording cannot tell (two such threads).
+-- still held) or its waker is unknown, and exactly one other thread of the process (leaving out
+-- native threads, which never hold it) was awake for at least half the wait: only one thread holds
+-- the GIL, and a blocked one has dropped it. NULL holder when the recording cannot tell (two such
+-- threads awake, e.g. one in native code that released the lock).
 CREATE VIEW gil_holder AS
 SELECT h.*,
        CASE WHEN h.holder_thread_id IS NULL THEN NULL WHEN h.handed_over THEN 'handed_over' ELSE 'awake' END
@@ -58,9 +65,9 @@ FROM (
            o.waker_thread_id, o.waker_context,
            coalesce(w.process_id = t.process_id AND w.id != t.id, 0) AS handed_over,
            CASE WHEN w.process_id = t.process_id AND w.id != t.id THEN o.waker_thread_id
-                ELSE (SELECT CASE WHEN sum(s.ran_python) = 1 THEN max(CASE WHEN s.ran_python THEN s.sibling_thread_id END)
-                                  WHEN sum(s.ran_python) = 0 AND count(*) = 1 THEN max(s.sibling_thread_id) END
-                      FROM gil_wait_sibling s WHERE s.offcpu_id = o.id AND 2 * s.awake_dur >= s.wait_dur)
+                ELSE (SELECT CASE WHEN count(*) = 1 THEN max(s.sibling_thread_id) END
+                      FROM gil_wait_sibling s WHERE s.offcpu_id = o.id AND 2 * s.awake_dur >= s.wait_dur
+                        AND NOT s.native)
            END AS holder_thread_id      -- the thread that held the GIL, NULL when it cannot be told
     FROM offcpu_interval o
     JOIN thread t ON t.id = o.thread_id
