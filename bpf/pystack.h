@@ -137,7 +137,7 @@ struct pystack_proc {
     u16 code_version;       /* 0: no co_version (before 3.12) */
     u16 code_name;
     u16 str_hash;
-    u16 pad;
+    u16 code_filename;      /* co_filename: its address is mixed into the checksum */
     u32 generation;         /* per configuration: a new process image's cached code never matches */
     u32 pad2;
 };
@@ -621,6 +621,11 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
                 bpf_probe_read_user(&hash, sizeof(hash), (void *)(name + c->str_hash));
                 sum ^= (u32)hash ^ (u32)(hash >> 32);
             }
+            /* the file's str: two module bodies (first line 1, name '<module>', same name hash on
+             * 3.10/3.11) differ by it, e.g. a .pth line site exec'd and freed at start-up and the
+             * script's own module code the allocator then puts at the same address */
+            u64 filename = *(u64 *)&st->cbuf[c->code_filename & 0x78];
+            sum ^= (u32)(filename >> 3) ^ (u32)(filename >> 35);
             st->seen_code[slot] = code;
             st->seen_sum[slot] = sum;
             if (known) {

@@ -509,10 +509,22 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
         facts.update(reason="futex", syscall=syscall, gil_waits=g["waits"],
                      holder={"tid": h.get("tid"), "pid": h.get("pid"), "name": h.get("name"),
                              "process": h.get("process"), "python": h.get("python"),
-                             "woke_dur_ns": h.get("dur_ns")} if h else None)
+                             "woke_dur_ns": h.get("dur_ns"), "held_dur_ns": h.get("held_dur_ns"),
+                             "waits": h.get("waits"), "timed_out_waits": h.get("timed_out")} if h else None)
+        # how the holder is known: it handed the lock over (woke the waits), or the waits timed out
+        # while it was the one thread of the process awake (only one thread holds the GIL)
+        if not h:
+            held = ""
+        elif h["timed_out"] == h["waits"]:
+            held = f"; all {h['waits']} of its waits timed out while it ran"
+        elif h["timed_out"]:
+            held = f"; {h['timed_out']} of its {h['waits']} waits timed out while it ran, it handed the rest over"
+        else:
+            held = f"; it handed the lock over at each of its {h['waits']} waits"
+        held = f" (awake through {ms(h['held_dur_ns'])} of the {ms(g['dur_ns'])} waited{held})" if h else ""
         facts["summary"] = (f"waiting for the GIL: the thread waited {ms(dur)} for the interpreter lock "
                             f"({g['waits']} waits), held by {holder}"
-                            + (f" running {h['python']}" if h.get("python") else ""))
+                            + (f" running {h['python']}" if h.get("python") else "") + held)
         path = ["futex() on the GIL", f"held by {holder}"]
         context.update(holder=holder, holder_at=f" at {h['python']}" if h.get("python") else "")
     elif kind == "dirty_throttle":

@@ -287,14 +287,19 @@ class WaitHop(Part):
 
 
 class GilHolder(Part):
-    """The thread that held the GIL while the stalled thread waited for it (the waker of its waits)."""
+    """The thread that held the GIL while the stalled thread waited for it (gil_holder: the thread of
+    the process that woke its waits, or for a wait that timed out the one other thread of the process,
+    native threads left out, awake through it)."""
 
     tid: int | None
     pid: int | None
     name: str | None
     process: str | None
     python: str | None = Field(description="the line it ran while it held the GIL")
-    woke_dur_ns: int | None = Field(description="ns of the waits it ended")
+    woke_dur_ns: int | None = Field(description="ns of the waits it ended (handed the lock over)")
+    held_dur_ns: int | None = Field(None, description="ns of the step's GIL waits it was awake through")
+    waits: int | None = Field(None, description="the step's GIL waits it held the lock through")
+    timed_out_waits: int | None = Field(None, description="of which waits that timed out while it ran")
 
 
 class PrimaryCause(Part):

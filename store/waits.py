@@ -54,9 +54,9 @@ def who(hop: dict) -> str:
 
 def doing(hop: dict) -> str:
     """What the thread was blocked on in this wait, in words."""
-    if hop["gil"]:  # the holder is the waker when it is a thread of the same process (not a timeout)
-        return "waiting for the GIL" + (f" held by {hop['waker_name']} (tid {hop['waker_tid']})"
-                                        if hop.get("waker_tid") and hop["waker_pid"] == hop["pid"] else "")
+    if hop["gil"]:  # gil_holder: the thread that handed it over, or the one awake through a timed-out wait
+        return "waiting for the GIL" + (f" held by {hop['gil_holder_name']} (tid {hop['gil_holder_tid']})"
+                                        if hop.get("gil_holder_tid") else "")
     if hop["retransmits"]:
         n = hop["retransmits"]
         return (f"waiting on the network in {hop['syscall_name'] or hop['reason']}(): {n} TCP retransmit"
@@ -123,50 +123,61 @@ def hop_json(hop: dict) -> dict:
 # -- the interpreter lock -----------------------------------------------------------------------------
 def gil_waits(store: Store, step_mark_id: int) -> dict | None:
     """The step's waits on the GIL of its own process (futex on the python_gil range): their blocked
-    time, and the thread that held it (the one that woke the waits, by time) with its line."""
+    time, and the thread that held it with its line. Each wait's holder is gil_holder's: the thread of
+    the process that woke it (a hand-over), or for a wait that timed out the one other thread of the
+    process (not a native one) awake through it; the step's holder is the one awake through most of its waits."""
     rows = store.query(
-        "SELECT s.offcpu_id, s.blocked_dur, s.ts, o.wakeup_ts, o.waker_thread_id, o.thread_id,"
-        " w.process_id = t.process_id AS same_process"
-        " FROM step_offcpu s JOIN offcpu_interval o ON o.id = s.offcpu_id"
-        " JOIN thread t ON t.id = o.thread_id JOIN process p ON p.id = t.process_id"
-        " JOIN python_gil g ON g.session_id = o.session_id AND g.pid = p.pid"
-        "   AND o.futex_addr >= g.lo AND o.futex_addr < g.hi"
-        " LEFT JOIN thread w ON w.id = o.waker_thread_id"
+        "SELECT s.offcpu_id, s.blocked_dur, s.ts, h.holder_thread_id, h.holder_how, h.holder_awake_dur,"
+        " coalesce(o.wakeup_ts, o.ts + o.dur) AS end_ts"
+        " FROM step_offcpu s JOIN gil_holder h ON h.offcpu_id = s.offcpu_id"
+        " JOIN offcpu_interval o ON o.id = s.offcpu_id"
         " WHERE s.step_mark_id = ? AND s.reason = 'futex'", (step_mark_id,))
     if not rows:
         return None
-    by_waker: Counter[int] = Counter()
+    held: Counter[int] = Counter()
     for r in rows:
-        # only a thread of the same process can hold its GIL: a wait that timed out (every switch
-        # interval) is woken by whatever task the timer interrupt found running
-        if r["same_process"] and r["waker_thread_id"] != r["thread_id"]:
-            by_waker[r["waker_thread_id"]] += r["blocked_dur"]
+        if r["holder_thread_id"] is not None:
+            held[r["holder_thread_id"]] += min(r["holder_awake_dur"] or 0, r["blocked_dur"])
     out = {"dur_ns": sum(r["blocked_dur"] for r in rows), "waits": len(rows),
            "longest": max(rows, key=lambda r: r["blocked_dur"])["offcpu_id"], "holder": None}
-    if by_waker:
-        holder, _ = by_waker.most_common(1)[0]
-        names = store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?", (holder,))
-        lines: Counter[str] = Counter()
-        for r in rows:
-            if r["waker_thread_id"] != holder:
-                continue
-            # the holder blocks right after dropping the GIL (it waits for the waiter to take it): the
-            # Python stack captured there is the line it was running while it held it
-            nxt = store.one(
-                "SELECT s.text FROM offcpu_interval x JOIN python_call_site s ON s.stack_id = x.python_stack_id"
-                " WHERE x.thread_id = ? AND x.ts >= ? AND x.ts <= ? ORDER BY x.ts LIMIT 1",
-                (holder, r["wakeup_ts"] - HOLDER_LINE_NS // 100, r["wakeup_ts"] + HOLDER_LINE_NS))
-            if nxt:
-                lines[nxt["text"]] += 1
-        if not lines:  # it never blocked right after a wake: its lines around the waits
-            lo = min(r["ts"] for r in rows) - HOLDER_WINDOW_NS
-            hi = max(r["wakeup_ts"] or r["ts"] for r in rows) + HOLDER_WINDOW_NS
-            lines.update({r["text"]: r["n"] for r in store.query(
-                "SELECT s.text, count(*) AS n FROM offcpu_interval x JOIN python_call_site s"
-                " ON s.stack_id = x.python_stack_id WHERE x.thread_id = ? AND x.ts >= ? AND x.ts <= ?"
-                " GROUP BY s.text", (holder, lo, hi))})
-        out["holder"] = {"thread_id": holder, "tid": names["tid"], "pid": names["pid"],
-                         "name": names["thread_name"], "process": names["process_name"],
-                         "python": lines.most_common(1)[0][0] if lines else None,
-                         "dur_ns": by_waker[holder]}
+    if not held:
+        return out
+    holder, held_ns = held.most_common(1)[0]
+    mine = [r for r in rows if r["holder_thread_id"] == holder]
+    names = store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?", (holder,))
+    out["holder"] = {"thread_id": holder, "tid": names["tid"], "pid": names["pid"],
+                     "name": names["thread_name"], "process": names["process_name"],
+                     "python": _holder_line(store, holder, mine), "held_dur_ns": held_ns, "waits": len(mine),
+                     "timed_out": sum(r["holder_how"] == "awake" for r in mine),
+                     "dur_ns": sum(r["blocked_dur"] for r in mine if r["holder_how"] == "handed_over")}
     return out
+
+
+def _holder_line(store: Store, holder: int, waits: list[dict]) -> str | None:
+    """The line the GIL's holder ran while it held it: the Python stack of its first blocking switch
+    right after each wait ended (it drops the lock when asked and waits for the waiter to take it),
+    else its lines around the waits, else its stack nearest to them."""
+    lines: Counter[str] = Counter()
+    for r in waits:
+        nxt = store.one(
+            "SELECT s.text FROM offcpu_interval x JOIN python_call_site s ON s.stack_id = x.python_stack_id"
+            " WHERE x.thread_id = ? AND x.ts >= ? AND x.ts <= ? ORDER BY x.ts LIMIT 1",
+            (holder, r["end_ts"] - HOLDER_LINE_NS // 100, r["end_ts"] + HOLDER_LINE_NS))
+        if nxt:
+            lines[nxt["text"]] += 1
+    if lines:
+        return lines.most_common(1)[0][0]
+    lo = min(r["ts"] for r in waits) - HOLDER_WINDOW_NS
+    hi = max(r["end_ts"] for r in waits) + HOLDER_WINDOW_NS
+    lines.update({r["text"]: r["n"] for r in store.query(
+        "SELECT s.text, count(*) AS n FROM offcpu_interval x JOIN python_call_site s"
+        " ON s.stack_id = x.python_stack_id WHERE x.thread_id = ? AND x.ts >= ? AND x.ts <= ?"
+        " GROUP BY s.text", (holder, lo, hi))})
+    if lines:
+        return lines.most_common(1)[0][0]
+    near = [store.one(
+        "SELECT s.text, abs(x.ts - ?) AS d FROM offcpu_interval x JOIN python_call_site s"
+        " ON s.stack_id = x.python_stack_id WHERE x.thread_id = ? AND x.ts " + op + " ? ORDER BY x.ts " + order
+        + " LIMIT 1", (at, holder, at)) for op, order, at in ((">=", "ASC", hi), ("<", "DESC", lo))]
+    near = [n for n in near if n]
+    return min(near, key=lambda n: n["d"])["text"] if near else None

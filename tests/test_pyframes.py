@@ -677,7 +677,7 @@ _FREED_CODE = (
     "import gc,sys\n"
     "ns={};exec(compile('def victim():\\n    return 1\\n','<victim>','exec'),ns)\n"
     "c=ns['victim'].__code__;keep=[c.co_name]\n"
-    "print(id(c),c.co_firstlineno,hash(c.co_name),flush=True)\n"
+    "print(id(c),c.co_firstlineno,hash(c.co_name),id(c.co_filename),flush=True)\n"
     "del ns,c;gc.collect()\n"
     "print('freed',flush=True);sys.stdin.readline()\n"
 )
@@ -693,14 +693,63 @@ def test_a_freed_code_object_is_not_resolved_from_its_leftover_fields() -> None:
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        addr, first, name_hash = map(int, proc.stdout.readline().split())
+        addr, first, name_hash, filename = map(int, proc.stdout.readline().split())
         assert proc.stdout.readline().strip() == "freed"
         target = detect(proc.pid)
         assert not isinstance(target, Unsupported), target
         version = None  # Debian's 3.11 (sys.executable): no co_version, the name's hash instead
         frames = StackResolver({proc.pid: target}).resolve(
-            proc.pid, [(addr, 0, pyframes.checksum(first, version, name_hash))])
+            proc.pid, [(addr, 0, pyframes.checksum(first, version, name_hash, filename))])
         assert not frames[0].available, frames[0]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# A module body exec'd and freed (as site does with each line of a .pth file at start-up), then
+# another module's body at the same address (the script's): same first line, same name '<module>'
+# and, before 3.12, no co_version. `replace` makes the second the same size, so the allocator
+# hands it the freed block.
+_REUSED_MODULE = (
+    "import sys\n"
+    "t=compile('import os\\nx = 1\\n','<template>','exec')\n"
+    "def show(c):print(id(c),c.co_firstlineno,hash(c.co_name),id(c.co_filename),flush=True)\n"
+    "c=t.replace(co_filename='<string>');show(c);sys.stdin.readline()\n"
+    "addr=id(c);del c;keep=[]\n"
+    "for i in range(100000):\n"
+    "    d=t.replace(co_filename='/srv/train/script.py')\n"
+    "    if id(d)==addr:break\n"
+    "    keep.append(d)\n"
+    "show(d);sys.stdin.readline()\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads another process's memory: needs root")
+def test_a_module_body_at_a_freed_module_bodys_address_is_its_own() -> None:
+    """The resolver caches code objects by (pid, address, checksum): the checksum must tell two
+    module bodies apart, or every frame of the script's module gets the freed .pth line's file
+    (`<module>() at <string>:6`) once a stack of the start-up was resolved."""
+    proc = subprocess.Popen([sys.executable, "-c", _REUSED_MODULE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        seen: list = []
+        for _ in range(2):
+            addr, first, name_hash, filename = map(int, proc.stdout.readline().split())
+            if not seen:  # it runs: its interpreter is mapped
+                target = detect(proc.pid)
+                assert not isinstance(target, Unsupported), target
+                assert target.offsets.code_version is None  # Debian's 3.11: the case without co_version
+                resolver = StackResolver({proc.pid: target})
+            instr = addr + target.offsets.code_adaptive  # the first instruction
+            seen.append((addr, pyframes.checksum(first, None, name_hash, filename)))
+            seen.append(resolver.resolve(proc.pid, [(addr, instr, seen[-1][1])])[0])
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        (a, sum_a), first_body, (b, sum_b), second_body = seen
+        assert a == b and sum_a != sum_b  # the same address, told apart by the checksum
+        assert (first_body.filename, first_body.qualname) == ("<string>", "<module>"), first_body
+        assert (second_body.filename, second_body.qualname) == ("/srv/train/script.py", "<module>"), second_body
     finally:
         proc.kill()
         proc.wait()

@@ -79,7 +79,7 @@ PROC_FIELDS: tuple[tuple[str, str], ...] = (
     ("tstate_next", "H"), ("tstate_thread_id", "H"), ("tstate_frame", "H"),
     ("cframe_current_frame", "H"), ("frame_code", "H"), ("frame_back", "H"),
     ("frame_instr", "H"), ("frame_owner", "H"), ("code_firstlineno", "H"),
-    ("code_version", "H"), ("code_name", "H"), ("str_hash", "H"), ("pad", "H"),
+    ("code_version", "H"), ("code_name", "H"), ("str_hash", "H"), ("code_filename", "H"),
     ("generation", "I"), ("pad2", "I"),
 )
 _EVENT_HEADER = struct.Struct("=" + "".join(f for _, f in EVENT_HEADER_FIELDS))
@@ -447,19 +447,23 @@ def proc_config(target: PythonTarget | Unsupported, fsbase_offset: int, generati
         cframe_current_frame=o.cframe_current_frame or 0, frame_code=o.frame_code,
         frame_back=o.frame_back, frame_instr=o.frame_instr, frame_owner=o.frame_owner or 0,
         code_firstlineno=o.code_firstlineno, code_version=o.code_version or 0,
-        code_name=o.code_name, str_hash=o.str_hash,
+        code_name=o.code_name, str_hash=o.str_hash, code_filename=o.code_filename,
     )
     return values
 
 
-def checksum(firstlineno: int, co_version: int | None, name_hash: int | None) -> int:
-    """The walker's per-frame checksum (pystack_walk in bpf/pystack.h), recomputed from memory."""
+def checksum(firstlineno: int, co_version: int | None, name_hash: int | None, filename: int) -> int:
+    """The walker's per-frame checksum (pystack_walk in bpf/pystack.h), recomputed from memory.
+    `filename` is the address of co_filename: module bodies share first line and name (and before
+    3.12 have no co_version), so a module's code freed and another's put at its address (a .pth
+    line site exec'd at start-up, then the script's) differ only by their file."""
     s = ((firstlineno & 0xFFFFFFFF) * 0x9E3779B1) & 0xFFFFFFFF
     if co_version is not None:
         s ^= co_version & 0xFFFFFFFF
     if name_hash is not None:
         h = name_hash & 0xFFFFFFFFFFFFFFFF
         s ^= (h & 0xFFFFFFFF) ^ (h >> 32)
+    s ^= ((filename >> 3) & 0xFFFFFFFF) ^ ((filename >> 35) & 0xFFFFFFFF)
     return s
 
 
@@ -750,7 +754,7 @@ class StackResolver:
             version = struct.unpack_from("<I", head, o.code_version)[0]
         else:
             name_hash = struct.unpack_from("<q", self._read(t.pid, name + o.str_hash, 8))[0]
-        if checksum(firstlineno, version, name_hash) != csum:
+        if checksum(firstlineno, version, name_hash, struct.unpack_from("<Q", head, o.code_filename)[0]) != csum:
             return None
         qual = struct.unpack_from("<Q", head, o.code_qualname)[0] if o.code_qualname else name
         filename = struct.unpack_from("<Q", head, o.code_filename)[0]

@@ -51,7 +51,7 @@ def _end_seen(flags: int, wakeup_ts: int) -> str | None:
 
 
 def offcpu_stack_key(rec: tuple) -> tuple[int, int, int] | None:
-    """(stack_ts, pid, tid) of an offcpu_event's Python stack record; None for a preemption."""
+    """(stack_ts, pid, tid) of an offcpu_event's Python stack record; None when it has none (most preemptions)."""
     return (rec[_OFF_STACK], rec[_OFF_PID], rec[_OFF_TID]) if rec[_OFF_STACK] else None
 
 

@@ -9,7 +9,9 @@
         Each step sleeps 1 ms ten times (taking the GIL back each time); from --hog-step for
         --hog-steps steps a second thread ("gil-hog") runs a pure-Python loop holding the GIL, so each
         re-acquisition waits for it. At the end the main thread waits on a threading.Event another
-        thread sets: a futex wait that is not the GIL's. --hog-steps 0: the clean run.
+        thread sets: a futex wait that is not the GIL's. --hog-steps 0: the clean run. --cruncher: a
+        third thread ("cruncher") hashes a large buffer meanwhile, with the GIL released inside the
+        hash: awake beside the hog, it must never be named the GIL's holder.
     python waits.py net --mode poll|recv|slow-server [--steps 40] [--slow-step 25]
         Run in a network namespace of its own (unshare -n): an echo server process on 127.0.0.1 and a
         client (the main thread) that sends a request per step and waits for the echo. At --slow-step:
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
 import mmap
 import multiprocessing as mp
@@ -101,15 +104,28 @@ def gil(a: argparse.Namespace) -> dict:
         out["hog_result"] = x
 
     hog_thread = threading.Thread(target=hog, name="gil-hog")
+
+    def cruncher() -> None:
+        _name(b"cruncher")
+        out["cruncher_tid"] = threading.get_native_id()
+        data = b"x" * (32 << 20)
+        while not done[0]:
+            hashlib.sha256(data).digest()  # CRUNCH: the GIL released for the whole hash
+
+    crunch_thread = threading.Thread(target=cruncher, name="cruncher")
     for step in range(a.steps):
         if not a.no_markers:
             recorder.step(step)
         if a.hog_steps and step == a.hog_step:
             out["hog_start"] = time.monotonic_ns()
             hog_thread.start()
+            if a.cruncher:
+                crunch_thread.start()
         if a.hog_steps and step == a.hog_step + a.hog_steps:
             done[0] = True
             hog_thread.join()
+            if a.cruncher:
+                crunch_thread.join()
             out["hog_end"] = time.monotonic_ns()
         for _ in range(10):
             time.sleep(0.001)  # MAIN_SLEEP
@@ -234,6 +250,7 @@ def main() -> None:
     g.add_argument("--hog-step", type=int, default=30)
     g.add_argument("--hog-steps", type=int, default=10)
     g.add_argument("--no-markers", action="store_true")
+    g.add_argument("--cruncher", action="store_true")
     n = sub.add_parser("net")
     n.add_argument("--mode", choices=("poll", "recv", "slow-server"), required=True)
     n.add_argument("--steps", type=int, default=40)
