@@ -243,8 +243,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
  * own `args` with them: the waker is then 'timer', 'interrupt' or 'softirq' (tid 0), never the
  * interrupted task. The hardirq buffer is one per CPU for every hardirq, so the vectors that are
  * no device interrupt note it too (x86's irq_vectors: irq_work, the function call and reschedule
- * IPIs, the local timer): a wake-up from an IPI or irq_work (a perf or ring buffer wake-up) is
- * 'interrupt' from the CPU's first tick, also on a CPU no device interrupt has hit yet. The cost:
+ * IPIs; each fires before its handler runs): a wake-up from an IPI or irq_work (a BPF ring buffer's
+ * notification) is 'interrupt' also on a CPU no device interrupt has hit yet. Not the local timer's
+ * vector: its wake-ups are timer callbacks (above), and it would cost a run per tick. The cost:
  * one per-CPU array store per interrupt and timer callback (docs/benchmarks.md). */
 struct irq_ctx_t {
     u64 hardirq;  /* `args` of a program in this CPU's hardirq context, 0: not seen yet */
@@ -286,14 +287,6 @@ TRACEPOINT_PROBE(irq, irq_handler_entry)
 #endif
 
 /* the hardirq vectors that are no device interrupt (see above); absent on other architectures */
-#ifdef HAVE_TP_irq_vectors_local_timer_entry
-TRACEPOINT_PROBE(irq_vectors, local_timer_entry)
-{
-    irq_note(WAKER_INTERRUPT, (u64)args);
-    return 0;
-}
-#endif
-
 #ifdef HAVE_TP_irq_vectors_irq_work_entry
 TRACEPOINT_PROBE(irq_vectors, irq_work_entry)
 {
