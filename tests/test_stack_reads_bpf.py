@@ -115,3 +115,32 @@ def test_page_state_says_why_a_read_without_faulting_fails() -> None:
     area[mmap.PAGESIZE] = 1
     assert resolver.page_state(pid, base + mmap.PAGESIZE) == "page not resident"
     assert re.fullmatch(r"page state unknown \(process gone\)", resolver.page_state(2**22 + 7, base))
+
+
+def test_a_record_says_which_code_objects_were_not_read_and_where_the_walk_failed() -> None:
+    """The walker's entries after the frames (bpf/pystack.h): a frame whose code object was not read
+    keeps its place, the entry of the read that ended the walk is no frame."""
+    import struct
+
+    from recorder.core.pyframes import (
+        EVENT_HEADER_FIELDS,
+        FRAME_CODE_UNREAD,
+        FRAME_FAILED,
+        FRAME_FIELDS,
+        STATUS_READ_ERROR,
+        parse_pystack_event,
+    )
+
+    header = struct.Struct("=" + "".join(f for _, f in EVENT_HEADER_FIELDS))
+    frame = struct.Struct("=" + "".join(f for _, f in FRAME_FIELDS))
+    data = header.pack(5, 10, 11, 3, STATUS_READ_ERROR, 0) + b"".join([
+        frame.pack(0x1000, 7, 99, 0),
+        frame.pack(0x2000, 8, 0, FRAME_CODE_UNREAD),
+        frame.pack(0xDEAD000, 0, 0, FRAME_FAILED | 3 << 8),  # a frame's head
+    ])
+    ev = parse_pystack_event(data)
+    assert ev.frames == ((0x1000, 7, 99), (0x2000, 8, 0))
+    assert ev.unread == (1,)
+    assert ev.failed == ("frame", 0xDEAD000)
+    whole = parse_pystack_event(header.pack(5, 10, 11, 1, 0, 0) + frame.pack(0x1000, 7, 99, 0))
+    assert (whole.frames, whole.unread, whole.failed) == (((0x1000, 7, 99),), (), None)

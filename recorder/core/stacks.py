@@ -406,8 +406,12 @@ class StackRecorder:
                         for i, (code, instr, csum) in enumerate(raw))
         if ev.failed:  # the read that ended the walk: not retried, the thread has run on since
             what, addr = ev.failed
-            failure = (f"{what} memory unreadable" if what == "task" or not addr
-                       else f"{what} {self.resolver.page_state(ev.pid, addr)}")
+            if what == "code pointer":  # a frame read while the interpreter was writing it
+                failure = "frame without its code object"
+            elif what == "task" or not addr:
+                failure = f"{what} memory unreadable"
+            else:
+                failure = f"{what} {self.resolver.page_state(ev.pid, addr)}"
         if raw:
             for i, f in enumerate(self.resolver.resolve(ev.pid, raw)):
                 if f.available and i in ev.unread:
