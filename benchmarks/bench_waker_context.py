@@ -30,7 +30,7 @@ PROGRAMS = ("tracepoint__irq__irq_handler_entry", "tracepoint__irq__softirq_entr
             "tracepoint__irq_vectors__irq_work_entry",
             "tracepoint__irq_vectors__call_function_entry",
             "tracepoint__irq_vectors__call_function_single_entry",
-            "tracepoint__irq_vectors__reschedule_entry", "tracepoint__sched__sched_waking")
+            "tracepoint__sched__sched_waking")
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
