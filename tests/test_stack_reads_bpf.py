@@ -80,22 +80,27 @@ def test_swapped_out_code_objects_are_read_back_and_counted(tmp_path: Path, swap
     # record of the round, its swap write's, can fault the page in before the sleep ends)
     assert any(reread for *_, reread in sleeps), sleeps
 
-    # no stack of the process failed, and none went missing
-    statuses = q(db, "SELECT DISTINCT st.status FROM python_stack st WHERE st.session_id = 1")
-    assert statuses == [("ok",)], statuses
+    # no read of the process failed for good (a capture in the interpreter's first moments, before
+    # the recorder configured it, is 'not configured'), and none went missing
+    statuses = {s for s, in q(db, "SELECT DISTINCT status FROM python_stack WHERE session_id = 1")}
+    assert statuses <= {"ok", "not configured"}, statuses
     assert q(db, "SELECT probe FROM loss WHERE probe LIKE 'python stack%'") == []
 
     # the capability row's counts are the recording's, per event
     events = " UNION ALL ".join(f"SELECT thread_id, python_stack_id FROM {t} WHERE python_stack_id IS NOT NULL"
                                 for t in ("cuda_call", "offcpu_interval", "block_request", "nccl_call"))
-    (total, back), = q(db, f"SELECT count(*), sum(st.reread > 0) FROM ({events}) e"
-                           " JOIN python_stack st ON st.id = e.python_stack_id JOIN thread t ON t.id = e.thread_id"
-                           " JOIN process p ON p.id = t.process_id WHERE p.pid = ?", (job["pid"],))
+    counts = q(db, f"SELECT st.status, count(*), sum(st.reread > 0) FROM ({events}) e"
+                   " JOIN python_stack st ON st.id = e.python_stack_id JOIN thread t ON t.id = e.thread_id"
+                   " JOIN process p ON p.id = t.process_id WHERE p.pid = ? GROUP BY 1", (job["pid"],))
+    by_status = {status: (n, back) for status, n, back in counts}
+    read, back = by_status.pop("ok")
+    total = read + sum(n for n, _ in by_status.values())
+    not_read = "".join(f" ({status}: {n:,})" for status, (n, _) in by_status.items())
     (status, detail), = q(db, "SELECT status, detail FROM capability WHERE probe = 'cpython frames' AND target = ?",
                           (f"pid {job['pid']}",))
     assert status == "attached"
-    assert detail.endswith(f"; {total:,} of {total:,} stacks read; {back:,} of them after reading back code"
-                           f" objects the walker could not (code object page swapped out: {back:,})"), detail
+    assert detail.endswith(f"; {read:,} of {total:,} stacks read{not_read}; {back:,} of them after reading back"
+                           f" code objects the walker could not (code object page swapped out: {back:,})"), detail
     assert back >= 1
 
 

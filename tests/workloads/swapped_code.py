@@ -25,6 +25,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 SLEEP_S = 0.02
 SPIN_S = 0.5  # the recorder reads the sleep's stack, and the code object back, meanwhile
 SETTLE_S = 1.0  # the recorder detects the interpreter meanwhile
+PAGEOUT_TRIES = 20
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -39,8 +40,11 @@ def swapped(addr: int) -> bool:
 
 def inner(code_addr: int, out: list[bool]) -> None:
     page = code_addr // PAGE * PAGE
-    if libc.madvise(page, PAGE, MADV_PAGEOUT) != 0:
-        raise OSError(ctypes.get_errno(), "madvise(MADV_PAGEOUT)")
+    for _ in range(PAGEOUT_TRIES):  # a page the kernel could not take off its lists yet stays in
+        if libc.madvise(page, PAGE, MADV_PAGEOUT) != 0:
+            raise OSError(ctypes.get_errno(), "madvise(MADV_PAGEOUT)")
+        if swapped(code_addr):
+            break
     out.append(swapped(code_addr))
     time.sleep(SLEEP_S)  # @sleep
     end = time.perf_counter() + SPIN_S
@@ -62,6 +66,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=8)
     args = ap.parse_args()
+    # one CPU: a page allocated on another CPU may wait in that CPU's list of new pages, which
+    # MADV_PAGEOUT (draining only its own CPU's) cannot take
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     time.sleep(SETTLE_S)
     outers = [make_outer(n) for n in range(args.rounds)]  # kept alive: their code objects too
     results: list[bool] = []
