@@ -1,5 +1,6 @@
 """Cost of telling interrupt-context wake-ups apart (bpf/sched.bpf.c): the programs on
-irq:irq_handler_entry, irq:softirq_entry and the timer callbacks' entry and exit, and sched_waking
+irq:irq_handler_entry, irq:softirq_entry, the timer callbacks' entry and exit, the hardirq vectors
+that are no device interrupt (irq_vectors: irq_work, IPIs) and sched_waking
 itself, as the kernel counts them (kernel.bpf_stats_enabled), while the recorder records a thread
 that sleeps 1 ms in a loop beside a busy loop on the same CPU.
 
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ("tracepoint__irq__irq_handler_entry", "tracepoint__irq__softirq_entry",
             "tracepoint__timer__hrtimer_expire_entry", "tracepoint__timer__hrtimer_expire_exit",
             "tracepoint__timer__timer_expire_entry", "tracepoint__timer__timer_expire_exit",
+            "tracepoint__irq_vectors__irq_work_entry",
+            "tracepoint__irq_vectors__call_function_entry",
+            "tracepoint__irq_vectors__call_function_single_entry",
             "tracepoint__sched__sched_waking")
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 

@@ -106,6 +106,42 @@ static __always_inline u32 disk_of(u32 dev, u64 *sector)
     return p->disk;
 }
 
+/* Flushes. An empty bio is a cache flush (fsync's REQ_PREFLUSH without data); every one starts at
+ * sector 0, so two fsyncs at once would share a key, and the flush request the block layer makes
+ * to serve the flushes waiting on a disk is issued at sector 0 ("FF") and, since 6.12, completes
+ * at (sector_t)-1; each empty bio's own request then ends at sector 0 with no sectors, with nothing
+ * to tell which. So empty bios are keyed apart from data, by their order per disk (FLUSH_KEY + n,
+ * every empty bio on the disk numbered, traced or not), and follow the flush requests: an issue
+ * covers the flushes queued until then, its completion ends them. A flush request whose program
+ * was skipped (counted) is made up by the next one, which then covers those too. A multi-queue
+ * disk has a flush request per hardware queue: two concurrent flushes may end at each other's
+ * time there, never go uncounted. */
+#define FLUSH_KEY 0xFFFFFFFF00000000ull /* above any disk's sectors */
+#define FLUSH_SLOTS 1024                /* power of two: flushes in flight per disk */
+#define FLUSH_SCAN 64                   /* flushes one flush request's issue or end visits */
+struct flush_seq {
+    u64 queued;    /* empty bios queued on the disk since the start */
+    u64 issued;    /* of them, covered by a flush request issued since */
+    u64 done;      /* and ended */
+    u64 requests;  /* flush requests seen: a request-based disk (its bio completions are not ends) */
+};
+BPF_HASH(flush_seq, u32, struct flush_seq, 1024);
+
+static __always_inline struct flush_seq *flush_seq_of(u32 disk)
+{
+    struct flush_seq *f = flush_seq.lookup(&disk);
+    if (f)
+        return f;
+    struct flush_seq zero = {};
+    flush_seq.insert(&disk, &zero);
+    return flush_seq.lookup(&disk);
+}
+
+static __always_inline u64 flush_key(u64 n)
+{
+    return FLUSH_KEY + (n & (FLUSH_SLOTS - 1));
+}
+
 static __always_inline int is_kernel_writer(const char *c)
 {
     /* kworker, jbd2, flush, kswapd threads: the ones that submit writeback, journal and
@@ -190,6 +226,15 @@ TRACEPOINT_PROBE(block, block_bio_queue)
     struct block_event e = {};
     u64 now = bpf_ktime_get_ns();
     int fresh = 0;
+    u64 key = sector;
+    if (args->nr_sector == 0) { /* a flush: numbered on its disk, traced or not (see above) */
+        struct flush_seq *f = flush_seq_of(disk_of(args->dev, 0));
+        if (!f) {
+            count_drop(PROBE_BLOCK_MAP);
+            return 0;
+        }
+        key = flush_key(__sync_fetch_and_add(&f->queued, 1));
+    }
     if (is_target(tgid)) {
         u32 disk = disk_of(args->dev, &sector);
         u8 one = 1;
@@ -237,7 +282,9 @@ TRACEPOINT_PROBE(block, block_bio_queue)
     e.nr_bytes = args->nr_sector << 9;
     e.flags = flags;
     bpf_probe_read_kernel(e.rwbs, sizeof(args->rwbs), args->rwbs);
-    struct block_key k = {.sector = sector, .dev = e.dev};
+    if (args->nr_sector)
+        key = sector;
+    struct block_key k = {.sector = key, .dev = e.dev};
     /* an issued request still under this key never reached block_done: its completion program was
      * skipped (see block_done), or another request at this sector is in flight; count it */
     struct block_event *stale = block_inflight.lookup(&k);
@@ -344,6 +391,8 @@ TRACEPOINT_PROBE(block, block_split)
 #ifdef HAVE_TP_block_block_rq_insert
 TRACEPOINT_PROBE(block, block_rq_insert)
 {
+    if (args->nr_sector == 0)
+        return 0; /* a flush's: not a data request at sector 0 */
     struct block_event *e = inflight(args->dev, args->sector);
     if (e)
         e->insert_ts = bpf_ktime_get_ns();
@@ -351,8 +400,62 @@ TRACEPOINT_PROBE(block, block_rq_insert)
 }
 #endif
 
+/* A flush request is issued on disk `dev`: it covers the flushes queued until now. */
+static __always_inline void flush_issued(u32 dev, const char *rwbs)
+{
+    struct flush_seq *f = flush_seq.lookup(&dev);
+    if (!f)
+        return;
+    f->requests++;
+    u64 now = bpf_ktime_get_ns();
+    u64 n = f->issued, queued = f->queued;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < FLUSH_SCAN; i++, n++) {
+        if (n >= queued)
+            break;
+        struct block_key k = {.sector = flush_key(n), .dev = dev};
+        struct block_event *e = block_inflight.lookup(&k);
+        if (e && !e->issue_ts) {
+            e->issue_ts = now;
+            bpf_probe_read_kernel(e->rwbs, 10, rwbs); /* the tracepoint's char[10] */
+        }
+    }
+    f->issued = queued;
+}
+
+/* Flushes [done, upto) of disk `dev` end: their rows are sent (those traced). */
+static __always_inline void flush_done(struct flush_seq *f, u32 dev, u64 upto, s32 error, u32 flags)
+{
+    u64 n = f->done;
+    u64 now = bpf_ktime_get_ns();
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < FLUSH_SCAN; i++, n++) {
+        if (n >= upto)
+            break;
+        struct block_key k = {.sector = flush_key(n), .dev = dev};
+        struct block_event *e = block_inflight.lookup(&k);
+        if (!e)
+            continue;
+        e->complete_ts = now;
+        e->flags |= flags;
+        if (error) {
+            e->flags |= BLOCK_FLAG_ERROR;
+            e->error = error;
+        }
+        if (block_events.ringbuf_output(e, sizeof(*e), block_rb_flags(now)))
+            count_drop(PROBE_BLOCK);
+        block_inflight.delete(&k);
+    }
+    f->done = n;
+}
+
 TRACEPOINT_PROBE(block, block_rq_issue)
 {
+    if (args->nr_sector == 0) {
+        if (args->rwbs[0] == 'F')
+            flush_issued(args->dev, args->rwbs);
+        return 0;
+    }
     struct block_event *e = inflight(args->dev, args->sector);
     if (e) {
         e->issue_ts = bpf_ktime_get_ns();
@@ -428,6 +531,15 @@ static __always_inline void block_done(u32 dev, u64 sector, u32 nr_sector, s32 e
 
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
+    if (args->nr_sector == 0) {
+        /* the flush request ("FF", at (sector_t)-1 since 6.12) ends the flushes it covered; the
+         * empty bios' own requests that end after it tell nothing more (see above) */
+        u32 dev = args->dev;
+        struct flush_seq *f = args->rwbs[0] == 'F' ? flush_seq.lookup(&dev) : 0;
+        if (f)
+            flush_done(f, dev, f->issued, args->error, 0);
+        return 0;
+    }
 #ifdef HAVE_TPF_block_block_rq_complete_io_tag
     /* the patch series appends the request's I/O tag (0: untagged) */
     block_done(args->dev, args->sector, args->nr_sector, args->error, args->io_tag, 1);
@@ -448,6 +560,14 @@ TRACEPOINT_PROBE(block, block_bio_complete)
 {
     u64 sector = args->sector;
     u32 dev = disk_of(args->dev, &sector);
+    if (args->nr_sector == 0) {
+        /* a flush of a bio-only device (device mapper) ends here; on a request-based disk its
+         * request's completion ended it already */
+        struct flush_seq *f = flush_seq.lookup(&dev);
+        if (f && !f->requests)
+            flush_done(f, dev, f->done + 1, args->error, BLOCK_FLAG_BIO);
+        return 0;
+    }
     struct block_key k = {.sector = sector, .dev = dev};
     struct block_event *e = block_inflight.lookup(&k);
     if (!e || e->insert_ts || e->issue_ts || e->nr_bytes != ((u64)args->nr_sector << 9))

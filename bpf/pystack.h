@@ -71,6 +71,19 @@
 #define PYSTACK_COUNT_BY_DIGEST (PYSTACK_STATUS_COUNT + 2) /* captures sent as a digest only */
 #define PYSTACK_COUNT_SLOTS (PYSTACK_STATUS_COUNT + 3)
 
+/* pystack_frame.pad: a frame entry that is not a plain frame. A code object whose head could not be
+ * read (its page not resident: swapped out, or reclaimed) does not end the walk: its frame is kept
+ * with checksum 0 and PYSTACK_FRAME_CODE_UNREAD, and user space reads the code object back through
+ * /proc/PID/mem, which can fault the page in (recorder/core/stacks.py). A read that ends the walk
+ * (PYSTACK_READ_ERROR) appends one entry PYSTACK_FRAME_FAILED | what << 8, whose `code` is the
+ * address that could not be read, so user space can say why (the page's state) per process. */
+#define PYSTACK_FRAME_CODE_UNREAD 1
+#define PYSTACK_FRAME_FAILED 2
+#define PYSTACK_FAILED_TASK 1      /* the task's fs base (kernel memory) */
+#define PYSTACK_FAILED_STATE 2     /* the interpreter's state: _PyRuntime, thread states */
+#define PYSTACK_FAILED_FRAME 3     /* a frame's head */
+#define PYSTACK_FAILED_CODE 4      /* a frame whose code pointer is NULL */
+
 /* pystack_proc.flags */
 #define PYSTACK_F_CFRAME 1    /* top frame is tstate->cframe->current_frame (3.11, 3.12) */
 #define PYSTACK_F_LASTI_INT 2 /* frame instr is an int f_lasti (3.10), else a pointer */
@@ -264,6 +277,23 @@ static __always_inline void pystack_submit(struct pystack_scratch *st, u32 statu
         pystack_count(PYSTACK_COUNT_RINGBUF_FULL);
 }
 
+/* End the walk on a failed read of `addr` while reading `what` (PYSTACK_FAILED_*): the entry that
+ * says where goes after the frames read so far (always room: a walk stops at PYSTACK_MAX_FRAMES
+ * frames before reading another). */
+static __always_inline void pystack_fail(struct pystack_scratch *st, u32 what, u64 addr)
+{
+    u32 n = st->ev.nframes;
+    if (n < PYSTACK_MAX_FRAMES) {
+        struct pystack_frame *f = &st->ev.frames[n & (PYSTACK_MAX_FRAMES - 1)];
+        f->code = addr;
+        f->instr = 0;
+        f->checksum = 0;
+        f->pad = PYSTACK_FRAME_FAILED | what << 8;
+        st->ev.nframes = n + 1;
+    }
+    pystack_submit(st, PYSTACK_READ_ERROR);
+}
+
 static __always_inline struct pystack_scratch *pystack_own_scratch(void)
 {
     u32 zero = 0;
@@ -395,11 +425,17 @@ static __always_inline int pystack_start_walk(void *ctx, struct pystack_scratch 
     struct pystack_proc *c = &st->cfg;
     int err = 0;
     u64 frame = pystack_read_ptr(tstate + c->tstate_frame, &err);
-    if (!err && frame && (c->flags & PYSTACK_F_CFRAME))
-        frame = pystack_read_ptr(frame + c->cframe_current_frame, &err);
     if (err) {
-        pystack_submit(st, PYSTACK_READ_ERROR);
+        pystack_fail(st, PYSTACK_FAILED_STATE, tstate + c->tstate_frame);
         return 0;
+    }
+    if (frame && (c->flags & PYSTACK_F_CFRAME)) {
+        u64 cframe = frame;
+        frame = pystack_read_ptr(cframe + c->cframe_current_frame, &err);
+        if (err) {
+            pystack_fail(st, PYSTACK_FAILED_STATE, cframe + c->cframe_current_frame);
+            return 0;
+        }
     }
     st->frame = frame;
 #pragma unroll
@@ -437,7 +473,7 @@ static __always_inline int pystack_find_body(void *ctx, int tp)
     /* a plain integer, not a struct pointer: no layout from the compile-time headers is used */
     u64 task = bpf_get_current_task();
     if (bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)(task + c->fsbase)) != 0) {
-        pystack_submit(st, PYSTACK_READ_ERROR);
+        pystack_fail(st, PYSTACK_FAILED_TASK, 0);
         return 0;
     }
     st->fsbase = fsbase;
@@ -453,7 +489,7 @@ static __always_inline int pystack_find_body(void *ctx, int tp)
     st->interps = 0;
     st->unbound = 0;
     if (err || !st->interp) {
-        pystack_submit(st, PYSTACK_READ_ERROR);
+        pystack_fail(st, PYSTACK_FAILED_STATE, c->runtime + c->runtime_interpreters_head);
         return 0;
     }
     struct pystack_no_tstate *none = pystack_no_tstates.lookup(&tid);
@@ -479,20 +515,23 @@ static __always_inline int pystack_scan_body(void *ctx, int tp)
     struct pystack_proc *c = &st->cfg;
     u64 fsbase = st->fsbase, interp = st->interp, found = 0;
     int err = 0;
-    u64 t = pystack_read_ptr(interp + c->interp_threads_head, &err);
+    u64 at = interp + c->interp_threads_head; /* the address read last: where a failure was */
+    u64 t = pystack_read_ptr(at, &err);
     u64 head = t;
 #pragma clang loop unroll(disable)
     for (int i = 0; i < PYSTACK_MAX_THREADS; i++) {
         if (!t || err)
             break;
-        u64 thread_id = pystack_read_ptr(t + c->tstate_thread_id, &err);
+        at = t + c->tstate_thread_id;
+        u64 thread_id = pystack_read_ptr(at, &err);
         if (thread_id == fsbase && !err) {
             found = t;
             break;
         }
         if (!thread_id)
             st->unbound = 1;
-        t = pystack_read_ptr(t + c->tstate_next, &err);
+        at = t + c->tstate_next;
+        t = pystack_read_ptr(at, &err);
     }
     if (found) {
         u32 tid = st->ev.tid;
@@ -500,7 +539,7 @@ static __always_inline int pystack_scan_body(void *ctx, int tp)
         return pystack_start_walk(ctx, st, found, tp);
     }
     if (err) {
-        pystack_submit(st, PYSTACK_READ_ERROR);
+        pystack_fail(st, PYSTACK_FAILED_STATE, at);
         return 0;
     }
     st->interp = pystack_read_ptr(interp + c->interp_next, &err);
@@ -511,7 +550,10 @@ static __always_inline int pystack_scan_body(void *ctx, int tp)
             u32 tid = st->ev.tid;
             pystack_no_tstates.update(&tid, &none);
         }
-        pystack_submit(st, err ? PYSTACK_READ_ERROR : PYSTACK_NO_THREAD_STATE);
+        if (err)
+            pystack_fail(st, PYSTACK_FAILED_STATE, interp + c->interp_next);
+        else
+            pystack_submit(st, PYSTACK_NO_THREAD_STATE);
         return 0;
     }
     pystack_next(ctx, tp, PYSTACK_PROG_SCAN);
@@ -555,12 +597,12 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
                     if (size > PYSTACK_WINDOW)
                         size = PYSTACK_WINDOW;
                     if (bpf_probe_read_user(st->win, size, (void *)lo) != 0) {
-                        pystack_submit(st, PYSTACK_READ_ERROR);
+                        pystack_fail(st, PYSTACK_FAILED_FRAME, frame);
                         return 0;
                     }
                 }
             } else if (bpf_probe_read_user(st->win, PYSTACK_FRAME_HEAD, (void *)frame) != 0) {
-                pystack_submit(st, PYSTACK_READ_ERROR);
+                pystack_fail(st, PYSTACK_FAILED_FRAME, frame);
                 return 0;
             }
             st->win_base = st->win_lo = lo;
@@ -579,14 +621,18 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
             instr = *(u32 *)&fb[c->frame_instr & 0x7c];
         else
             instr = *(u64 *)&fb[c->frame_instr & 0x78];
+        if (!code) {
+            pystack_fail(st, PYSTACK_FAILED_CODE, frame);
+            return 0;
+        }
         u32 slot = ((code >> 4) ^ (code >> 10)) & (PYSTACK_SEEN_SLOTS - 1);
-        u32 sum = 0;
+        u32 sum = 0, unread = 0;
         int cached = 0;
         struct pystack_code_slot *known = 0;
-        if (code && st->seen_code[slot] == code) {
+        if (st->seen_code[slot] == code) {
             sum = st->seen_sum[slot];
             cached = 1;
-        } else if ((c->flags & PYSTACK_F_CODE_CACHE) && code) {
+        } else if (c->flags & PYSTACK_F_CODE_CACHE) {
             u32 k = pystack_code_slot_of(code, st->ev.pid);
             known = pystack_code_cache.lookup(&k);
             if (known && known->code == code && known->pid == st->ev.pid &&
@@ -601,15 +647,16 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
             }
         }
         if (!cached) {
-            /* ... and one for the code object head (type, firstlineno, co_version, co_name) */
-            if (!code || bpf_probe_read_user(st->cbuf, 128, (void *)code) != 0) {
-                pystack_submit(st, PYSTACK_READ_ERROR);
-                return 0;
-            }
-            if (*(u64 *)&st->cbuf[8] != c->code_type) {
+            /* ... and one for the code object head (type, firstlineno, co_version, co_name); a
+             * head whose page is not resident is read back by user space (see above) */
+            if (bpf_probe_read_user(st->cbuf, 128, (void *)code) != 0)
+                unread = 1;
+            else if (*(u64 *)&st->cbuf[8] != c->code_type) {
                 frame = back;    /* e.g. 3.13's None executable in shim frames */
                 continue;
             }
+        }
+        if (!cached && !unread) {
             u32 firstlineno = *(u32 *)&st->cbuf[c->code_firstlineno & 0x7c];
             sum = firstlineno * 0x9E3779B1u;
             if (c->code_version)
@@ -641,7 +688,7 @@ static __always_inline int pystack_walk_body(void *ctx, int tp)
         f->code = code;
         f->instr = instr;
         f->checksum = sum;
-        f->pad = 0;
+        f->pad = unread ? PYSTACK_FRAME_CODE_UNREAD : 0;
         u64 d = (st->digest ^ code) * 0x100000001B3ull;
         d = (d ^ instr) * 0x100000001B3ull;
         st->digest = (d ^ sum) * 0x9E3779B97F4A7C15ull;

@@ -298,10 +298,14 @@ TRACEPOINT_PROBE(sched, sched_switch)
  * softirq_entry note their CPU's hardirq and softirq buffers; a timer callback notes its buffer
  * while it runs (hrtimer_expire_entry..exit, timer_expire_entry..exit). sched_waking compares its
  * own `args` with them: the waker is then 'timer', 'interrupt' or 'softirq' (tid 0), never the
- * interrupted task. A CPU that has not taken a device interrupt or softirq since the start has no
- * buffer noted yet: a wake-up there from a hardirq that is no timer (an IPI, irq_work) still names
- * the interrupted task. The cost: one per-CPU array store per interrupt and timer callback
- * (docs/benchmarks.md). */
+ * interrupted task. The hardirq buffer is one per CPU for every hardirq, so the vectors that are
+ * no device interrupt note it too (x86's irq_vectors: irq_work and the function call IPIs; each
+ * fires before its handler runs): a wake-up from an IPI or irq_work (a BPF ring buffer's
+ * notification) is 'interrupt' also on a CPU no device interrupt has hit yet. Not the reschedule
+ * IPI: it wakes no task itself (a wake-up queued to another CPU's list was traced by its waker, who
+ * sent the IPI). Not the local timer's vector: its wake-ups are timer callbacks (above), and it
+ * would cost a run per tick. The cost:
+ * one per-CPU array store per interrupt and timer callback (docs/benchmarks.md). */
 struct irq_ctx_t {
     u64 hardirq;  /* `args` of a program in this CPU's hardirq context, 0: not seen yet */
     u64 softirq;
@@ -335,6 +339,31 @@ static __always_inline void irq_note(int which, u64 at)
 
 #ifdef HAVE_TP_irq_irq_handler_entry
 TRACEPOINT_PROBE(irq, irq_handler_entry)
+{
+    irq_note(WAKER_INTERRUPT, (u64)args);
+    return 0;
+}
+#endif
+
+/* the hardirq vectors that are no device interrupt (see above); absent on other architectures */
+#ifdef HAVE_TP_irq_vectors_irq_work_entry
+TRACEPOINT_PROBE(irq_vectors, irq_work_entry)
+{
+    irq_note(WAKER_INTERRUPT, (u64)args);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_irq_vectors_call_function_entry
+TRACEPOINT_PROBE(irq_vectors, call_function_entry)
+{
+    irq_note(WAKER_INTERRUPT, (u64)args);
+    return 0;
+}
+#endif
+
+#ifdef HAVE_TP_irq_vectors_call_function_single_entry
+TRACEPOINT_PROBE(irq_vectors, call_function_single_entry)
 {
     irq_note(WAKER_INTERRUPT, (u64)args);
     return 0;

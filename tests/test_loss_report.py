@@ -115,7 +115,7 @@ def test_a_contender_of_unknown_process_is_not_given_another_tasks_pid(recording
 
 def test_a_process_whose_stacks_were_not_read_is_not_attached(recording: Path) -> None:
     """Every Python stack of one process could not be read: its 'cpython frames' row is 'failed'
-    and says '0 of N stacks read' with the reason; a process whose stacks were read keeps
+    and says '0 of N stacks read' with the reason and why the reads failed; a process whose stacks were read keeps
     'attached' and says how many."""
     from recorder.core.stacks import CAPABILITY_PROBE, amend_stack_capabilities
 
@@ -129,8 +129,8 @@ def test_a_process_whose_stacks_were_not_read_is_not_attached(recording: Path) -
                         ).lastrowid
     thread = conn.execute("INSERT INTO thread (session_id, tid, process_id, name, first_ts) VALUES (1, 4200, ?,"
                           " 'python3', 0)", (proc,)).lastrowid
-    bad = conn.execute("INSERT INTO python_stack (session_id, hash, depth, status) VALUES (1, 'x', 0,"
-                       " 'read error')").lastrowid
+    bad = conn.execute("INSERT INTO python_stack (session_id, hash, depth, status, failure) VALUES (1, 'x', 0,"
+                       " 'read error', 'frame page swapped out')").lastrowid
     cols = [c[1] for c in conn.execute("PRAGMA table_info(cuda_call)") if c[1] not in ("id", "thread_id",
                                                                                       "python_stack_id")]
     conn.execute(f"INSERT INTO cuda_call ({', '.join(cols)}, thread_id, python_stack_id) SELECT {', '.join(cols)},"
@@ -143,6 +143,7 @@ def test_a_process_whose_stacks_were_not_read_is_not_attached(recording: Path) -
     rows = dict(((t, (s, d)) for t, s, d in conn.execute(
         "SELECT target, status, detail FROM capability WHERE probe = ?", (CAPABILITY_PROBE,))))
     conn.close()
-    assert rows["pid 4200"] == ("failed", "walker attached, 0 of 400 stacks read (read error: 400); "
+    assert rows["pid 4200"] == ("failed", "walker attached, 0 of 400 stacks read (read error: 400 "
+                                          "(frame page swapped out: 400)); "
                                           "CPython 3.12 (libpython3.12.so)")
     assert rows["pid 4100"] == ("attached", f"CPython 3.12 (libpython3.12.so); {n:,} of {n:,} stacks read")

@@ -65,6 +65,12 @@ PROG_FIND = 0
 PROG_WALK = 1
 PROG_SCAN = 2
 
+# pystack_frame.pad (bpf/pystack.h): a frame whose code object head the walker could not read, and
+# the entry after the frames that says which read ended the walk (what << 8), its `code` the address
+FRAME_CODE_UNREAD = 1
+FRAME_FAILED = 2
+FAILED_WHAT: dict[int, str] = {1: "task", 2: "interpreter state", 3: "frame", 4: "code pointer"}
+
 # The Python mirrors of the C structs: (field, struct format) in declaration order.
 EVENT_HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("ts", "Q"), ("pid", "I"), ("tid", "I"), ("nframes", "I"), ("status", "I"), ("digest", "Q"),
@@ -100,6 +106,8 @@ class PyStackEvent:
     status: int
     frames: tuple[tuple[int, int, int], ...]  # (code address, instr, checksum), innermost first
     digest: int = 0  # the stack's identity in its process image (bpf/pystack.h), 0 when none
+    unread: tuple[int, ...] = ()  # indices of frames whose code object the walker could not read
+    failed: tuple[str, int] | None = None  # read error: what could not be read, and its address
 
     @property
     def status_name(self) -> str:
@@ -110,13 +118,14 @@ def parse_pystack_event(data: bytes) -> PyStackEvent:
     """One record from the `pystacks` ring buffer (only the filled frames are sent)."""
     ts, pid, tid, nframes, status, digest = _EVENT_HEADER.unpack_from(data, 0)
     nframes = min(nframes, MAX_FRAMES, (len(data) - _EVENT_HEADER.size) // _FRAME.size)
-    frames = tuple(
-        (code, instr, checksum)
-        for code, instr, checksum, _pad in (
-            _FRAME.unpack_from(data, _EVENT_HEADER.size + i * _FRAME.size) for i in range(nframes)
-        )
-    )
-    return PyStackEvent(ts, pid, tid, status, frames, digest)
+    raw = [_FRAME.unpack_from(data, _EVENT_HEADER.size + i * _FRAME.size) for i in range(nframes)]
+    failed = None
+    if raw and raw[-1][3] & FRAME_FAILED:
+        code, _instr, _sum, pad = raw.pop()
+        failed = (FAILED_WHAT.get(pad >> 8, f"read {pad >> 8}"), code)
+    frames = tuple((code, instr, checksum) for code, instr, checksum, _pad in raw)
+    unread = tuple(i for i, f in enumerate(raw) if f[3] & FRAME_CODE_UNREAD)
+    return PyStackEvent(ts, pid, tid, status, frames, digest, unread, failed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -681,6 +690,7 @@ class StackResolver:
         self._codes: dict[tuple[int, int, int], _Code] = {}
         self._mem: dict[int, int] = {}
         self.failures: dict[str, int] = {}  # reason -> frames, for the loss table
+        self._page_states: dict[tuple[int, int], str] = {}  # (pid, page) -> state when a read failed
 
     def close(self) -> None:
         for fd in self._mem.values():
@@ -693,6 +703,7 @@ class StackResolver:
         if fd is not None:
             os.close(fd)
         self._codes = {k: v for k, v in self._codes.items() if k[0] != pid}
+        self._page_states = {k: v for k, v in self._page_states.items() if k[0] != pid}
 
     def _read(self, pid: int, addr: int, size: int) -> bytes:
         fd = self._mem.get(pid)
@@ -706,7 +717,38 @@ class StackResolver:
             raise OSError(f"short read at {addr:#x}")
         return data
 
-    def resolve(self, pid: int, frames: Iterable[tuple[int, int, int]]) -> list[PyFrame]:
+    def page_state(self, pid: int, addr: int) -> str:
+        """Why a read of `addr` in process `pid` may have failed without faulting: its page's state
+        now, from /proc/PID/pagemap (read before anything faults the page in). A page this
+        resolver faulted in itself, reading back a code object of an earlier record, keeps the
+        state it had then: the captures of one round of reads failed for the same reason."""
+        key = (pid, addr >> 12)
+        try:
+            with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as f:
+                entry = int.from_bytes(os.pread(f.fileno(), 8, (addr >> 12) * 8), "little")
+            if entry >> 63 & 1:
+                return self._page_states.get(key, "page not resident (faulted in since)")
+            if entry >> 62 & 1:
+                state = "page swapped out"
+            else:
+                state = "address not mapped"
+                with open(f"/proc/{pid}/maps") as f:
+                    for line in f:
+                        lo, hi = (int(x, 16) for x in line.split(maxsplit=1)[0].split("-"))
+                        if lo <= addr < hi:
+                            state = "page not resident"
+                            break
+        except (OSError, ValueError):
+            return "page state unknown (process gone)"
+        if len(self._page_states) >= 4096:
+            self._page_states.clear()
+        self._page_states[key] = state
+        return state
+
+    def resolve(self, pid: int, frames: Iterable[tuple[int, int, int | None]]) -> list[PyFrame]:
+        """Frames (code, instr, checksum) -> PyFrames; a checksum None is a code object the walker
+        could not read (its page was not resident): it is read here, with the checks below but
+        no checksum to compare."""
         target = self.targets.get(pid)
         if target is None:
             target = self.targets[pid] = detect(pid)
@@ -726,7 +768,7 @@ class StackResolver:
         self.failures[key] = self.failures.get(key, 0) + 1
         return PyFrame("", "", None, code, reason)
 
-    def _resolve_one(self, t: PythonTarget, code: int, instr: int, csum: int) -> PyFrame:
+    def _resolve_one(self, t: PythonTarget, code: int, instr: int, csum: int | None) -> PyFrame:
         key = (t.pid, code, csum)
         info = self._codes.get(key)
         if info is None:
@@ -742,7 +784,7 @@ class StackResolver:
             line = line_311(info.linetable, info.firstlineno, instr - (code + o.code_adaptive))
         return PyFrame(info.filename, info.qualname, line, code, first_line=info.firstlineno)
 
-    def _load_code(self, t: PythonTarget, code: int, csum: int) -> _Code | None:
+    def _load_code(self, t: PythonTarget, code: int, csum: int | None) -> _Code | None:
         o = t.offsets
         head = self._read(t.pid, code, 144)
         if struct.unpack_from("<Q", head, 8)[0] != t.code_type:
@@ -754,7 +796,8 @@ class StackResolver:
             version = struct.unpack_from("<I", head, o.code_version)[0]
         else:
             name_hash = struct.unpack_from("<q", self._read(t.pid, name + o.str_hash, 8))[0]
-        if checksum(firstlineno, version, name_hash, struct.unpack_from("<Q", head, o.code_filename)[0]) != csum:
+        if csum is not None and checksum(firstlineno, version, name_hash,
+                                         struct.unpack_from("<Q", head, o.code_filename)[0]) != csum:
             return None
         qual = struct.unpack_from("<Q", head, o.code_qualname)[0] if o.code_qualname else name
         filename = struct.unpack_from("<Q", head, o.code_filename)[0]

@@ -189,7 +189,7 @@ class NativeSymbolizer:
 _NOT_USER = 1 << 63  # kernel half of the address space, and above SQLite's INTEGER
 
 PY_CODE_COLUMNS = ("id", "session_id", "filename", "qualname", "first_line")
-PY_STACK_COLUMNS = ("id", "session_id", "hash", "depth", "status")
+PY_STACK_COLUMNS = ("id", "session_id", "hash", "depth", "status", "failure", "reread")
 PY_FRAME_COLUMNS = ("stack_id", "depth", "code_id", "line")
 NATIVE_STACK_COLUMNS = ("id", "session_id", "hash", "depth")
 NATIVE_FRAME_COLUMNS = ("stack_id", "depth", "address", "object", "symbol", "symbol_offset")
@@ -395,8 +395,27 @@ class StackRecorder:
         status = STATUS_NAMES.get(ev.status, f"status {ev.status}")
         frames: list[tuple[int | None, int | None]] = []
         resolved = True
-        if ev.frames:
-            for f in self.resolver.resolve(ev.pid, ev.frames):
+        failure = None
+        reread = 0
+        raw = ev.frames
+        if ev.unread:
+            # code objects the walker could not read (a page not resident): say why (the page's
+            # state, before the read below faults it in), then read them here without a checksum
+            failure = "code object " + self.resolver.page_state(ev.pid, raw[ev.unread[0]][0])
+            raw = tuple((code, instr, None) if i in ev.unread else (code, instr, csum)
+                        for i, (code, instr, csum) in enumerate(raw))
+        if ev.failed:  # the read that ended the walk: not retried, the thread has run on since
+            what, addr = ev.failed
+            if what == "code pointer":  # a frame read while the interpreter was writing it
+                failure = "frame without its code object"
+            elif what == "task" or not addr:
+                failure = f"{what} memory unreadable"
+            else:
+                failure = f"{what} {self.resolver.page_state(ev.pid, addr)}"
+        if raw:
+            for i, f in enumerate(self.resolver.resolve(ev.pid, raw)):
+                if f.available and i in ev.unread:
+                    reread += 1
                 if not f.available:
                     resolved = False
                     frames.append((None, None))
@@ -409,14 +428,16 @@ class StackRecorder:
                 frames.append((code_id, f.line))
         if not resolved and status in ("ok", "truncated"):
             status = "unresolved"
-        h = _hash((status, frames))
+        h = _hash((status, frames, failure, reread) if failure else (status, frames))
         stack_id = self._py_stacks.get(h)
         if stack_id is None:
             stack_id = self._py_stacks[h] = self._new_id("python_stack")
-            self.writer.add("python_stack", (stack_id, self.session_id, h, len(frames), status))
+            self.writer.add("python_stack", (stack_id, self.session_id, h, len(frames), status, failure, reread))
             self.writer.extend("python_stack_frame",
                                [(stack_id, d, code, line) for d, (code, line) in enumerate(frames)])
-        if resolved:  # a failed frame may resolve once re-read; a good one stays good
+        # a failed frame may resolve once re-read, a good one stays good; a code object read back
+        # here has no checksum to tell a reused address: its record is resolved again each time
+        if resolved and not ev.unread:
             self._raw[(ev.pid, ev.status, ev.frames)] = stack_id
         return stack_id
 
@@ -598,17 +619,26 @@ class StackRecorder:
 
 def amend_stack_capabilities(conn: Any, sid: int) -> int:
     """After the last rows of session `sid` are written: each process's 'cpython frames' row says
-    how many of the stacks of its recorded events were read, and why the others were not; a process
-    none of whose stacks could be read is 'failed', not 'attached'. Returns the rows changed."""
+    how many of the stacks of its recorded events were read, why the others were not (with the
+    reason a read failed, python_stack.failure) and how many were read only after user space read
+    back a code object the walker could not; a process none of whose stacks could be read is
+    'failed', not 'attached'. Returns the rows changed."""
     events = " UNION ALL ".join(
         f"SELECT thread_id, python_stack_id FROM {table} WHERE session_id = :s AND python_stack_id IS NOT NULL"
         for table in STACK_EVENT_TABLES)
     counts: dict[int, Counter] = {}
-    for pid, status, n in conn.execute(
-            f"SELECT p.pid, st.status, count(*) FROM ({events}) e JOIN python_stack st ON st.id = e.python_stack_id"
-            " JOIN thread t ON t.id = e.thread_id JOIN process p ON p.id = t.process_id GROUP BY p.pid, st.status",
-            {"s": sid}):
+    failures: dict[int, dict[str, Counter]] = {}  # pid -> status -> failure -> events
+    rereads: dict[int, Counter] = {}  # pid -> why a code object was read back -> events then read
+    for pid, status, failure, reread, n in conn.execute(
+            f"SELECT p.pid, st.status, st.failure, st.reread > 0, count(*) FROM ({events}) e"
+            " JOIN python_stack st ON st.id = e.python_stack_id JOIN thread t ON t.id = e.thread_id"
+            " JOIN process p ON p.id = t.process_id GROUP BY 1, 2, 3, 4", {"s": sid}):
         counts.setdefault(pid, Counter())[status] += n
+        if status in READ_STATUSES:
+            if reread:
+                rereads.setdefault(pid, Counter())[failure or "code object page not resident"] += n
+        elif failure:
+            failures.setdefault(pid, {}).setdefault(status, Counter())[failure] += n
     changed = 0
     for cap_id, target, detail in conn.execute(
             "SELECT id, target, detail FROM capability WHERE session_id = ? AND layer = 'python' AND probe = ?"
@@ -618,8 +648,16 @@ def amend_stack_capabilities(conn: Any, sid: int) -> int:
             continue
         total = sum(by_status.values())
         read = sum(n for status, n in by_status.items() if status in READ_STATUSES)
-        failed = [f"{status}: {n:,}" for status, n in by_status.most_common() if status not in READ_STATUSES]
+        pid = int(target[4:])
+        why = failures.get(pid, {})
+        failed = [f"{status}: {n:,}" + (f" ({', '.join(f'{r}: {k:,}' for r, k in why[status].most_common())})"
+                                        if status in why else "")
+                  for status, n in by_status.most_common() if status not in READ_STATUSES]
         summary = f"{read:,} of {total:,} stacks read" + (f" ({', '.join(failed)})" if failed else "")
+        if pid in rereads:
+            back = rereads[pid]
+            summary += (f"; {sum(back.values()):,} of them after reading back code objects the walker"
+                        f" could not ({', '.join(f'{r}: {k:,}' for r, k in back.most_common())})")
         if read:
             conn.execute("UPDATE capability SET detail = ? WHERE id = ?", (f"{detail}; {summary}", cap_id))
         else:

@@ -14,7 +14,10 @@ from recorder.core.settings import DEFAULT_OFFCPU_STACK_MIN_US
 
 # where the kernel has them, a wake-up from a timer, interrupt or softirq is told from one by a task
 WAKER_CONTEXT_TRACEPOINTS = ("irq:irq_handler_entry", "irq:softirq_entry", "timer:hrtimer_expire_entry",
-                             "timer:hrtimer_expire_exit", "timer:timer_expire_entry", "timer:timer_expire_exit")
+                             "timer:hrtimer_expire_exit", "timer:timer_expire_entry", "timer:timer_expire_exit",
+                             # hardirqs that are no device interrupt (x86): IPIs, irq_work
+                             "irq_vectors:irq_work_entry",
+                             "irq_vectors:call_function_entry", "irq_vectors:call_function_single_entry")
 SOURCES = (BpfSource("sched", "sched.bpf.c", ("sched:sched_switch", "sched:sched_waking",
                                                "raw_syscalls:sys_enter", "raw_syscalls:sys_exit"),
                      WAKER_CONTEXT_TRACEPOINTS),)
