@@ -240,8 +240,10 @@ def test_gil_waits_are_recognised_on_every_supported_cpython(tmp_path, version):
                   " WHERE tid = ? AND gil = 1 AND ts >= ? AND ts < ?",
               (hog, hog, main, truth["hog_start"], truth["hog_end"]))
     n, dur, by_hog, by_other, timed_out = waits[0]
-    # the hog holds the lock through every wait: handed over by it, or timed out while it ran
-    assert n >= 20 and dur >= 20_000_000 and by_hog >= 0.9 * n and by_other == 0, waits
+    # the hog holds the lock through every wait: handed over by it, or timed out while it ran. Never
+    # another thread; no holder (NULL) where the recording cannot tell, e.g. a wait during which the
+    # hog itself blocked for more than half of it (it waited for the GIL the main thread took briefly)
+    assert n >= 20 and dur >= 20_000_000 and by_hog >= 0.75 * n and by_other == 0, waits
     assert timed_out >= 5, waits  # the switch interval's timeouts are named too
     assert q(db, "SELECT count(*) FROM offcpu_wait WHERE tid = ? AND gil = 1 AND ts < ?",
              (main, truth["hog_start"]))[0][0] == 0

@@ -418,6 +418,9 @@ class StackRecorder:
                     reread += 1
                 if not f.available:
                     resolved = False
+                    # the walk itself went well: say why user space could not resolve the frame
+                    # (a module's code object is freed once its import ran, before it was read)
+                    failure = failure or f.error
                     frames.append((None, None))
                     continue
                 ck = (f.filename, f.qualname, f.first_line or 0)
