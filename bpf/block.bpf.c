@@ -54,7 +54,7 @@ static __always_inline u64 block_rb_flags(u64 now)
     }
     w->ts = now;
     w->quiet = 0;
-    return BPF_RB_FORCE_WAKEUP;
+    return ring_wake_deferred(BPF_RB_FORCE_WAKEUP);
 }
 
 /* types the ext4 tracepoints' fields are declared with (tracefs format), not in BCC's headers */
@@ -610,7 +610,7 @@ TRACEPOINT_PROBE(nvme, nvme_timeout)
     e->action = args->action;
     u32 loc = *(u32 *)&args->data_loc_disk;
     bpf_probe_read_kernel_str(e->disk, sizeof(e->disk), (char *)args + (loc & 0xffff));
-    nvme_ai_events.ringbuf_submit(e, 0);
+    nvme_ai_events.ringbuf_submit(e, ring_wake_deferred(0));
     return 0;
 }
 #endif

@@ -97,7 +97,7 @@ int checkpoint_scope(struct pt_regs *ctx)
     e->tid = tid;
     __builtin_memset(e->path, 0, sizeof(e->path));
     bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)e->path_addr);
-    checkpoint_events.ringbuf_submit(e, 0);
+    checkpoint_events.ringbuf_submit(e, ring_wake_deferred(0));
     return 0;
 }
 
@@ -168,7 +168,7 @@ static __always_inline void ckpt_send_io(struct ckpt_call *c, u64 id, s64 offset
     e->tid = (u32)id;
     e->fd = c->fd;
     e->op = c->op;
-    checkpoint_events.ringbuf_submit(e, 0);
+    checkpoint_events.ringbuf_submit(e, ring_wake_deferred(0));
 }
 
 /* Exit of a stashed syscall: writes get their offset (and move the position), others are sent. */
@@ -268,7 +268,7 @@ static __always_inline int ckpt_open_exit(s64 ret)
     e->pad = 0;
     __builtin_memset(e->path, 0, sizeof(e->path));
     bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)c->ptr1);  /* the kernel just read it */
-    checkpoint_events.ringbuf_submit(e, 0);
+    checkpoint_events.ringbuf_submit(e, ring_wake_deferred(0));
     ckpt_calls.delete(&tid);
     return 0;
 }
@@ -522,7 +522,7 @@ static __always_inline int ckpt_rename_exit(s64 ret)
     __builtin_memset(e->newpath, 0, sizeof(e->newpath));
     bpf_probe_read_user_str(e->oldpath, sizeof(e->oldpath), (void *)c->ptr1);
     bpf_probe_read_user_str(e->newpath, sizeof(e->newpath), (void *)c->ptr2);
-    checkpoint_events.ringbuf_submit(e, 0);
+    checkpoint_events.ringbuf_submit(e, ring_wake_deferred(0));
     ckpt_calls.delete(&tid);
     return 0;
 }

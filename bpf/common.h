@@ -55,18 +55,67 @@ static __always_inline void count_drop(u32 probe)
 #define RING_NCCL 2
 #define RING_PYSTACK 3
 #define RING_COUNT 4
-BPF_PERCPU_ARRAY(ring_quiet, u64, RING_COUNT);
+/* Where the wake-up fires. Its irq_work is taken as soon as interrupts are on: from a program that
+ * runs with them on (a uprobe, a syscall tracepoint) that is at once, inside the program, and the
+ * reader's wake-up then runs sched_waking nested in a BPF program, which the kernel skips (a waker
+ * lost, counted). With the scheduler layer loaded (RING_WAKE_AT_SWITCH) such programs leave the
+ * wake-up owed on their CPU (slot RING_OWED) and the next sched_switch there, which runs with
+ * interrupts off, sends it (ring_wake_owed): its irq_work runs after the switch, in no program.
+ * It sends one at most every RING_WAKE_GAP_NS per CPU (an irq_work is a self-interrupt, costly in
+ * a virtual machine; the reader reads every ring when woken, and at least every 50 ms anyway). A
+ * CPU that does not send it before a quiet count doubles wakes the reader itself, so a high-rate
+ * ring cannot fill for want of a switch. */
+#define RING_WAKE_GAP_NS 20000000ull
+#define RING_OWED RING_COUNT
+#define RING_WOKEN (RING_COUNT + 1) /* when this CPU's sched_switch last sent an owed wake-up */
+BPF_PERCPU_ARRAY(ring_quiet, u64, RING_COUNT + 2);
 
-static __always_inline u64 ring_wakeup_flags(u32 ring, u64 quiet_max)
+static __always_inline u64 ring_wakeup_flags_at(u32 ring, u64 quiet_max, int irqs_off)
 {
     u64 *quiet = ring_quiet.lookup(&ring);
     if (!quiet)
         return 0;
-    if (++*quiet < quiet_max)
+    u64 n = ++*quiet;
+    if (n < quiet_max)
         return BPF_RB_NO_WAKEUP;
+#ifdef RING_WAKE_AT_SWITCH
+    if (!irqs_off && n < 2 * quiet_max) {
+        u32 owed_key = RING_OWED;
+        u64 *owed = ring_quiet.lookup(&owed_key);
+        if (owed) {
+            *owed = 1;
+            return BPF_RB_NO_WAKEUP;
+        }
+    }
+#endif
     *quiet = 0;
     return BPF_RB_FORCE_WAKEUP;
 }
+/* from a program that runs with interrupts on (every caller but sched_switch) */
+#define ring_wakeup_flags(ring, quiet_max) ring_wakeup_flags_at(ring, quiet_max, 0)
+
+/* The flags of a record of a low-rate ring (processes, checkpoints, memory, TCP, DMA, markers,
+ * block): `flags` as the ring would wake its reader (0: when the reader has caught up), turned into
+ * a wake-up owed to the next sched_switch on this CPU where the scheduler layer sends those. */
+static __always_inline u64 ring_wake_deferred_as(u64 flags, u64 urgency)
+{
+#ifdef RING_WAKE_AT_SWITCH
+    if (flags & BPF_RB_NO_WAKEUP)
+        return flags;
+    u32 owed_key = RING_OWED;
+    u64 *owed = ring_quiet.lookup(&owed_key);
+    if (owed) {
+        if (*owed < urgency)
+            *owed = urgency;
+        return BPF_RB_NO_WAKEUP;
+    }
+#endif
+    return flags;
+}
+#define ring_wake_deferred(flags) ring_wake_deferred_as(flags, 1)
+/* a record user space must act on at once (a process stopped until it has): the next switch on
+ * the CPU wakes the reader, however soon after the last wake-up */
+#define ring_wake_urgent() ring_wake_deferred_as(0, 2)
 /* the stack walker (bpf/pystack.h) submits with these flags */
 #define PYSTACK_RB_FLAGS ring_wakeup_flags(RING_PYSTACK, RING_QUIET(PYSTACK_RINGBUF_PAGES, sizeof(struct pystack_event)))
 

@@ -59,7 +59,7 @@ static __always_inline int dma_map_send(void *args, u64 phys, u64 dma, u64 size,
     e->dir = dir;
     e->nents = 1;
     dma_name(e, args, loc);
-    dma_events.ringbuf_submit(e, 0);
+    dma_events.ringbuf_submit(e, ring_wake_deferred(0));
     return 0;
 }
 
@@ -90,7 +90,7 @@ TRACEPOINT_PROBE(swiotlb, swiotlb_bounced)
     e->dir = -1;
     e->flags = args->force ? DMA_FLAG_FORCE | DMA_FLAG_BOUNCED : DMA_FLAG_BOUNCED;
     dma_name(e, args, *(u32 *)&args->data_loc_dev_name);
-    dma_events.ringbuf_submit(e, 0);
+    dma_events.ringbuf_submit(e, ring_wake_deferred(0));
     return 0;
 }
 #endif
@@ -105,7 +105,7 @@ TRACEPOINT_PROBE(iommu, io_page_fault)
     e->dir = -1;
     e->flags = (u32)args->flags << 16;
     dma_name(e, args, *(u32 *)&args->data_loc_device);
-    dma_events.ringbuf_submit(e, 0);
+    dma_events.ringbuf_submit(e, ring_wake_deferred(0));
     return 0;
 }
 #endif
@@ -128,7 +128,7 @@ TRACEPOINT_PROBE(dma, dma_map_latency)
     e->nents = args->nents;
     e->flags = (args->direct ? DMA_FLAG_DIRECT : 0) | (args->bounced ? DMA_FLAG_BOUNCED : 0);
     dma_name(e, args, *(u32 *)&args->data_loc_device);
-    dma_events.ringbuf_submit(e, 0);
+    dma_events.ringbuf_submit(e, ring_wake_deferred(0));
     return 0;
 }
 #endif

@@ -31,7 +31,7 @@ static __always_inline int marker_send(struct pt_regs *ctx, u32 kind, u64 value,
     __builtin_memset(e->text, 0, sizeof(e->text));
     if (text)
         bpf_probe_read_user_str(e->text, sizeof(e->text), (void *)text);
-    marker_events.ringbuf_submit(e, 0);
+    marker_events.ringbuf_submit(e, ring_wake_deferred(0));
     PYSTACK_CAPTURE(ctx, ts);
 }
 

@@ -13,7 +13,7 @@ BPF_RINGBUF_OUTPUT(mm_events, 64);
 
 static __always_inline void mm_send(void *rec, u32 size)
 {
-    if (mm_events.ringbuf_output(rec, size, 0))
+    if (mm_events.ringbuf_output(rec, size, ring_wake_deferred(0)))
         count_drop(PROBE_MM);
 }
 

@@ -25,7 +25,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     bpf_probe_read_kernel(e.saddr, sizeof(e.saddr), args->saddr_v6);
     bpf_probe_read_kernel(e.daddr, sizeof(e.daddr), args->daddr_v6);
     bpf_get_current_comm(e.comm, sizeof(e.comm));
-    if (net_events.ringbuf_output(&e, sizeof(e), 0))
+    if (net_events.ringbuf_output(&e, sizeof(e), ring_wake_deferred(0)))
         count_drop(PROBE_NET);
     return 0;
 }

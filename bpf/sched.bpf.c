@@ -176,7 +176,43 @@ static __always_inline void close_interval(struct offcpu_open_t *open, u32 tid, 
             __builtin_memcpy(e->contender_comm, runs->slices[best].comm, 16);
         }
     }
-    offcpu_events.ringbuf_submit(e, ring_wakeup_flags(RING_SCHED, RING_QUIET(OFFCPU_RING_PAGES, sizeof(*e))));
+    /* sched_switch runs with interrupts off; the end seen at a syscall's exit does not */
+    offcpu_events.ringbuf_submit(e, ring_wakeup_flags_at(RING_SCHED, RING_QUIET(OFFCPU_RING_PAGES, sizeof(*e)),
+                                                         !(flags & OFFCPU_FLAG_END_SYSCALL)));
+}
+
+/* A wake-up of the reader owed by a program that ran with interrupts on (bpf/common.h): sent from
+ * here, sched_switch, with interrupts off, by a discarded record (the reader skips it), at most
+ * every RING_WAKE_GAP_NS on this CPU unless urgent (2: a process stopped until user space acts). The reader reads every ring to the end when woken, so every
+ * ring's quiet count starts again. */
+static __always_inline void ring_wake_owed(u64 now)
+{
+    u32 owed_key = RING_OWED;
+    u64 *owed = ring_quiet.lookup(&owed_key);
+    if (!owed || !*owed)
+        return;
+    u32 woken_key = RING_WOKEN;
+    u64 *woken = ring_quiet.lookup(&woken_key);
+    if (!woken || (*owed < 2 && now - *woken < RING_WAKE_GAP_NS))
+        return;
+    *woken = now;
+    *owed = 0;
+    u32 ring0 = RING_SCHED, ring1 = RING_CUDA, ring2 = RING_NCCL, ring3 = RING_PYSTACK;
+    u64 *quiet = ring_quiet.lookup(&ring0);
+    if (quiet)
+        *quiet = 0;
+    quiet = ring_quiet.lookup(&ring1);
+    if (quiet)
+        *quiet = 0;
+    quiet = ring_quiet.lookup(&ring2);
+    if (quiet)
+        *quiet = 0;
+    quiet = ring_quiet.lookup(&ring3);
+    if (quiet)
+        *quiet = 0;
+    struct offcpu_event *e = offcpu_events.ringbuf_reserve(sizeof(struct offcpu_event));
+    if (e)
+        offcpu_events.ringbuf_discard(e, BPF_RB_FORCE_WAKEUP);
 }
 
 /* Switch-ins the kernel does not report. On some kernels (seen on 6.18 guests) a CPU switching
@@ -204,6 +240,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
         runs->head = h + 1;
         runs->since = now;
     }
+
+    ring_wake_owed(now);
 
     struct offcpu_open_t *open = offcpu_open.lookup(&next);
     if (open && open->ts)

@@ -30,7 +30,7 @@ static __always_inline void task_send(u32 kind, u32 tgid, u32 tid, u32 child)
     if (!e)
         return;
     bpf_get_current_comm(e->comm, sizeof(e->comm));
-    task_events.ringbuf_submit(e, 0);
+    task_events.ringbuf_submit(e, ring_wake_deferred(0));
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork)
@@ -179,7 +179,8 @@ int task_dlopen_return(struct pt_regs *ctx)
     if (!e)
         return 0; /* counted; and no stop that nobody would end */
     bpf_get_current_comm(e->comm, sizeof(e->comm));
-    task_events.ringbuf_submit(e, 0);
+    /* a held process waits for user space: its stop is the switch that wakes the reader */
+    task_events.ringbuf_submit(e, hold ? ring_wake_urgent() : ring_wake_deferred(0));
     if (hold)
         bpf_send_signal(19 /* SIGSTOP: the whole process, until user space has attached */);
     return 0;
@@ -202,7 +203,7 @@ TRACEPOINT_PROBE(task, task_rename)
     if (!e)
         return 0;
     __builtin_memcpy(e->comm, now, sizeof(now));
-    task_events.ringbuf_submit(e, 0);
+    task_events.ringbuf_submit(e, ring_wake_deferred(0));
     return 0;
 }
 #endif

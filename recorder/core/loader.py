@@ -210,6 +210,9 @@ class Probes:
             f"#define BLOCK_INFLIGHT_ENTRIES {self.settings.block_inflight}",
             f"#define BLOCK_RING_PAGES {self.settings.block_ring_pages}",
             f"#define DLOPEN_HOLD {int(self.settings.dlopen_hold)}",
+            # the reader's wake-ups owed by programs that run with interrupts on are sent from
+            # sched_switch when the scheduler layer is loaded (bpf/common.h)
+            "#define RING_WAKE_AT_SWITCH 1" if self._loads("sched") else "",
             bpf.source("common.h"),
             # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
             # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec
@@ -228,6 +231,11 @@ class Probes:
             parts.append(bpf.source(source.filename))
         parts.extend(generated)
         return "\n".join(parts)
+
+    def _loads(self, layer: str) -> bool:
+        """Whether the session compiles `layer`'s BPF source (its required tracepoints exist)."""
+        return any(source.layer == layer and all(tracepoint_exists(tp) for tp in source.required)
+                   for source in self.sources)
 
     def _optional_tracepoints(self, source: BpfSource) -> str:
         """#defines HAVE_TP_<system>_<event> for the source's optional tracepoints this kernel has."""
