@@ -67,3 +67,35 @@ def test_no_interval_lost_when_the_kernel_reports_no_switch_in(tmp_path):
     assert overlaps == [(0,)], ends
     assert q(db, "SELECT count(*) FROM loss WHERE probe NOT LIKE 'bpf program %'")[0][0] == 0, q(
         db, "SELECT * FROM loss")
+
+
+THREAD_CHURN = """
+import json, os, threading
+tids = []
+for _ in range(1000):
+    t = threading.Thread(target=lambda: tids.append(threading.get_native_id()))
+    t.start()
+    t.join()
+print(json.dumps({"pid": os.getpid(), "tids": tids}))
+"""
+
+
+def test_the_reader_is_not_woken_inside_a_bpf_program(tmp_path):
+    """Records sent from programs that run with interrupts on (here a thread's creation and exit, for
+    1,000 threads started one after another) used to wake the recorder's reader from inside the
+    program: the ring's irq_work and the reader's sched_waking then ran nested in it, and the kernel
+    skipped both (about one loss of each per thread). The wake-up is now owed to the CPU's next
+    sched_switch, which runs with interrupts off; the records wait for it, and none is lost."""
+    db = tmp_path / "churn.db"
+    result = run_recorder("record", "--db", str(db), "--", sys.executable, "-c", THREAD_CHURN, timeout=300)
+    assert result.returncode == 0, result.stderr
+    job = workload_output(result.stdout)
+    recorded = {tid for (tid,) in q(db, "SELECT t.tid FROM thread t JOIN process p ON p.id = t.process_id"
+                                        " WHERE p.pid = ? AND t.exit_ts IS NOT NULL", (job["pid"],))}
+    assert len(job["tids"]) == 1000 and set(job["tids"]) <= recorded, len(set(job["tids"]) - recorded)
+    lost = dict(q(db, "SELECT probe, sum(dropped) FROM loss GROUP BY probe"))
+    assert not any("irq_work_entry" in probe for probe in lost), lost
+    # a wake-up of some thread by an interrupt that hit a running program is still skipped (rare)
+    assert lost.get("bpf program tracepoint__sched__sched_waking skipped (sched)", 0) <= 20, lost
+    assert set(lost) <= {"bpf program tracepoint__sched__sched_waking skipped (sched)",
+                         "bpf program tracepoint__irq_vectors__call_function_single_entry skipped (sched)"}, lost
