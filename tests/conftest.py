@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -59,6 +60,17 @@ def run_recorder(*args: str, timeout: float = 180, check: bool = False,
     if check and result.returncode != 0:
         raise AssertionError(f"recorder {' '.join(args)} -> {result.returncode}\n{result.stderr}")
     return result
+
+
+def losses_beyond_skips(db: Path | str) -> dict[str, int]:
+    """The recording's losses other than runs of BPF programs the kernel skipped (another program
+    was running on the CPU, or an interrupt arrived while one ran: a busy machine's, counted) and
+    the block requests such skipped completions left not seen complete."""
+    lost = dict(q(db, "SELECT probe, sum(dropped) FROM loss GROUP BY probe"))
+    skipped_completions = lost.get("bpf program tracepoint__block__block_rq_complete skipped (block)", 0)
+    if lost.get("block request completion not seen", 0) <= skipped_completions:
+        lost.pop("block request completion not seen", None)
+    return {probe: n for probe, n in lost.items() if not re.fullmatch(r"bpf program \S+ skipped \(\w+\)", probe)}
 
 
 def workload_output(stdout: str) -> dict:
