@@ -206,7 +206,8 @@ BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
  * process at each capture, while the interpreter's list of thread states has the same head (a new
  * thread state, e.g. a native thread's PyGILState_Ensure, is put at the head) and for at most
  * PYSTACK_NO_TSTATE_NS. Not remembered when the scan met a thread state not yet bound to its
- * thread (thread_id 0: a Python thread starting) or more than one interpreter. */
+ * thread (a Python thread starting: thread_id 0 on 3.12+, its creator's id on 3.10 and 3.11) or
+ * more than one interpreter. */
 struct pystack_no_tstate {
     u64 ts;         /* when the scan found none */
     u64 head;       /* the main interpreter's first thread state then */
@@ -517,19 +518,28 @@ static __always_inline int pystack_scan_body(void *ctx, int tp)
     int err = 0;
     u64 at = interp + c->interp_threads_head; /* the address read last: where a failure was */
     u64 t = pystack_read_ptr(at, &err);
-    u64 head = t;
+    u64 head = t, head_id = 0;
 #pragma clang loop unroll(disable)
     for (int i = 0; i < PYSTACK_MAX_THREADS; i++) {
         if (!t || err)
             break;
         at = t + c->tstate_thread_id;
         u64 thread_id = pystack_read_ptr(at, &err);
-        if (thread_id == fsbase && !err) {
-            found = t;
+        if (err)
             break;
-        }
-        if (!thread_id)
+        /* Not yet bound: 3.12+ leaves thread_id 0 until the new thread binds its state; 3.10 and
+         * 3.11 give it the creating thread's id, so the new state (put at the head) has the id
+         * of an older one further on. Until the new thread sets its own, a scan made in it
+         * finds nothing, and one made in its creator would meet the new state first. */
+        if (!thread_id || (i && thread_id == head_id))
             st->unbound = 1;
+        if (!i)
+            head_id = thread_id;
+        if (thread_id == fsbase) {
+            found = t;
+            if (i) /* the head may be a state this thread made and has not handed over yet */
+                break;
+        }
         at = t + c->tstate_next;
         t = pystack_read_ptr(at, &err);
     }

@@ -487,6 +487,56 @@ def test_thread_without_python_gets_no_thread_state(
         recording.probe.forget(proc.pid)
 
 
+
+_PREBOUND_SNIPPET = (
+    "import ctypes,sys\n"
+    "sys.path.insert(0,sys.argv[2]);import _gilcall;_gilcall.open(sys.argv[1])\n"
+    "c=ctypes.CDLL(sys.argv[1])\n"
+    "print('ready',flush=True);sys.stdin.readline()\n"
+    "_gilcall.run_in_prebound_thread(4242,lambda:c.cudaMalloc(ctypes.byref(ctypes.c_void_p()),2))\n"
+    "c.cudaMalloc(ctypes.byref(ctypes.c_void_p()),ctypes.c_size_t(1))\n"
+    "print('done',flush=True);sys.stdin.readline()\n"
+)
+
+
+@bpf_only
+@pytest.mark.bpf
+@pytest.mark.parametrize("interp", [k for k in ("3.10", "3.11", "debian-3.11") if k in INSTALLED])
+def test_thread_state_bound_after_a_call_is_found(
+        recording: Recording, native: Callable[[str], tuple[Path, Path]], interp: str,
+        tmp_path: Path) -> None:
+    """3.10 and 3.11 start a thread with a state that carries its creator's id until the thread
+    sets its own: a call made before then has no thread state, the thread's next call (its state
+    now bound) has its own stack, and its creator's stack is still its own."""
+    lib, gildir = native(INSTALLED[interp])
+    proc = subprocess.Popen([INSTALLED[interp], "-c", _PREBOUND_SNIPPET, str(lib), str(gildir)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = harness.Workload(proc, tmp_path / "unused")
+    try:
+        w.wait_line("ready")
+        assert not isinstance(recording.probe.configure(proc.pid), Unsupported)
+        w.go()
+        w.wait_line("done")
+        stacks, calls = recording.for_pid(proc.pid)
+        seq_of = {c[:3]: c[3] for c in calls}
+        by_seq = {seq_of[(s.ts, s.pid, s.tid)]: s for s in stacks}
+        assert sorted(by_seq) == [1, 2, 4242]
+        before, after, creator = by_seq[4242], by_seq[2], by_seq[1]
+        assert before.status == pyframes.STATUS_NO_THREAD_STATE and not before.frames
+        assert after.tid == before.tid != proc.pid
+        assert after.status == pyframes.STATUS_OK, after.status_name
+        resolver = StackResolver(recording.probe.targets)
+        got = [(f.filename, f.qualname, f.line) for f in resolver.resolve(proc.pid, after.frames)]
+        assert got == [("<string>", "<lambda>", 5)]
+        assert creator.status == pyframes.STATUS_OK and creator.tid == proc.pid
+        got = [(f.filename, f.qualname, f.line) for f in resolver.resolve(proc.pid, creator.frames)]
+        assert got == [("<string>", "<module>", 6)]
+    finally:
+        proc.kill()
+        proc.wait()
+        recording.probe.forget(proc.pid)
+
+
 _FREED_SNIPPET = (
     "import ctypes,gc,sys\n"
     "m=ctypes.CDLL(sys.argv[1]).cudaMalloc\n"

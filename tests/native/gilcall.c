@@ -4,6 +4,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <pthread.h>
 
 typedef struct { unsigned int x, y, z; } dim3;
 typedef int (*malloc_fn)(void **, size_t);
@@ -85,6 +86,72 @@ static PyObject *gil_sync(PyObject *self, PyObject *args)
     return PyLong_FromLong(f((void *)(uintptr_t)stream));
 }
 
+#if PY_VERSION_HEX < 0x030C0000
+/* A thread started as threading starts one on 3.10 and 3.11: its creator makes its thread state,
+ * which carries the creator's thread id until the new thread sets its own. Here the new thread
+ * first calls cudaMalloc(size) natively, before it has set it, as a library's start-up code
+ * could; then it sets it, takes the GIL and calls fn(). */
+struct prebound {
+    PyThreadState *tstate;
+    PyObject *fn;
+    malloc_fn f;
+    size_t size;
+    int failed;
+};
+
+static void *prebound_run(void *arg)
+{
+    struct prebound *b = arg;
+    void *ptr = NULL;
+    b->f(&ptr, b->size);
+    b->tstate->thread_id = PyThread_get_thread_ident();
+#if PY_VERSION_HEX >= 0x030B0000 && defined(PY_HAVE_THREAD_NATIVE_ID) /* 3.11 */
+    b->tstate->native_thread_id = PyThread_get_thread_native_id();
+#endif
+    PyEval_AcquireThread(b->tstate);
+    PyObject *r = PyObject_CallNoArgs(b->fn);
+    if (r)
+        Py_DECREF(r);
+    else {
+        PyErr_Print();
+        b->failed = 1;
+    }
+    PyThreadState_Clear(b->tstate);
+    PyThreadState_DeleteCurrent();
+    return NULL;
+}
+
+static PyObject *gil_prebound(PyObject *self, PyObject *args)
+{
+    unsigned long long size;
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "KO", &size, &fn))
+        return NULL;
+    malloc_fn f = (malloc_fn)need("cudaMalloc");
+    if (!f)
+        return NULL;
+    struct prebound b = {PyThreadState_New(PyThreadState_Get()->interp), fn, f, (size_t)size, 0};
+    if (!b.tstate)
+        return PyErr_NoMemory();
+    pthread_t t;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pthread_create(&t, NULL, prebound_run, &b);
+    if (rc == 0)
+        pthread_join(t, NULL);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyThreadState_Clear(b.tstate);
+        PyThreadState_Delete(b.tstate);
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (b.failed)
+        return PyErr_Format(PyExc_RuntimeError, "the thread's call failed (printed above)");
+    Py_RETURN_NONE;
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"open", gil_open, METH_VARARGS, "dlopen the stand-in libcudart"},
     {"cudaMalloc", gil_malloc, METH_VARARGS, "cudaMalloc(size) -> (err, ptr), GIL held"},
@@ -92,6 +159,11 @@ static PyMethodDef methods[] = {
     {"cudaLaunchKernel", gil_launch, METH_VARARGS,
      "cudaLaunchKernel(func, grid, block, shmem, stream) -> err, GIL held"},
     {"cudaStreamSynchronize", gil_sync, METH_VARARGS, "cudaStreamSynchronize(stream), GIL held"},
+#if PY_VERSION_HEX < 0x030C0000
+    {"run_in_prebound_thread", gil_prebound, METH_VARARGS,
+     "run_in_prebound_thread(size, fn): a new thread calls cudaMalloc(size) before its thread state "
+     "is bound to it, then fn() with it"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
