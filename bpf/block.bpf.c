@@ -31,9 +31,11 @@ BPF_RINGBUF_OUTPUT(block_events, BLOCK_RING_PAGES);
 /* Waking the consumer for every request (ringbuf_output's default when it waits) cost the
  * completion program ~1.5 us (irq_work) and the request a consumer wakeup competing for the CPUs
  * (docs/benchmarks.md). A completion wakes the consumer only when this CPU has not done so for
- * BLOCK_WAKEUP_NS (a lone request is read at once) or has sent BLOCK_WAKEUP_RECORDS since (the
- * ring does not fill between wakeups). The rest is read at the session's next poll (<= 50 ms),
- * which reads every ring to the end (Probes.poll). */
+ * BLOCK_WAKEUP_NS or has sent BLOCK_WAKEUP_RECORDS since; the wake-up is sent by the CPU's next
+ * sched_switch where the scheduler layer sends those (bpf/common.h), at most every 20 ms for a lone
+ * request and at once for a burst, so that the ring does not fill and no wake-up is sent inside
+ * this program (which would make the kernel skip the wake-up's own tracepoint programs). The rest
+ * is read at the session's next poll (<= 50 ms), which reads every ring to the end (Probes.poll). */
 #define BLOCK_WAKEUP_NS 50000000ull
 #define BLOCK_WAKEUP_RECORDS 256
 struct block_wakeup {
@@ -52,9 +54,10 @@ static __always_inline u64 block_rb_flags(u64 now)
         w->quiet++;
         return BPF_RB_NO_WAKEUP;
     }
+    u64 urgency = w->quiet >= BLOCK_WAKEUP_RECORDS ? 2 : 1;
     w->ts = now;
     w->quiet = 0;
-    return ring_wake_deferred(BPF_RB_FORCE_WAKEUP);
+    return ring_wake_deferred_as(BPF_RB_FORCE_WAKEUP, urgency);
 }
 
 /* types the ext4 tracepoints' fields are declared with (tracefs format), not in BCC's headers */

@@ -183,7 +183,8 @@ static __always_inline void close_interval(struct offcpu_open_t *open, u32 tid, 
 
 /* A wake-up of the reader owed by a program that ran with interrupts on (bpf/common.h): sent from
  * here, sched_switch, with interrupts off, by a discarded record (the reader skips it), at most
- * every RING_WAKE_GAP_NS on this CPU unless urgent (2: a process stopped until user space acts). The reader reads every ring to the end when woken, so every
+ * every RING_WAKE_GAP_NS on this CPU unless urgent (2: a process stopped until user space acts,
+ * or a burst of block completions). The reader reads every ring to the end when woken, so every
  * ring's quiet count starts again. */
 static __always_inline void ring_wake_owed(u64 now)
 {
