@@ -44,6 +44,22 @@ def native() -> dict[str, Path]:
     return libs
 
 
+@pytest.fixture
+def loop_dev(tmp_path):
+    """The name of a fresh 32 MiB loop device backed by a file in the page cache (block requests,
+    completed by the loop worker; a request costs microseconds); removed even when a test fails."""
+    if not Path("/dev/loop-control").exists():
+        pytest.skip("needs loop devices (/dev/loop-control)")
+    img = tmp_path / "loop.img"
+    subprocess.run(["truncate", "-s", "32M", str(img)], check=True)
+    loop = subprocess.run(["losetup", "-f", "--show", str(img)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    try:
+        yield Path(loop).name
+    finally:
+        subprocess.run(["losetup", "-d", loop], check=False)
+
+
 def q(db: Path | str, sql: str, params: tuple = ()) -> list[tuple]:
     """Rows of one query on a recording, through a fresh connection."""
     conn = sqlite3.connect(db)

@@ -33,21 +33,6 @@ def zram():
         (ZRAM_CONTROL / "hot_remove").write_text(n)
 
 
-@pytest.fixture
-def loop_dev(tmp_path):
-    """The name of a fresh 32 MiB loop device (requests: the completion tracepoints)."""
-    if not Path("/dev/loop-control").exists():
-        pytest.skip("needs loop devices (/dev/loop-control)")
-    img = tmp_path / "loop.img"
-    subprocess.run(["truncate", "-s", "32M", str(img)], check=True)
-    loop = subprocess.run(["losetup", "-f", "--show", str(img)], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    try:
-        yield Path(loop).name
-    finally:
-        subprocess.run(["losetup", "-d", loop], check=False)
-
-
 def _record(db: Path, env: dict[str, str], *cmd: str) -> subprocess.CompletedProcess:
     result = run_recorder("record", "--db", str(db), "--", *cmd, timeout=300, env={**os.environ, **env})
     assert result.returncode == 0, result.stderr

@@ -6,9 +6,7 @@ batching it woke for about every third record and preempted the threads it trace
 from __future__ import annotations
 
 import resource
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, losses_beyond_skips, needs_bpf, q, run_recorder, workload_output
@@ -114,21 +112,6 @@ print(json.dumps({"pid": os.getpid(), "reads": n}))
 """
 
 
-@pytest.fixture
-def loop_dev(tmp_path):
-    """A fresh 32 MiB loop device backed by a file in the page cache (a request costs microseconds)."""
-    if not Path("/dev/loop-control").exists():
-        pytest.skip("needs loop devices (/dev/loop-control)")
-    img = tmp_path / "loop.img"
-    subprocess.run(["truncate", "-s", "32M", str(img)], check=True)
-    loop = subprocess.run(["losetup", "-f", "--show", str(img)], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    try:
-        yield loop
-    finally:
-        subprocess.run(["losetup", "-d", loop], check=False)
-
-
 def test_a_burst_of_block_requests_does_not_wake_the_reader_inside_a_program(tmp_path, loop_dev):
     """Thousands of O_DIRECT reads, one thread, each a block request completed in a loop worker (a
     program that runs with interrupts on): the completions' records wake the reader in batches of
@@ -136,13 +119,13 @@ def test_a_burst_of_block_requests_does_not_wake_the_reader_inside_a_program(tmp
     burst, never from the completion program, so that no irq_work or wake-up nested in it is
     skipped. Every read has its row."""
     db = tmp_path / "burst.db"
-    result = run_recorder("record", "--db", str(db), "--", sys.executable, "-c", DIRECT_READS, loop_dev,
-                          "4000", timeout=300)
+    result = run_recorder("record", "--db", str(db), "--", sys.executable, "-c", DIRECT_READS,
+                          f"/dev/{loop_dev}", "4000", timeout=300)
     assert result.returncode == 0, result.stderr
     job = workload_output(result.stdout)
     rows = q(db, "SELECT count(*) FROM block_request b JOIN thread t ON t.id = b.thread_id"
                  " JOIN process p ON p.id = t.process_id WHERE p.pid = ? AND b.device = ? AND b.op = 'read'",
-             (job["pid"], Path(loop_dev).name))[0][0]
+             (job["pid"], loop_dev))[0][0]
     unseen = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe = 'block request completion not seen'")[0][0]
     assert job["reads"] - unseen <= rows <= job["reads"], (rows, unseen)
     lost = dict(q(db, "SELECT probe, sum(dropped) FROM loss GROUP BY probe"))
