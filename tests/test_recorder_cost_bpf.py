@@ -132,4 +132,5 @@ def test_a_burst_of_block_requests_does_not_wake_the_reader_inside_a_program(tmp
     assert not any("irq_work_entry" in probe for probe in lost), lost
     # a wake-up by an interrupt that hit a running program is still skipped (rare)
     assert lost.get("bpf program tracepoint__sched__sched_waking skipped (sched)", 0) <= 20, lost
-    assert losses_beyond_skips(db) == {}, lost
+    # nothing else: skipped runs, and the requests counted as not seen (accounted for above)
+    assert all(probe == "block request completion not seen" or " skipped (" in probe for probe in lost), lost
