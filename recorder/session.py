@@ -373,6 +373,7 @@ class Session:
     def finish(self) -> dict:
         """Drain the buffers, close open intervals, mark the session complete, build indexes."""
         self.gpu.stop()  # its last samples go out with the flush below
+        self.io.settle(now_ns())  # requests in flight at the end complete: rows, not losses
         self.probes.consume()
         self.flush()
         self.io.finish(now_ns())  # block requests whose completion was never seen, into `loss`

@@ -76,8 +76,9 @@ def test_concurrent_flushes_are_each_a_row(tmp_path, loop_dev):
     """4 threads each write and fsync a loop device 20 times at once: each fsync sends an empty
     flush bio at sector 0, whose flush request is issued at sector 0 and completes at
     (sector_t)-1 (6.12+). Every flush is a row of its thread, issued and completed, beside every
-    write; none is counted lost (they used to share one key: about a third of them went missing and
-    the rest of the collisions were counted as completions not seen)."""
+    write, unless the kernel skipped its program, which is counted (they used to share one key: about
+    a third of them went missing and the rest of the collisions were counted as completions not
+    seen)."""
     db = tmp_path / "flush.db"
     res = _record(db, {}, sys.executable, str(ROOT / "tests" / "workloads" / "concurrent_fsync.py"),
                   f"/dev/{loop_dev}")
@@ -85,19 +86,28 @@ def test_concurrent_flushes_are_each_a_row(tmp_path, loop_dev):
     rows = q(db, "SELECT t.tid, b.op, b.size_bytes, b.sector, b.issue_ts IS NOT NULL, b.ts <= b.issue_ts,"
                  " b.issue_ts <= b.complete_ts, b.error FROM block_request b JOIN thread t ON t.id = b.thread_id"
                  " WHERE b.device = ? ORDER BY b.ts", (loop_dev,))
+    # A block program the kernel skipped (an interrupt arrived while another BPF program or a map
+    # syscall held this CPU's BPF slot) costs at most its request's row, and is counted: a skipped
+    # completion leaves its request counted as not seen, a skipped submission leaves no trace of it.
+    # Skips hit any traced disk (most are the root disk's); with none, every row is there.
+    lost = dict(q(db, "SELECT probe, sum(dropped) FROM loss WHERE probe LIKE '%block%' GROUP BY probe"))
+    skipped = sum(n for probe, n in lost.items() if probe.startswith("bpf program tracepoint__block__"))
+    expected = 2 * job["rounds"] * len(job["writers"])
+    assert expected - skipped <= len(rows) <= expected, (len(rows), lost)
     per_thread = {tid: [r for r in rows if r[0] == tid] for tid in job["writers"]}
     for tid, mine in per_thread.items():
         flushes = [r for r in mine if r[1] == "flush"]
         writes = [r for r in mine if r[1] == "write"]
-        assert len(flushes) == job["rounds"] and len(writes) == job["rounds"], (tid, mine)
+        assert job["rounds"] - skipped <= len(flushes) <= job["rounds"], (tid, mine, lost)
+        assert job["rounds"] - skipped <= len(writes) <= job["rounds"], (tid, mine, lost)
+        if not skipped:
+            assert len(flushes) == len(writes) == job["rounds"], (tid, mine)
         assert {r[2:] for r in flushes} == {(0, 0, 1, 1, 1, 0)}, flushes
         assert {r[2] for r in writes} == {4096}
-    assert len(rows) == 2 * job["rounds"] * len(job["writers"]), rows
-    # the only block losses are completions whose program the kernel skipped (another BPF program
-    # was running on the CPU): each leaves one request not seen complete, on any traced disk
-    lost = dict(q(db, "SELECT probe, sum(dropped) FROM loss WHERE probe LIKE '%block%' GROUP BY probe"))
-    skipped = lost.pop("bpf program tracepoint__block__block_rq_complete skipped (block)", 0)
-    assert set(lost) <= {"block request completion not seen"}, lost
+    # the only block losses are skipped programs and, for each skipped completion, one request
+    # not seen complete (they used to share one key: collisions were counted as not seen)
+    assert {p for p in lost if not p.startswith("bpf program tracepoint__block__")} \
+        <= {"block request completion not seen"}, lost
     assert lost.get("block request completion not seen", 0) <= skipped, lost
 
 
@@ -297,3 +307,22 @@ def test_requests_nothing_ends_in_time_are_aged_out_and_counted(tmp_path, held_w
     report = run_recorder("explain", "--db", str(db), check=True).stdout
     assert f"block I/O requests: {aged:,} requests lost after " in report, report
     assert "(no end seen, aged out of the in-flight map)" in report
+
+
+def test_requests_in_flight_when_the_workload_ends_are_rows(tmp_path, held_writes):
+    """The traced command starts 2 writes to a device that completes 10 writes a second and exits
+    20 ms later, while the second write is still in flight: the recorder waits for requests issued
+    in the last second before it counts what it did not see complete, so both writes are rows of
+    the writer, with their completion, and nothing is counted as not seen (it used to be)."""
+    device, procs, binary, _ = held_writes
+    db = tmp_path / "inflight.db"
+    _record(db, {}, "sh", "-c", f"{binary} /dev/{device} 2 {procs} > /dev/null & sleep 0.02")
+    rows = q(db, "SELECT count(*), count(complete_ts), max(dur) FROM block_request WHERE device = ?"
+                 " AND op = 'write' AND submitter_kind = 'target'", (device,))[0]
+    skipped = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe LIKE 'bpf program tracepoint__block__%'")[0][0]
+    not_seen = _lost(db, "block request completion not seen")
+    assert rows[0] == rows[1] and 2 - skipped <= rows[0] <= 2, (rows, skipped, not_seen)
+    assert not_seen <= skipped, (rows, not_seen, skipped)
+    if not skipped:
+        # the throttle held the second write behind the first: it completed after the stop began
+        assert rows[0] == 2 and rows[2] >= 50_000_000, rows

@@ -13,6 +13,7 @@ kernel threads submit (writeback, journal) on disks the targets used during the 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from recorder.core import events
@@ -50,6 +51,11 @@ OPTIONAL_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
 NOT_RECORDED = {"block": ("nvme:nvme_setup_cmd", "nvme:nvme_complete_rq")}
 # how often user space looks for in-flight block entries nothing ended (IoLayer.sweep)
 SWEEP_INTERVAL_NS = 5_000_000_000
+# At stop, requests issued in the last SETTLE_RECENT_S are waited for, up to SETTLE_MAX_S, polled
+# every SETTLE_POLL_S (IoLayer.settle): a disk completes a request in well under that.
+SETTLE_RECENT_S = 1
+SETTLE_MAX_S = 0.5
+SETTLE_POLL_S = 0.01
 
 SOURCES = (
     BpfSource("block", "block.bpf.c", ("block:block_bio_queue", "block:block_rq_issue", "block:block_rq_complete"),
@@ -201,10 +207,33 @@ class IoLayer(BaseLayer):
             self._fill_partitions(probes.bpf)
         self.devices.record_present()
 
+    def settle(self, now: int) -> int:
+        """At stop, before `finish`, with the probes still attached: wait (at most SETTLE_MAX_S)
+        for the requests issued in the last SETTLE_RECENT_S to complete, reading the rings, so a
+        request in flight when the workload ended (a journal commit, a writeback of the target's
+        pages) is a row rather than a completion not seen. Older issued entries are left alone: a
+        request that has not completed in a second is hung or its completion program was skipped
+        (bpf/block.bpf.c, block_done), and waiting would not change it. Returns how many were
+        still waited for when it gave up."""
+        if self.probes is None or "block" not in self.probes.layers:
+            return 0
+        table = self.probes.bpf["block_inflight"]
+        deadline = time.monotonic() + SETTLE_MAX_S
+        recent = now - SETTLE_RECENT_S * 1_000_000_000
+        while True:
+            try:
+                waiting = sum(1 for e in table.values() if e.issue_ts and e.issue_ts >= recent)
+            except Exception:  # the map could not be read: finish counts what is left
+                return 0
+            if not waiting or time.monotonic() >= deadline:
+                return waiting
+            time.sleep(SETTLE_POLL_S)
+            self.probes.consume()
+
     def finish(self, ts: int) -> int:  # type: ignore[override]
         """At stop, after the last records were read: requests issued whose completion never
-        reached the probe (still in flight, or their completion program skipped: bpf/block.bpf.c,
-        block_done) go to `loss`; returns how many."""
+        reached the probe (still in flight after `settle`, or their completion program skipped:
+        bpf/block.bpf.c, block_done) go to `loss`; returns how many."""
         if self.probes is None or "block" not in self.probes.layers:
             return 0
         try:
