@@ -4,6 +4,7 @@ installed interpreter. Real probes: needs root, BCC and BTF (skipped with the re
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -450,6 +451,27 @@ def _sample_src() -> str:
             "    while a:\n        a = a[1:]\n    return None\n")
 
 
+@contextlib.contextmanager
+def _stacks_by_call(recording: Recording, argv: list[str], tmp_path: Path) -> Iterator[tuple[int, dict[int, Any]]]:
+    """Run a snippet that prints 'ready', waits for a line, makes its calls, prints 'done' and waits
+    again; configure its process once it is ready; yield (pid, its stack records keyed by the
+    sequence number of the call that captured them). The process is killed and forgotten after."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = harness.Workload(proc, tmp_path / "unused")
+    try:
+        w.wait_line("ready")
+        assert not isinstance(recording.probe.configure(proc.pid), Unsupported)
+        w.go()
+        w.wait_line("done")
+        stacks, calls = recording.for_pid(proc.pid)
+        seq_of = {c[:3]: c[3] for c in calls}
+        yield proc.pid, {seq_of[(s.ts, s.pid, s.tid)]: s for s in stacks}
+    finally:
+        proc.kill()
+        proc.wait()
+        recording.probe.forget(proc.pid)
+
+
 @bpf_only
 @pytest.mark.bpf
 def test_thread_without_python_gets_no_thread_state(
@@ -464,27 +486,14 @@ def test_thread_without_python_gets_no_thread_state(
                "h.call_from_new_thread(ctypes.cast(c.cudaMalloc,ctypes.c_void_p))\n"
                "c.cudaMalloc(ctypes.byref(ctypes.c_void_p()),ctypes.c_size_t(1))\n"
                "print('done',flush=True);sys.stdin.readline()\n")
-    proc = subprocess.Popen([sys.executable, "-c", snippet, str(lib), str(helper)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    w = harness.Workload(proc, tmp_path / "unused")
-    try:
-        w.wait_line("ready")
-        assert not isinstance(recording.probe.configure(proc.pid), Unsupported)
-        w.go()
-        w.wait_line("done")
-        stacks, calls = recording.for_pid(proc.pid)
-        seq_of = {c[:3]: c[3] for c in calls}
-        by_seq = {seq_of[(s.ts, s.pid, s.tid)]: s for s in stacks}
+    with _stacks_by_call(recording, [sys.executable, "-c", snippet, str(lib), str(helper)],
+                         tmp_path) as (pid, by_seq):
         assert by_seq[4242].status == pyframes.STATUS_NO_THREAD_STATE
-        assert by_seq[4242].tid != proc.pid and not by_seq[4242].frames
+        assert by_seq[4242].tid != pid and not by_seq[4242].frames
         main = by_seq[1]  # the main thread right after: its own stack, found again
-        assert main.status == pyframes.STATUS_OK and main.tid == proc.pid
-        frames = StackResolver(recording.probe.targets).resolve(proc.pid, main.frames)
+        assert main.status == pyframes.STATUS_OK and main.tid == pid
+        frames = StackResolver(recording.probe.targets).resolve(pid, main.frames)
         assert [(f.filename, f.qualname, f.line) for f in frames] == [("<string>", "<module>", 3)]
-    finally:
-        proc.kill()
-        proc.wait()
-        recording.probe.forget(proc.pid)
 
 
 
@@ -509,32 +518,19 @@ def test_thread_state_bound_after_a_call_is_found(
     sets its own: a call made before then has no thread state, the thread's next call (its state
     now bound) has its own stack, and its creator's stack is still its own."""
     lib, gildir = native(INSTALLED[interp])
-    proc = subprocess.Popen([INSTALLED[interp], "-c", _PREBOUND_SNIPPET, str(lib), str(gildir)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    w = harness.Workload(proc, tmp_path / "unused")
-    try:
-        w.wait_line("ready")
-        assert not isinstance(recording.probe.configure(proc.pid), Unsupported)
-        w.go()
-        w.wait_line("done")
-        stacks, calls = recording.for_pid(proc.pid)
-        seq_of = {c[:3]: c[3] for c in calls}
-        by_seq = {seq_of[(s.ts, s.pid, s.tid)]: s for s in stacks}
+    with _stacks_by_call(recording, [INSTALLED[interp], "-c", _PREBOUND_SNIPPET, str(lib), str(gildir)],
+                         tmp_path) as (pid, by_seq):
         assert sorted(by_seq) == [1, 2, 4242]
         before, after, creator = by_seq[4242], by_seq[2], by_seq[1]
         assert before.status == pyframes.STATUS_NO_THREAD_STATE and not before.frames
-        assert after.tid == before.tid != proc.pid
+        assert after.tid == before.tid != pid
         assert after.status == pyframes.STATUS_OK, after.status_name
         resolver = StackResolver(recording.probe.targets)
-        got = [(f.filename, f.qualname, f.line) for f in resolver.resolve(proc.pid, after.frames)]
+        got = [(f.filename, f.qualname, f.line) for f in resolver.resolve(pid, after.frames)]
         assert got == [("<string>", "<lambda>", 5)]
-        assert creator.status == pyframes.STATUS_OK and creator.tid == proc.pid
-        got = [(f.filename, f.qualname, f.line) for f in resolver.resolve(proc.pid, creator.frames)]
+        assert creator.status == pyframes.STATUS_OK and creator.tid == pid
+        got = [(f.filename, f.qualname, f.line) for f in resolver.resolve(pid, creator.frames)]
         assert got == [("<string>", "<module>", 6)]
-    finally:
-        proc.kill()
-        proc.wait()
-        recording.probe.forget(proc.pid)
 
 
 _FREED_SNIPPET = (
