@@ -319,7 +319,8 @@ def test_requests_in_flight_when_the_workload_ends_are_rows(tmp_path, held_write
     _record(db, {}, "sh", "-c", f"{binary} /dev/{device} 2 {procs} > /dev/null & sleep 0.02")
     rows = q(db, "SELECT count(*), count(complete_ts), max(dur) FROM block_request WHERE device = ?"
                  " AND op = 'write' AND submitter_kind = 'target'", (device,))[0]
-    skipped = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe LIKE 'bpf program tracepoint__block__%'")[0][0]
+    skipped = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss"
+                    " WHERE probe LIKE 'bpf program tracepoint__block__%'")[0][0]
     not_seen = _lost(db, "block request completion not seen")
     assert rows[0] == rows[1] and 2 - skipped <= rows[0] <= 2, (rows, skipped, not_seen)
     assert not_seen <= skipped, (rows, not_seen, skipped)
