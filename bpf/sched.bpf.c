@@ -28,6 +28,9 @@
  *   so that a thread that never comes back (a hang) still has its line, and so is a thread blocking
  *   uninterruptibly (D: I/O, mostly rare), whose capture the bios a kworker queues for it later
  *   take (bpf/block.bpf.c). An interval in a syscall that already has a capture shares it.
+ *   A process user space has not configured yet (the recorder reads a new interpreter's layout
+ *   once it has exec'd) would only get "not configured" at the switch: its stack is decided at
+ *   the switch-in and read at the syscall's exit, as above, by when it usually is configured.
  * - Blocked outside a syscall (a page fault), the stack is read at the switch: nothing says when
  *   the thread is next in its own context with the same stack.
  * sched_settings[0] = 0 turns the stacks off.
@@ -308,6 +311,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
             struct pystack_last *last = pystack_last.lookup(&prev);
             if (last && last->epoch == sc->ts && last->key)
                 st->stack_ts = last->key; /* captured earlier in this syscall */
+            else if (!pystack_procs.lookup(&tgid))
+                st->epoch = sc->ts; /* not configured yet: its exit may find it configured */
             else if (!last || now - last->key >= PYSTACK_EVERY_NS || (st->state & TASK_D_STATE))
                 st->stack_ts = pystack_key(sc->ts, now, &fresh);
             else
