@@ -311,11 +311,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
             struct pystack_last *last = pystack_last.lookup(&prev);
             if (last && last->epoch == sc->ts && last->key)
                 st->stack_ts = last->key; /* captured earlier in this syscall */
-            else if (!pystack_procs.lookup(&tgid))
-                st->epoch = sc->ts; /* not configured yet: its exit may find it configured */
-            else if (!last || now - last->key >= PYSTACK_EVERY_NS || (st->state & TASK_D_STATE))
+            else if ((!last || now - last->key >= PYSTACK_EVERY_NS || (st->state & TASK_D_STATE)) &&
+                     pystack_procs.lookup(&tgid))
                 st->stack_ts = pystack_key(sc->ts, now, &fresh);
-            else
+            else /* (not configured yet: its exit may find it configured) */
                 st->epoch = sc->ts; /* decided at the switch-in (above), read at the syscall's exit */
         }
     }
