@@ -140,6 +140,14 @@ static __always_inline struct flush_seq *flush_seq_of(u32 disk)
     return flush_seq.lookup(&disk);
 }
 
+/* an empty bio not followed still takes its number (see above) */
+static __always_inline int flush_unfollowed(struct flush_seq *f)
+{
+    if (f)
+        __sync_fetch_and_add(&f->queued, 1);
+    return 0;
+}
+
 static __always_inline u64 flush_key(u64 n)
 {
     return FLUSH_KEY + (n & (FLUSH_SLOTS - 1));
@@ -230,13 +238,13 @@ TRACEPOINT_PROBE(block, block_bio_queue)
     u64 now = bpf_ktime_get_ns();
     int fresh = 0;
     u64 key = sector;
+    struct flush_seq *f = 0;
     if (args->nr_sector == 0) { /* a flush: numbered on its disk, traced or not (see above) */
-        struct flush_seq *f = flush_seq_of(disk_of(args->dev, 0));
+        f = flush_seq_of(disk_of(args->dev, 0));
         if (!f) {
             count_drop(PROBE_BLOCK_MAP);
             return 0;
         }
-        key = flush_key(__sync_fetch_and_add(&f->queued, 1));
     }
     if (is_target(tgid)) {
         u32 disk = disk_of(args->dev, &sector);
@@ -253,10 +261,10 @@ TRACEPOINT_PROBE(block, block_bio_queue)
         char comm[16];
         bpf_get_current_comm(comm, sizeof(comm));
         if (!is_kernel_writer(comm))
-            return 0;
+            return flush_unfollowed(f);
         u32 disk = disk_of(args->dev, &sector);
         if (!target_devs.lookup(&disk))
-            return 0;
+            return flush_unfollowed(f);
         e.dev = disk;
         flags = BLOCK_FLAG_KTHREAD;
         struct io_intent *it = io_intent.lookup(&disk);
@@ -285,8 +293,17 @@ TRACEPOINT_PROBE(block, block_bio_queue)
     e.nr_bytes = args->nr_sector << 9;
     e.flags = flags;
     bpf_probe_read_kernel(e.rwbs, sizeof(args->rwbs), args->rwbs);
-    if (args->nr_sector)
-        key = sector;
+    /* A followed flush takes its number just before its entry is made. A flush request issued
+     * on another CPU in between covers the numbers queued until then (flush_issued) and may pass
+     * this one before its entry is in. Such an issue cannot serve this bio (it has not reached
+     * the flush machinery yet), so the entry then takes the next number, for the next issue. The
+     * map update is a locked instruction, so the count read after it is the one published before
+     * that issue's scan whenever the scan missed the entry. */
+    u64 n = 0;
+    if (f) {
+        n = __sync_fetch_and_add(&f->queued, 1);
+        key = flush_key(n);
+    }
     struct block_key k = {.sector = key, .dev = e.dev};
     /* an issued request still under this key never reached block_done: its completion program was
      * skipped (see block_done), or another request at this sector is in flight; count it */
@@ -295,6 +312,15 @@ TRACEPOINT_PROBE(block, block_bio_queue)
         count_drop(PROBE_BLOCK_UNCOMPLETED);
     if (block_inflight.update(&k, &e))
         count_drop(PROBE_BLOCK_MAP);
+    else if (f && f->issued > n) {
+        struct block_event *mine = block_inflight.lookup(&k);
+        if (mine && !mine->issue_ts) {
+            struct block_key next = {.sector = flush_key(__sync_fetch_and_add(&f->queued, 1)), .dev = e.dev};
+            if (block_inflight.update(&next, &e))
+                count_drop(PROBE_BLOCK_MAP);
+            block_inflight.delete(&k);
+        }
+    }
     if (fresh)
         PYSTACK_CAPTURE_TP(args, now);
     return 0;
@@ -412,6 +438,12 @@ static __always_inline void flush_issued(u32 dev, const char *rwbs)
     f->requests++;
     u64 now = bpf_ktime_get_ns();
     u64 n = f->issued, queued = f->queued;
+    /* published before the scan, by a locked instruction (a full barrier): a flush whose entry the
+     * scan does not find yet then sees the new count once its entry is in, and takes the next
+     * number (block_bio_queue). Another flush request of the disk that published first covers
+     * these itself. */
+    if (n >= queued || __sync_val_compare_and_swap(&f->issued, n, queued) != n)
+        return;
 #pragma clang loop unroll(disable)
     for (int i = 0; i < FLUSH_SCAN; i++, n++) {
         if (n >= queued)
@@ -423,7 +455,6 @@ static __always_inline void flush_issued(u32 dev, const char *rwbs)
             bpf_probe_read_kernel(e->rwbs, 10, rwbs); /* the tracepoint's char[10] */
         }
     }
-    f->issued = queued;
 }
 
 /* Flushes [done, upto) of disk `dev` end: their rows are sent (those traced). */

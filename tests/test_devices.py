@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
 
 from recorder.layers.io.devices import BlockDevice, BlockDeviceTable, describe, present
+from recorder.layers.io.layer import parse_rwbs
 from store.db import Writer, open_store
 
 # -- fake sysfs ---------------------------------------------------------------------------------
@@ -62,6 +63,20 @@ def sysfs(tmp_path) -> Path:
     root = tmp_path / "sys"
     _device(root, PORT, driver="pcieport")
     return root
+
+
+def test_rwbs_names_the_operation_and_an_empty_preflush_bio_is_a_flush():
+    """(op, sync, metadata, fua, readahead, preflush) as the block layer's rwbs says; an empty bio
+    with a preflush keeps its own rwbs ("FWS") when its flush request's issue was not seen, and is
+    still a flush, not a write."""
+    assert parse_rwbs("WS", 4096) == ("write", 1, 0, 0, 0, 0)
+    assert parse_rwbs("FWFS", 4096) == ("write", 1, 0, 1, 0, 1)
+    assert parse_rwbs("RA", 131072) == ("read", 0, 0, 0, 1, 0)
+    assert parse_rwbs("RM", 4096) == ("read", 0, 1, 0, 0, 0)
+    assert parse_rwbs("FF", 0) == ("flush", 0, 0, 0, 0, 1)
+    assert parse_rwbs("FWS", 0) == ("flush", 1, 0, 0, 0, 1)
+    assert parse_rwbs("DE", 8192) == ("secure_erase", 0, 0, 0, 0, 0)
+    assert parse_rwbs("D", 8192)[0] == "discard" and parse_rwbs("N", 0)[0] == "other"
 
 
 def test_nvme_namespace_and_partition(sysfs):

@@ -101,12 +101,14 @@ def dev_numbers(dev: int) -> tuple[int, int]:
     return dev >> 20, dev & 0xFFFFF
 
 
-def parse_rwbs(rwbs: str) -> tuple[str, int, int, int, int, int]:
-    """(op, sync, metadata, fua, readahead, preflush) from the block layer's rwbs string."""
+def parse_rwbs(rwbs: str, nbytes: int) -> tuple[str, int, int, int, int, int]:
+    """(op, sync, metadata, fua, readahead, preflush) of a request of `nbytes` from the block
+    layer's rwbs string. An empty bio with a preflush ("FWS", 0 bytes) is a cache flush: its row
+    has the flush request's rwbs ("FF") once that request's issue was seen, its own otherwise."""
     preflush = 0
     if len(rwbs) > 1 and rwbs[0] == "F" and rwbs[1] in "RWDFN":
         preflush, rwbs = 1, rwbs[1:]
-    op = _OPS.get(rwbs[:1], "other")
+    op = "flush" if preflush and not nbytes else _OPS.get(rwbs[:1], "other")
     rest = rwbs[2:] if rwbs.startswith("DE") else rwbs[1:]
     if rwbs.startswith("DE"):
         op = "secure_erase"
@@ -332,7 +334,7 @@ class IoLayer(BaseLayer):
                 else:
                     kind, traced = "target", True
                 rw = _text(rwbs)
-                op, sync, meta, fua, ra, preflush = parse_rwbs(rw)
+                op, sync, meta, fua, ra, preflush = parse_rwbs(rw, nbytes)
                 major, minor = dev_numbers(dev)
                 issued = issue_ts or None
                 rows.append((
