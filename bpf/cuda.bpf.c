@@ -1,13 +1,27 @@
 /* cuda: CUDA runtime and driver calls, one event per call with its duration and arguments.
  *
- * The entry program (generated per API by recorder/layers/cuda.py) reads the arguments into an in-flight
- * record keyed by thread and API; the return program adds the return code and, for allocations,
- * the pointer the call wrote, and sends one cuda_event stamped with the entry time. The entry ends
- * with cuda_capture(): a tail call to cuda_native, which walks the native user stack (native_walk
- * below) into the in-flight record's native_digest and goes on to capture the Python stack
- * (bpf/pystack.h): one pystacks record keyed by the same (entry ts, pid, tid), or for a stack user
- * space already holds no record but its digest, which the return program puts in the event
+ * The entry program (generated per API by recorder/layers/cuda/apis.py) reads the arguments into an
+ * in-flight record keyed by thread and API; the return program adds the return code and, for
+ * allocations, the pointer the call wrote, and sends one cuda_event stamped with the entry time.
+ * The entry ends with cuda_capture(): a tail call to cuda_native, which walks the native user stack
+ * (native_walk below) into the in-flight record's native_digest and goes on to capture the Python
+ * stack (bpf/pystack.h): one pystacks record keyed by the same (entry ts, pid, tid), or for a stack
+ * user space already holds no record but its digest, which the return program puts in the event
  * (py_digest).
+ *
+ * One call, one event: the runtime calls the driver's exported API (cudaLaunchKernel calls
+ * cuLaunchKernel, cudaStreamSynchronize cuStreamSynchronize, ...). A runtime call marks its thread
+ * in cuda_outer; a driver call made inside it sends nothing of its own and leaves its API index in
+ * the runtime call's record (driver_api). Driver calls made directly (cuBLAS, cuDNN, Triton) are
+ * events of their own.
+ *
+ * Kernel launches (and graph launches) are a job's most frequent calls and a fast one is never a
+ * stall, so their stacks are taken at the return, and only for a launch that took
+ * CUDA_LATE_STACK_NS or more or that is drawn as a sample (one in CUDA_STACK_SAMPLE_MASK + 1): a
+ * thread is still inside the call at its return, so its Python stack is the entry's, and its native
+ * stack is the entry's from the caller up. Every launch is an event; the others carry
+ * CUDA_FLAG_NO_STACK. All launch APIs share one record slot per thread (CUDA_LAUNCH_SLOT: the API
+ * is in the record) and one return program, cuda_launch_return.
  */
 /* struct cuda_inflight and its map: bpf/cuda_inflight.h (pasted before bpf/pystack.h) */
 #define CUDA_RING_PAGES 2048
@@ -60,7 +74,7 @@ static __always_inline u64 native_mix(u64 d, u64 v)
  * one above the other, so one read holds several (24 small frames: ~0.5 us instead of 1.1-1.4 us
  * one by one). A record across a block's end is read alone. A stack that ends at the caller (%rbp no
  * frame pointer) costs one 8-byte read. */
-static __always_inline u64 native_walk(struct pt_regs *ctx)
+static __always_inline u64 native_walk(struct pt_regs *ctx, u64 ip, u64 ret)
 {
     int zero = 0;
     struct native_scratch_t *sc = native_scratch.lookup(&zero);
@@ -68,11 +82,9 @@ static __always_inline u64 native_walk(struct pt_regs *ctx)
         return 0;
     struct native_stack *s = &sc->stack;
     u64 id = bpf_get_current_pid_tgid();
-    u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx), floor = sp, ret = 0;
-    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
-        return 0;
+    u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx), floor = sp;
     sc->owner = (u32)id;
-    s->ip[0] = PT_REGS_IP(ctx);
+    s->ip[0] = ip;
     s->ip[1] = ret;
     u64 d = native_mix(native_mix(id >> 32, s->ip[0]), ret);
     u64 block = 0; /* the window holds the block at this address (0: none yet) */
@@ -131,7 +143,10 @@ int cuda_native(struct pt_regs *ctx)
     struct pystack_scratch *st = pystack_own_scratch();
     if (!st)
         return 0;
-    u64 digest = native_walk(ctx);
+    /* at a function's entry the return address is the word at the stack pointer */
+    u64 ret = 0, digest = 0;
+    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)) == 0)
+        digest = native_walk(ctx, PT_REGS_IP(ctx), ret);
     struct cuda_inflight *in = cuda_inflight_at(st->sink_key, st->ev.ts);
     if (in)
         in->native_digest = digest;
@@ -150,6 +165,10 @@ static __always_inline int cuda_capture(struct pt_regs *ctx, u64 ts, u32 api)
     return pystack_continue(ctx, st, 0);
 }
 
+/* tid -> key of the runtime call the thread is in (a driver call inside it is part of it) */
+BPF_TABLE("lru_hash", u32, u64, cuda_outer, 65536);
+#define CUDA_LAUNCH_SLOT 0xFFFFu /* the in-flight key's API part for launches: the API is in the record */
+
 static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -157,34 +176,80 @@ static __always_inline int cuda_begin(struct cuda_inflight *e, u32 api)
         return 0;
     e->ts = bpf_ktime_get_ns();
     e->cgroup_id = bpf_get_current_cgroup_id();
+    e->driver_api = CUDA_NO_API;
     return 1;
 }
 
-/* Not the last statement of an entry: the generated entry ends with cuda_capture(). */
-static __always_inline void cuda_save(struct cuda_inflight *e, u32 api)
-{
-    u64 key = cuda_key(api);
-    if (cuda_inflight.update(&key, e))
-        count_drop(PROBE_CUDA_MAP);
-}
-
-static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
+/* A driver call inside a runtime call of the same thread: noted in the runtime call's record (the
+ * first one it made), nothing of its own. A driver launch is inside a runtime launch when the
+ * thread's launch record is a runtime API's (index below `first_driver`) and the stack pointer is
+ * below that launch's entry; any driver call is inside the runtime call cuda_outer names. */
+static __always_inline int cuda_nested(struct pt_regs *ctx, u32 api, int launch, u32 first_driver)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u64 key = cuda_key(api);
-    struct cuda_inflight *in = cuda_inflight.lookup(&key);
-    if (!in)
+    if (launch) {
+        u64 slot = (id << 32) | CUDA_LAUNCH_SLOT;
+        struct cuda_inflight *in = cuda_inflight.lookup(&slot);
+        if (in && in->api < first_driver && PT_REGS_SP(ctx) < in->entry_sp &&
+            in->entry_sp - PT_REGS_SP(ctx) < NATIVE_STACK_SPAN) {
+            if (in->driver_api == CUDA_NO_API)
+                in->driver_api = api;
+            return 1;
+        }
+    }
+    u32 tid = (u32)id;
+    u64 *outer = cuda_outer.lookup(&tid);
+    if (!outer)
         return 0;
+    struct cuda_inflight *in = cuda_inflight.lookup(outer);
+    if (!in) { /* its return was not seen (the thread left it another way): no longer inside */
+        cuda_outer.delete(&tid);
+        return 0;
+    }
+    if (in->driver_api == CUDA_NO_API)
+        in->driver_api = api;
+    return 1;
+}
+
+/* Not the last statement of an entry: the generated entry ends with cuda_capture(), or for a launch
+ * returns (its stacks are taken at its return). `runtime`: a driver call inside is part of this one
+ * (a runtime launch is found by its launch record, see cuda_nested(); other calls by cuda_outer). */
+static __always_inline void cuda_save(struct cuda_inflight *e, u32 api, int launch, int runtime)
+{
+    u64 key = launch ? cuda_key(CUDA_LAUNCH_SLOT) : cuda_key(api);
+    e->api = api;
+    if (cuda_inflight.update(&key, e)) {
+        count_drop(PROBE_CUDA_MAP);
+        return;
+    }
+    if (runtime && !launch) {
+        u32 tid = (u32)bpf_get_current_pid_tgid();
+        cuda_outer.update(&tid, &key);
+    }
+}
+
+/* The runtime call with record `key` ended: its thread is no longer inside it. */
+static __always_inline void cuda_leave(u64 key)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 *outer = cuda_outer.lookup(&tid);
+    if (outer && *outer == key)
+        cuda_outer.delete(&tid);
+}
+
+static __always_inline void cuda_emit(struct pt_regs *ctx, struct cuda_inflight *in, u32 api, s64 ret,
+                                      u64 dur, u32 flags)
+{
+    u64 id = bpf_get_current_pid_tgid();
     struct cuda_event *e = cuda_events.ringbuf_reserve(sizeof(struct cuda_event));
     if (!e) {
         count_drop(PROBE_CUDA);
-        cuda_inflight.delete(&key);
-        return 0;
+        return;
     }
     e->ts = in->ts;
-    e->dur = bpf_ktime_get_ns() - in->ts;
+    e->dur = dur;
     e->cgroup_id = in->cgroup_id;
-    e->ret = (s64)(s32)PT_REGS_RC(ctx);
+    e->ret = ret;
     e->size = in->size;
     e->stream = in->stream;
     e->function = in->function;
@@ -201,7 +266,9 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
     e->block_y = in->block_y;
     e->block_z = in->block_z;
     e->shared_mem = in->shared_mem;
-    e->flags = 0;
+    e->flags = flags;
+    e->driver_api = in->driver_api;
+    e->reserved = 0;
     e->native_digest = in->native_digest;
     e->py_digest = in->py_digest;
     if (in->out_ptr) {
@@ -212,6 +279,41 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api)
             e->flags |= CUDA_FLAG_POINTER_UNREAD;
     }
     cuda_events.ringbuf_submit(e, ring_wakeup_flags(RING_CUDA, RING_QUIET(CUDA_RING_PAGES, sizeof(*e))));
+}
+
+static __always_inline int cuda_end(struct pt_regs *ctx, u32 api, int runtime)
+{
+    u64 key = cuda_key(api);
+    struct cuda_inflight *in = cuda_inflight.lookup(&key);
+    if (!in)
+        return 0;
+    cuda_emit(ctx, in, api, (s64)(s32)PT_REGS_RC(ctx), bpf_ktime_get_ns() - in->ts, 0);
     cuda_inflight.delete(&key);
+    if (runtime)
+        cuda_leave(key);
     return 0;
+}
+
+/* The return of every launch API: one event; the stacks of a slow or sampled launch, walked here
+ * (the native one inline, then the Python one keyed by the call's entry ts, as an entry's). */
+int cuda_launch_return(struct pt_regs *ctx)
+{
+    u64 key = cuda_key(CUDA_LAUNCH_SLOT);
+    struct cuda_inflight *in = cuda_inflight.lookup(&key);
+    if (!in || PT_REGS_SP(ctx) != in->entry_sp + 8)
+        return 0;
+    u64 ts = in->ts, dur = bpf_ktime_get_ns() - ts;
+    u32 api = in->api;
+    s64 ret = (s64)(s32)PT_REGS_RC(ctx);
+    if (dur < CUDA_LATE_STACK_NS && (bpf_get_prandom_u32() & CUDA_STACK_SAMPLE_MASK)) {
+        cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_NO_STACK);
+        cuda_inflight.delete(&key);
+        return 0;
+    }
+    /* at the return the instruction pointer is the return address and the frame pointer the
+     * caller's: the entry's stack from the caller up, after the function's own address */
+    in->native_digest = native_walk(ctx, in->entry_ip, PT_REGS_IP(ctx));
+    cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_LATE_STACK);
+    cuda_inflight.delete(&key);
+    PYSTACK_CAPTURE(ctx, ts);
 }

@@ -20,6 +20,12 @@ struct cuda_inflight {
     u32 shared_mem;
     u64 native_digest;   /* native_walk()'s digest (bpf/cuda.bpf.c), 0 when none */
     u64 py_digest;       /* set by the stack walker: the Python stack was sent before (see below) */
+    u64 entry_ip;        /* the probed function's address: a launch's native stack is walked at
+                          * its return, where this is the stack's first frame */
+    u64 entry_sp;        /* a launch's stack pointer at entry: its own return is the one that
+                          * pops the return address there (a driver launch inside it returns first) */
+    u32 driver_api;      /* the driver API a runtime call went through (CUDA_NO_API: none seen) */
+    u32 api;             /* the API's index (launches share one key per thread: CUDA_LAUNCH_SLOT) */
 };
 
 BPF_TABLE("lru_hash", u64, struct cuda_inflight, cuda_inflight, 65536);

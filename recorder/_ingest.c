@@ -24,7 +24,7 @@
 /* order of the offsets tuple (recorder.session.CUDA_PACK_FIELDS) */
 enum { F_TS, F_DUR, F_CGROUP, F_RET, F_SIZE, F_STREAM, F_FUNCTION, F_POINTER, F_HANDLE, F_DIGEST, F_PID,
        F_TID, F_API, F_KIND, F_GX, F_GY, F_GZ, F_BX, F_BY, F_BZ, F_SHMEM, F_FLAGS, F_NATIVE,
-       F_COUNT };
+       F_DRIVER, F_COUNT };
 
 /* api_flags bits (recorder.session._API_FLAGS) */
 #define A_SIZE 1
@@ -37,9 +37,11 @@ enum { F_TS, F_DUR, F_CGROUP, F_RET, F_SIZE, F_STREAM, F_FUNCTION, F_POINTER, F_
 /* slots of a packed row (the cuda_call columns; grid and block take three each) */
 enum { S_SESSION, S_TS, S_DUR, S_THREAD, S_API, S_RET, S_SIZE, S_SIZE_CLASS, S_STREAM,
        S_FUNCTION, S_POINTER, S_HANDLE, S_KIND, S_GRID, S_BLOCK = S_GRID + 3,
-       S_SHMEM = S_BLOCK + 3, S_CGROUP, S_PY_STACK, S_NATIVE, S_COUNT };
+       S_SHMEM = S_BLOCK + 3, S_CGROUP, S_PY_STACK, S_NATIVE, S_DRIVER, S_COUNT };
 
 #define CUDA_FLAG_FAILED 1 /* the call failed: its pointer was not written */
+#define CUDA_FLAG_NO_STACK 2 /* a fast launch kept without stacks: no stack to look up */
+#define CUDA_NO_API 0xFFFFFFFFu
 
 static inline uint64_t u64_at(const char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline uint32_t u32_at(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -118,8 +120,9 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         uint32_t pid = u32_at(r + off[F_PID]), tid = u32_at(r + off[F_TID]);
         uint32_t api = u32_at(r + off[F_API]);
         uint64_t native_digest = u64_at(r + off[F_NATIVE]);
+        const int no_stack = (u32_at(r + off[F_FLAGS]) & CUDA_FLAG_NO_STACK) != 0;
         long long thread = -1, stack = -1, native = -1;
-        if (api < (uint32_t)flags_buf.len && native_digest) {
+        if (api < (uint32_t)flags_buf.len && (native_digest || no_stack)) {
             PyObject *k;
             for (int attempt = 0;; attempt++) {
                 /* a thread's calls come in runs, and few native stacks repeat: the last answers
@@ -135,7 +138,9 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
                         last_thread = thread;
                     }
                 }
-                if (thread > 0) {
+                if (thread > 0 && no_stack) {
+                    native = 0; /* NULL, with the Python stack (masked below) */
+                } else if (thread > 0) {
                     if (pid == last_pid && native_digest == last_native_digest) {
                         native = last_native;
                     } else {
@@ -161,7 +166,9 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
                 Py_DECREF(r2);
             }
             uint64_t digest = u64_at(r + off[F_DIGEST]);
-            if (thread > 0 && native >= 0 && digest) {
+            if (thread > 0 && no_stack) {
+                stack = 0;
+            } else if (thread > 0 && native >= 0 && digest) {
                 if (digest == last_digest) {
                     stack = last_stack;
                 } else {
@@ -229,6 +236,12 @@ static PyObject *py_pack_cuda(PyObject *self, PyObject *args)
         v[S_CGROUP] = (int64_t)u64_at(r + off[F_CGROUP]);
         v[S_PY_STACK] = stack;
         v[S_NATIVE] = native;
+        if (no_stack)
+            mask |= 1ull << S_PY_STACK | 1ull << S_NATIVE;
+        uint32_t driver = u32_at(r + off[F_DRIVER]);
+        v[S_DRIVER] = driver;
+        if (driver == CUDA_NO_API)
+            mask |= 1ull << S_DRIVER;
         v[S_COUNT] = (int64_t)mask;
         rows++;
     }

@@ -273,6 +273,7 @@ class Session:
 
     def _dlopen(self, pid: int) -> None:
         self.stacks.retry_pending()  # a shared-build Python maps libpython after its exec
+        self.stacks.natives.forget(pid)  # its native stacks may now pass through the new library
         for path, lib_kind in gpu_libraries(pid):
             self.cuda.found(resolve(pid, path), lib_kind, "dlopen")
         self.workload.scan(pid, "dlopen")

@@ -33,16 +33,18 @@ needs_build = pytest.mark.skipif(not BUILT, reason="the C extensions are not bui
 
 PID = 4242
 API = {api.name: i for i, api in enumerate(cuda.APIS)}
+NO_API = events.CONSTANTS["CUDA_NO_API"]
+NO_STACK = events.CONSTANTS["CUDA_FLAG_NO_STACK"]
 
 
 def cuda_record(ts: int, tid: int, api: str, *, size: int = 0, stream: int = 0, function: int = 0,
                 pointer: int = 0, handle: int = 0, kind: int = 0, grid=(0, 0, 0), block=(0, 0, 0),
                 shmem: int = 0, flags: int = 0, native: int = 7, ret: int = 0, dur: int = 1500,
-                digest: int = 0) -> bytes:
+                digest: int = 0, driver_api: int = NO_API) -> bytes:
     """One framed cuda_event (8-byte ring header, then the record), as the block reader gives it."""
     return bytes(8) + events.CUDA.pack(ts, dur, 99, ret, size, stream, function, pointer, handle,
                                        digest, PID, tid, API[api], kind, *grid, *block, shmem, flags,
-                                       native)
+                                       driver_api, 0, native)
 
 
 def stack_record(ts: int, tid: int, digest: int = 0) -> bytes:
@@ -86,17 +88,25 @@ def calls(db: Path) -> list[tuple]:
 def workload() -> tuple[list[list[bytes]], list[list[bytes]]]:
     """Two flushes of calls: three threads (the third first seen in the second flush), every
     argument layout, a size of 2**64 - 1, a failed allocation, a call without a native stack, a
-    call whose stack record comes one flush late, and a fourth thread whose calls after its first
-    carry their stack's digest instead of a record (one of them a digest never sent)."""
+    call whose stack record comes one flush late, a fourth thread whose calls after its first
+    carry their stack's digest instead of a record (one of them a digest never sent), runtime
+    launches that went through the driver, and fast launches kept without stacks (a fifth thread's
+    first call among them: its thread is learnt at such a record)."""
     first, second, stacks1, stacks2 = [], [], [], []
     ts = 1_000_000
     for i in range(300):
         tid = PID + i % 2
         ts += 1000
+        fast = i % 4 != 0  # three in four launches are fast ones, kept without stacks
         first.append(cuda_record(ts, tid, "cudaLaunchKernel", function=0x5555_0000 + i % 3,
                                  stream=0x7F00_0000_1000, grid=(i + 1, 2, 1), block=(256, 1, 1),
-                                 shmem=i % 5 * 1024))
-        stacks1.append(stack_record(ts, tid))
+                                 shmem=i % 5 * 1024, driver_api=API["cuLaunchKernel"],
+                                 flags=NO_STACK if fast else 0, native=0 if fast else 7))
+        if not fast:
+            stacks1.append(stack_record(ts, tid))
+    for i in range(20):
+        ts += 1000
+        first.append(cuda_record(ts, PID + 4, "cuLaunchKernelEx", flags=NO_STACK, native=0))
     specials = [
         dict(api="cudaMalloc", size=1 << 20, pointer=0x7F12_3456_0000),
         dict(api="cudaMalloc", size=(1 << 64) - 1, pointer=0, flags=1, ret=2),  # failed, size_t -1
@@ -144,7 +154,7 @@ def test_packed_rows_equal_the_python_rows(tmp_path: Path) -> None:
         s = session_over(db, packed)
         extend = s.writer.extend_packed
         s.writer.extend_packed = lambda name, data, extend=extend: (
-            packed_rows.append(len(data) // 192), extend(name, data))
+            packed_rows.append(len(data) // ((len(CUDA_COLUMNS) + 5) * 8)), extend(name, data))
         for records, stacks in zip(batches, stack_batches, strict=True):
             flush(s, records, stacks)
         s.stacks._final = True
@@ -165,9 +175,16 @@ def test_packed_rows_equal_the_python_rows(tmp_path: Path) -> None:
     assert failed[7] == 64 and failed[10] is None  # size class of 2**64 - 1; no pointer: it failed
     launch = next(row for row in got[True] if row[4] == API["cudaLaunchKernel"])
     assert launch[13:16] == ("1,2,1", "256,1,1", 0) and launch[6] is None
-    # every call has its stack, the late one too, but the one whose digest was never sent
-    assert sum(row[17] is None for row in got[True]) == 1
-    assert sum(row[18] is None for row in got[True]) == 1  # the call without a native stack
+    assert launch[19] == API["cuLaunchKernel"]  # the driver API it went through
+    assert {row[19] for row in got[True] if row[4] != API["cudaLaunchKernel"]} == {None}
+    # every call has its stack, the late one too, but the one whose digest was never sent and the
+    # fast launches kept without (225 of the first 300, and the fifth thread's 20)
+    fast = [row for row in got[True] if row[4] in (API["cudaLaunchKernel"], API["cuLaunchKernelEx"])
+            and row[17] is None]
+    assert len(fast) == 245 and all(row[18] is None for row in fast)
+    assert sum(row[17] is None for row in got[True]) == 1 + 245
+    assert sum(row[18] is None for row in got[True]) == 1 + 245  # and the call without a native stack
+    assert not s.stacks.native_errors.get("native stack not walked", 0) > 1  # fast launches are no miss
 
 
 @needs_build

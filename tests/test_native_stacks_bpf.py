@@ -191,7 +191,8 @@ def test_calls_without_their_native_stack_are_counted_once(tmp_path: Path, packe
         assert [(c.layer, c.detail) for c in caps] == [
             ("cuda", "3 calls stored without one (native stack not in the map: 2, native stack not walked: 1)")]
         s.store.close()
-        natives = [row[-1] for row in tp.calls(tmp_path / "r.db")]
+        native_column = tp.CUDA_COLUMNS.index("native_stack_id")
+        natives = [row[native_column] for row in tp.calls(tmp_path / "r.db")]
         assert natives[2] is natives[4] is natives[5] is None
         assert natives[0] == natives[1] == natives[3] is not None
         frames = q(tmp_path / "r.db", "SELECT depth, address FROM native_stack_frame WHERE stack_id = ?",

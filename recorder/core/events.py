@@ -156,7 +156,11 @@ CUDA = Layout(
         ("block_z", "u32"),
         ("shared_mem", "u32"),
         ("flags", "u32"),  # CUDA_FLAG_*
-        # native stack at entry: its digest in the native_stacks map (bpf/cuda.bpf.c), 0 if none
+        # a runtime call that went through the driver's exported API: that driver API's index
+        # (its own probes saw it inside this call, bpf/cuda.bpf.c), else CUDA_NO_API
+        ("driver_api", "u32"),
+        ("reserved", "u32"),
+        # native stack: its digest in the native_stacks map (bpf/cuda.bpf.c), 0 if none
         ("native_digest", "u64"),
     ),
     "one CUDA runtime or driver call, sent at return",
@@ -191,6 +195,10 @@ CONSTANTS: dict[str, int] = {
     "OFFCPU_FLAG_END_SYSCALL": 4,
     "OFFCPU_FLAG_END_WAKEUP": 8,
     "CUDA_FLAG_POINTER_UNREAD": 1,  # the allocated pointer could not be read at return
+    # a kernel launch fast enough, and not sampled, to be kept without stacks (bpf/cuda.bpf.c)
+    "CUDA_FLAG_NO_STACK": 2,
+    "CUDA_FLAG_LATE_STACK": 4,  # its stacks were taken at its return (a launch: slow or sampled)
+    "CUDA_NO_API": 0xFFFFFFFF,
     "MODE_PIDS": 0,
     "MODE_CGROUP": 1,
     "MODE_ALL": 2,

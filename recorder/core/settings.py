@@ -14,6 +14,11 @@ names the variable and says what to give instead.
     STALL_RECORDER_BLOCK_RING_PAGES=N    pages of the block requests' ring (a power of two, 1-65536, 256)
     STALL_RECORDER_INFLIGHT_MAX_AGE_S=N  an in-flight block request with no end after N s is dropped and
                                          counted in `loss` (5-86400, 120)
+    STALL_RECORDER_LAUNCH_STACK_MIN_US=N a kernel launch (or graph launch) that takes N us or more gets
+                                         its Python and native stacks, taken at its return (default 100;
+                                         0: every launch)
+    STALL_RECORDER_LAUNCH_STACK_SAMPLE=N of the faster launches, one in N (at random) gets them too (a
+                                         power of two, 1-65536, default 64; 1: every launch)
     STALL_RECORDER_DLOPEN_HOLD=0         do not stop a process at the dlopen of a CUDA/NCCL library until
                                          its probes are attached (on unless 0/off/no/false)
 """
@@ -34,6 +39,11 @@ DEFAULT_GPU_INTERVAL_MS = 100
 DEFAULT_BLOCK_INFLIGHT = 16384
 DEFAULT_BLOCK_RING_PAGES = 256
 DEFAULT_INFLIGHT_MAX_AGE_S = 120
+# Kernel launches are a job's most frequent calls (10,000-100,000 a second) and a fast one is never
+# a stall: its stacks are taken at its return, only when it was slow or drawn as a sample
+# (bpf/cuda.bpf.c). 100 us is below the smallest excess a slow call must have (slow_call_rule).
+DEFAULT_LAUNCH_STACK_MIN_US = 100
+DEFAULT_LAUNCH_STACK_SAMPLE = 64
 
 # Shorter waits inside a syscall get no Python stack: they are a busy job's many small ones
 # (thread-pool barriers, queue hand-offs), and no stall under 1 ms is reported.
@@ -46,6 +56,8 @@ _SIZES = {
     "block_inflight": (64, 1 << 20, DEFAULT_BLOCK_INFLIGHT, False),
     "block_ring_pages": (1, 1 << 16, DEFAULT_BLOCK_RING_PAGES, True),
     "inflight_max_age_s": (5, 86400, DEFAULT_INFLIGHT_MAX_AGE_S, False),
+    "launch_stack_min_us": (0, MAX_OFFCPU_STACK_MIN_US, DEFAULT_LAUNCH_STACK_MIN_US, False),
+    "launch_stack_sample": (1, 1 << 16, DEFAULT_LAUNCH_STACK_SAMPLE, True),
 }
 
 
@@ -69,6 +81,8 @@ class Settings(BaseModel):
     block_ring_pages: int = DEFAULT_BLOCK_RING_PAGES
     inflight_max_age_s: int = DEFAULT_INFLIGHT_MAX_AGE_S
     dlopen_hold: bool = True
+    launch_stack_min_us: int = DEFAULT_LAUNCH_STACK_MIN_US
+    launch_stack_sample: int = DEFAULT_LAUNCH_STACK_SAMPLE
 
     @staticmethod
     def variable(name: str) -> str:
@@ -139,7 +153,8 @@ class Settings(BaseModel):
             return value == "1"
         return value
 
-    @field_validator("block_inflight", "block_ring_pages", "inflight_max_age_s", mode="before")
+    @field_validator("block_inflight", "block_ring_pages", "inflight_max_age_s", "launch_stack_min_us",
+                     "launch_stack_sample", mode="before")
     @classmethod
     def _sizes(cls, value: object, info: ValidationInfo) -> object:
         low, high, default, power = _SIZES[info.field_name]

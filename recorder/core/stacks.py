@@ -23,6 +23,7 @@ and once a second until it is.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import os
@@ -90,55 +91,84 @@ class NativeFrame:
     offset: int | None  # bytes from the symbol's start (or from the object's start without symbol)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Mapping:
     start: int
     end: int
     offset: int
-    path: str
+    path: str | None  # the mapped file; None for anonymous memory ([anon], JIT code, [vdso], ...)
+    # the mapped ELF object's key and symbols, looked up at the first address in it
+    object: tuple[tuple[int, int], FunctionSymbols | None] | None = None
+    looked_up: bool = False
+
+
+@dataclass
+class _Maps:
+    """One read of /proc/PID/maps: every mapping, file-backed or not, sorted by address."""
+
+    starts: list[int]
+    mappings: list[_Mapping]
+    read_ns: int
+    missed: set[int]  # addresses in no mapping as of this read
+
+    def find(self, addr: int) -> _Mapping | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.mappings[i].end:
+            return self.mappings[i]
+        return None
+
+
+# An address in no mapping (a stale frame record's garbage, or memory mapped after the last read)
+# makes the maps be read again at most this often per process: a PyTorch process maps thousands of
+# regions, and re-reading them for every new stack would cost milliseconds each.
+MAPS_REREAD_NS = 1_000_000_000
 
 
 class NativeSymbolizer:
     """Addresses of a process -> NativeFrames, via /proc/PID/maps and the mapped files' symbols.
-    Objects are keyed by (device, inode) of the file actually mapped, so a library replaced on disk
-    is never read for a process that maps the old one; results are cached per (object, address)."""
+
+    The maps are read once per process and kept: every mapping, anonymous executable memory
+    included (a driver's generated code, JIT code), so an address there costs a lookup, not a
+    re-read. They are read again when the process loads a library or execs (`forget()`), and, for
+    an address in no mapping at all, at most once per MAPS_REREAD_NS. Objects are keyed by (device,
+    inode) of the file actually mapped, so a library replaced on disk is never read for a process
+    that maps the old one; symbols are cached per (object, address)."""
 
     def __init__(self) -> None:
-        self._maps: dict[int, list[_Mapping]] = {}
+        self._maps: dict[int, _Maps] = {}
         self._objects: dict[tuple[int, int], FunctionSymbols | None] = {}
         self._cache: dict[tuple[tuple[int, int], int], tuple[str, int] | None] = {}
+        self.maps_reads = 0  # reads of /proc/PID/maps so far (docs/benchmarks.md)
 
     def forget(self, pid: int) -> None:
+        """The process mapped or unmapped code (a library load, an exec, an exit): its maps are
+        read again at its next stack."""
         self._maps.pop(pid, None)
 
-    def _read_maps(self, pid: int) -> list[_Mapping]:
-        out = []
+    def _read_maps(self, pid: int) -> _Maps | None:
+        mappings = []
+        self.maps_reads += 1
         try:
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
                     parts = line.split(maxsplit=5)
-                    if len(parts) == 6 and parts[5].startswith("/"):
-                        lo, hi = parts[0].split("-")
-                        out.append(_Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16),
-                                            parts[5].rstrip("\n")))
-        except OSError:
-            return self._maps.get(pid, [])
-        self._maps[pid] = out
-        return out
-
-    def _mapping(self, pid: int, addr: int, reread: list[bool]) -> _Mapping | None:
-        for maps_now in (self._maps.get(pid), None):
-            if maps_now is None:
-                if reread[0]:
-                    return None
-                reread[0] = True
-                maps_now = self._read_maps(pid)
-            for m in maps_now:
-                if m.start <= addr < m.end:
-                    return m
-        return None
+                    if len(parts) < 5:
+                        continue
+                    lo, hi = parts[0].split("-")
+                    path = parts[5].rstrip("\n") if len(parts) == 6 else ""
+                    mappings.append(_Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16),
+                                             path if path.startswith("/") else None))
+        except (OSError, ValueError):
+            return self._maps.get(pid)
+        maps = _Maps([m.start for m in mappings], mappings, _now_ns(), set())
+        self._maps[pid] = maps
+        return maps
 
     def _object(self, pid: int, m: _Mapping) -> tuple[tuple[int, int], FunctionSymbols | None] | None:
+        if m.looked_up:
+            return m.object
+        m.looked_up = True
+        assert m.path is not None
         mapped = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
         try:
             st = os.stat(mapped)
@@ -154,14 +184,21 @@ class NativeSymbolizer:
                 self._objects[key] = FunctionSymbols(mapped)
             except Exception:  # not an ELF file, or one pyelftools cannot read: addresses only
                 self._objects[key] = None
-        return key, self._objects[key]
+        m.object = (key, self._objects[key])
+        return m.object
 
     def frames(self, pid: int, addresses: list[int]) -> list[NativeFrame]:
+        maps = self._maps.get(pid) or self._read_maps(pid)
         out = []
-        reread = [False]
         for depth, addr in enumerate(addresses):
-            m = self._mapping(pid, addr, reread)
-            if m is None:
+            m = maps.find(addr) if maps else None
+            if m is None and (maps is None or addr not in maps.missed):
+                if maps is None or _now_ns() - maps.read_ns >= MAPS_REREAD_NS:
+                    maps = self._read_maps(pid)
+                    m = maps.find(addr) if maps else None
+                if m is None and maps is not None:
+                    maps.missed.add(addr)
+            if m is None or m.path is None:
                 out.append(NativeFrame(addr, None, None, None))
                 continue
             file_offset = addr - m.start + m.offset

@@ -74,3 +74,19 @@ API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 API CUresult cuStreamSynchronize(CUstream s) { (void)s; return standin_run("cuStreamSynchronize"); }
 API CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; return standin_run("cuStreamSynchronize_ptsz"); }
 API CUresult cuCtxSynchronize(void) { return standin_run("cuCtxSynchronize"); }
+
+/* CUDA graphs at the driver */
+API CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags)
+{
+    (void)flags;
+    int r = standin_run("cuGraphInstantiateWithFlags");
+    if (r == 0)
+        *exec = (void *)((unsigned long long)graph | 0x10);
+    return r;
+}
+
+API CUresult cuGraphLaunch(void *exec, CUstream s)
+{
+    (void)exec; (void)s;
+    return standin_run("cuGraphLaunch");
+}

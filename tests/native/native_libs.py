@@ -44,7 +44,7 @@ def build_libraries(out: Path = DEFAULT_OUT) -> dict[str, Path]:
         if _stale(target, sources):
             tmp = target.with_suffix(".tmp")
             _gcc(["-O1", "-g", "-fno-omit-frame-pointer", "-fPIC", "-shared", f"-Wl,-soname,{soname}", "-o", str(tmp),
-                  str(HERE / source), "-lrt"])
+                  str(HERE / source), "-lrt", "-ldl"])
             tmp.replace(target)  # atomic: a running process keeps its old mapping
         built[name] = target
     return built

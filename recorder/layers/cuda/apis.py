@@ -33,6 +33,13 @@ ARG_LAYOUTS = {
     "memcpy_drv_async": "e.size = PT_REGS_PARM3(ctx); e.stream = PT_REGS_PARM4(ctx);",
     "stream": "e.stream = PT_REGS_PARM1(ctx);",
     "event": "e.handle = PT_REGS_PARM1(ctx);",
+    # cudaGraphLaunch(exec, stream), cuGraphLaunch(exec, stream)
+    "graph_launch": "e.handle = PT_REGS_PARM1(ctx); e.stream = PT_REGS_PARM2(ctx);",
+    # cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, ...): the exec handle it writes
+    # is the row's pointer, the graph its handle
+    "graph_instantiate": "e.out_ptr = PT_REGS_PARM1(ctx); e.handle = PT_REGS_PARM2(ctx);",
+    # cudaStreamEndCapture(stream, cudaGraph_t *graph): the graph it writes is the row's pointer
+    "capture_end": "e.stream = PT_REGS_PARM1(ctx); e.out_ptr = PT_REGS_PARM2(ctx);",
     # cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
     "launch_rt": (
         "e.function = PT_REGS_PARM1(ctx);"
@@ -98,6 +105,11 @@ def _apis() -> tuple[Api, ...]:
         "cudaStreamSynchronize": "stream",
         "cudaDeviceSynchronize": "none",
         "cudaEventSynchronize": "event",
+        "cudaGraphLaunch": "graph_launch",
+        "cudaGraphInstantiate": "graph_instantiate",
+        "cudaGraphInstantiateWithFlags": "graph_instantiate",
+        "cudaStreamBeginCapture": "stream",
+        "cudaStreamEndCapture": "capture_end",
     }
     driver = {
         "cuLaunchKernel": "launch_drv",
@@ -115,6 +127,11 @@ def _apis() -> tuple[Api, ...]:
         "cuStreamSynchronize": "stream",
         "cuCtxSynchronize": "none",
         "cuEventSynchronize": "event",
+        "cuGraphLaunch": "graph_launch",
+        "cuGraphInstantiate": "graph_instantiate",
+        "cuGraphInstantiateWithFlags": "graph_instantiate",
+        "cuStreamBeginCapture": "stream",
+        "cuStreamEndCapture": "capture_end",
     }
     # Per-thread default stream variants: the runtime exports _ptds (synchronous calls) and _ptsz
     # (calls taking a stream); the driver exports _v2 generations and both suffixes on those.
@@ -130,24 +147,50 @@ def _apis() -> tuple[Api, ...]:
 
 APIS: tuple[Api, ...] = _apis()
 API_INDEX: dict[str, int] = {api.name: i for i, api in enumerate(APIS)}
+# runtime APIs come first: an index below this one is a runtime API's (bpf/cuda.bpf.c cuda_nested)
+FIRST_DRIVER_API = next(i for i, api in enumerate(APIS) if api.library == "driver")
+
+
+# Kernel launches: their stacks are taken at the return, when slow or sampled (bpf/cuda.bpf.c), and
+# every launch API shares one return program
+LAUNCH_LAYOUTS = frozenset({"launch_rt", "launch_drv", "launch_drv_ex", "launch_rt_ex"})
+LAUNCH_RETURN = "cuda_launch_return"
+
+
+def is_launch(api: Api) -> bool:
+    return api.layout in LAUNCH_LAYOUTS
+
+
+def return_program(api: Api) -> str:
+    """The name of the program attached at the API's return."""
+    return LAUNCH_RETURN if is_launch(api) else f"cuda_return_{API_INDEX[api.name]}"
 
 
 def bpf_programs(names: list[str] | None = None) -> str:
-    """C text with an entry and a return program per API symbol (all known ones by default)."""
+    """C text with an entry program per API symbol and a return program per API that is no launch
+    (all known ones by default). A driver API's entry first checks whether its thread is inside a
+    runtime call (which then makes the one event); a runtime API marks its thread as inside it."""
     chosen = APIS if names is None else tuple(APIS[API_INDEX[n]] for n in names)
     parts = []
     for api in chosen:
         i = API_INDEX[api.name]
+        launch, runtime = int(is_launch(api)), int(api.library == "runtime")
+        nested = "" if runtime else f"    if (cuda_nested(ctx, {i}, {launch}, {FIRST_DRIVER_API})) return 0;\n"
+        entry_ip = "    e.entry_ip = PT_REGS_IP(ctx); e.entry_sp = PT_REGS_SP(ctx);\n" if launch else ""
+        end = "return 0;" if launch else f"return cuda_capture(ctx, e.ts, {i});"
         parts.append(
             f"int cuda_entry_{i}(struct pt_regs *ctx) {{\n"
+            f"{nested}"
             f"    struct cuda_inflight e = {{}};\n"
             f"    if (!cuda_begin(&e, {i})) return 0;\n"
             f"    {ARG_LAYOUTS[api.layout]}\n"
-            f"    cuda_save(&e, {i});\n"
-            f"    return cuda_capture(ctx, e.ts, {i});\n"
+            f"{entry_ip}"
+            f"    cuda_save(&e, {i}, {launch}, {runtime});\n"
+            f"    {end}\n"
             f"}}\n"
-            f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}); }}\n"
         )
+        if not launch:
+            parts.append(f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}, {runtime}); }}\n")
     return "\n".join(parts)
 
 

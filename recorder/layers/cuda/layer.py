@@ -13,7 +13,7 @@ from recorder.core.clock import now_ns
 from recorder.core.inflight import in_flight
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
 from recorder.core.libraries import exported_functions
-from recorder.layers.cuda.apis import API_INDEX, APIS, bpf_programs
+from recorder.layers.cuda.apis import API_INDEX, APIS, LAUNCH_LAYOUTS, bpf_programs, return_program
 
 SOURCES = (BpfSource("cuda", "cuda.bpf.c"),)
 
@@ -22,7 +22,7 @@ SOURCES = (BpfSource("cuda", "cuda.bpf.c"),)
 CUDA_COLUMNS = (
     "session_id", "ts", "dur", "thread_id", "api_id", "ret", "size_bytes",
     "size_class", "stream", "function", "pointer", "event_handle", "memcpy_kind", "grid", "block",
-    "shared_mem_bytes", "cgroup_id", "python_stack_id", "native_stack_id",
+    "shared_mem_bytes", "cgroup_id", "python_stack_id", "native_stack_id", "driver_api_id",
 )
 # Which cuda_event fields mean something for each argument layout; others are stored as NULL.
 _LAYOUT_FIELDS = {
@@ -41,6 +41,9 @@ _LAYOUT_FIELDS = {
     "launch_drv": {"function", "launch", "stream"},
     "launch_drv_ex": {"function", "launch", "stream"},
     "launch_rt_ex": {"function", "launch", "stream"},
+    "graph_launch": {"handle", "stream"},
+    "graph_instantiate": {"pointer", "handle"},
+    "capture_end": {"stream", "pointer"},
 }
 _API_FIELDS = [_LAYOUT_FIELDS[api.layout] for api in APIS]
 # per API: (size, stream, launch, pointer, handle, memcpy_kind) are meaningful
@@ -49,16 +52,19 @@ _API_FLAGS = [tuple(name in fields for name in ("size", "stream", "launch", "poi
 # The same as one byte per API, bit i for flag i (recorder/_ingest.c)
 _API_FLAG_BITS = bytes(sum(1 << i for i, flag in enumerate(flags) if flag) for flags in _API_FLAGS)
 # cuda_call's columns as recorder/_ingest.c packs them: 'd' is a launch's "x,y,z" grid or block
-CUDA_PROGRAM = "iiiiiiiiiiiiiddiiii"
+CUDA_PROGRAM = "iiiiiiiiiiiiiddiiiii"
 # cuda_event fields recorder/_ingest.c reads, in its order
 CUDA_PACK_FIELDS = ("ts", "dur", "cgroup_id", "ret", "size", "stream", "function", "pointer", "handle",
                     "py_digest",
                     "pid", "tid", "api", "memcpy_kind", "grid_x", "grid_y", "grid_z", "block_x",
-                    "block_y", "block_z", "shared_mem", "flags", "native_digest")
+                    "block_y", "block_z", "shared_mem", "flags", "native_digest", "driver_api")
 # cuda_event unpacked with its 64-bit fields signed: SQLite's INTEGER is a signed 64-bit value, so a
 # value above 2**63 - 1 (a size_t of -1 passed to cudaMalloc) is stored as its two's complement
 _CUDA_SIGNED = struct.Struct("=8x" + events.CUDA.fmt[1:].replace("Q", "q"))
-_CUDA_PID, _CUDA_TID, _CUDA_DIGEST = (events.CUDA.names.index(n) for n in ("pid", "tid", "py_digest"))
+_CUDA_PID, _CUDA_TID, _CUDA_DIGEST, _CUDA_FLAGS = (events.CUDA.names.index(n)
+                                                   for n in ("pid", "tid", "py_digest", "flags"))
+_NO_STACK = events.CONSTANTS["CUDA_FLAG_NO_STACK"]
+_NO_API = events.CONSTANTS["CUDA_NO_API"]
 
 
 # `loss.probe` of a call in flight at stop that could not be stored (its thread had ended)
@@ -75,9 +81,12 @@ def _ingest_module():
     return _ingest
 
 
-def cuda_stack_key(rec: tuple) -> tuple[int, int, int] | int:
+def cuda_stack_key(rec: tuple) -> tuple[int, int, int] | int | None:
     """A CUDA call's stack record is keyed by its entry (ts, pid, tid); a stack sent before comes
-    as its digest instead (bpf/pystack.h PYSTACK_CAPTURE_BY_DIGEST)."""
+    as its digest instead (bpf/pystack.h PYSTACK_CAPTURE_BY_DIGEST); a fast launch kept without
+    stacks (CUDA_FLAG_NO_STACK) has none."""
+    if rec[_CUDA_FLAGS] & _NO_STACK:
+        return None
     return rec[_CUDA_DIGEST] or (rec[0], rec[_CUDA_PID], rec[_CUDA_TID])
 
 
@@ -131,7 +140,7 @@ class CudaLayer(BaseLayer):
             i = API_INDEX[api.name]
             try:
                 probes.bpf.attach_uprobe(name=real, sym=api.name, fn_name=f"cuda_entry_{i}")
-                probes.bpf.attach_uretprobe(name=real, sym=api.name, fn_name=f"cuda_return_{i}")
+                probes.bpf.attach_uretprobe(name=real, sym=api.name, fn_name=return_program(api))
                 probes.cap("cuda", api.name, "attached", "", path)
                 count += 1
             except Exception as e:
@@ -196,7 +205,7 @@ class CudaLayer(BaseLayer):
         ctx = self.context
         if tid not in ctx.identity.threads:
             ctx.identity.thread(tid, pid, None, ts)
-        if (pid, native) not in ctx.stacks.native_cache():  # a miss is counted at the call's row
+        if native and (pid, native) not in ctx.stacks.native_cache():  # a miss is counted at the call's row
             ctx.stacks.native_id(pid, native, count=False)
 
     def drain_in_flight(self, ts: int, final: bool) -> int:
@@ -212,15 +221,20 @@ class CudaLayer(BaseLayer):
             if call.pid is None or r.ts > ts:
                 lost += call.pid is None
                 continue
+            # a launch's stacks are taken at its return, which this one has not reached
+            launch = APIS[r.api].layout in LAUNCH_LAYOUTS if r.api < len(APIS) else False
             records.append((
                 r.ts, ts - r.ts, r.cgroup_id, 0, _signed(r.size), _signed(r.stream), _signed(r.function),
-                _signed(r.pointer), _signed(r.handle), r.py_digest, call.pid, call.tid, call.api,
+                _signed(r.pointer), _signed(r.handle), r.py_digest, call.pid, call.tid, r.api,
                 r.memcpy_kind, r.grid_x, r.grid_y, r.grid_z, r.block_x, r.block_y, r.block_z, r.shared_mem,
-                events.CONSTANTS["CUDA_FLAG_POINTER_UNREAD"], r.native_digest))  # not written yet
+                events.CONSTANTS["CUDA_FLAG_POINTER_UNREAD"] | (_NO_STACK if launch else 0),  # not written yet
+                r.driver_api, 0, r.native_digest))
         digests = stacks.digests()
 
         def stack_of(rec: tuple) -> int | None:
             k = cuda_stack_key(rec)
+            if k is None:
+                return None
             return digests.get(k) if type(k) is int else stacks.open_stack(k, take=final)
 
         rows = self._rows((rec, stack_of(rec)) for rec in records)
@@ -250,12 +264,15 @@ class CudaLayer(BaseLayer):
         append = rows.append
         for rec, py_stack in joined:
             (ts, dur, cg, ret, size, stream, function, pointer, handle, _digest, pid, tid, api, kind,
-             gx, gy, gz, bx, by, bz, shmem, flags, native_stack) = rec
+             gx, gy, gz, bx, by, bz, shmem, flags, driver_api, _reserved, native_stack) = rec
             has_size, has_stream, launch, has_pointer, has_handle, has_kind = _API_FLAGS[api]
             th = threads.get(tid) or ident.thread(tid, pid, None, ts)
-            native = natives.get((pid, native_stack))
-            if native is None:
-                native = stacks.native_id(pid, native_stack)
+            if flags & _NO_STACK:  # a fast launch: kept without stacks by design, no miss
+                native = None
+            else:
+                native = natives.get((pid, native_stack))
+                if native is None:
+                    native = stacks.native_id(pid, native_stack)
             grid = block = None
             if launch:
                 grid = dims.get((gx, gy, gz))
@@ -279,6 +296,7 @@ class CudaLayer(BaseLayer):
                 cg,
                 py_stack,
                 native,
+                driver_api if driver_api != _NO_API else None,
             ))
         return rows
 
