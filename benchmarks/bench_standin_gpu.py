@@ -11,7 +11,8 @@ transformer on an H200 made ~18,000).
 Per repetition it runs the job untraced and under `recorder record` (every layer), the order
 alternating, and reports medians of:
 - launches a second reached, and the job's median step (500 launches) traced / untraced;
-- CUDA calls the job made, `cuda_call` rows kept, and the losses the recording counted;
+- CUDA calls the job made (a runtime call and the driver call it makes inside are one), `cuda_call`
+  rows kept, and the losses the recording counted;
 - the recorder process's CPU over the calling interval, as a share of one core;
 - the kernel's BPF run time per CUDA call (all the recorder's programs that ran for the CUDA
   probes: entries, returns, the native and Python stack walks), from kernel.bpf_stats_enabled.
@@ -81,9 +82,11 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"{label} failed ({proc.returncode}): {err.strip()[-2000:]}")
     job = json.loads(out.read_text())
+    # the calls the job made, one row each: the driver calls the stand-in runtime makes inside its
+    # own (cuLaunchKernel, cuStreamSynchronize) are part of those calls' rows
+    calls = sum(job["calls"].values()) - job["calls"]["cuLaunchKernel"] - job["calls"]["cuStreamSynchronize"]
     result = {"label": label, "traced": traced, "launch_rate": job["launch_rate"],
-              "step_median_ms": job["step_median_ns"] / 1e6, "calls": sum(job["calls"].values()),
-              "calls_by_api": job["calls"]}
+              "step_median_ms": job["step_median_ns"] / 1e6, "calls": calls, "calls_by_api": job["calls"]}
     if not traced:
         return result
     if "bpf1" not in seen:
@@ -108,9 +111,9 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
         losses = dict(con.execute("SELECT probe, sum(dropped) FROM loss GROUP BY probe").fetchall())
     finally:
         con.close()
-    calls_in_loop = sum(job["calls"].values())
+    calls_in_loop = calls
     result.update({
-        "rows": sum(rows.values()), "rows_by_api": rows, "losses": losses,
+        "rows": sum(rows.values()), "rows_by_api": rows, "losses": losses, "missing_rows": calls - sum(rows.values()),
         "cuda_dropped": sum(n for probe, n in losses.items() if "cuda" in probe),
         "bpf_ns_per_call": bpf_ns / max(1, calls_in_loop),
         "bpf_programs": dict(sorted(per_program.items(), key=lambda kv: -kv[1]["runs"] * kv[1]["ns_per_run"])[:8]),
@@ -153,7 +156,8 @@ def main() -> int:
         "reps": args.reps, "seconds": args.seconds, "rate": args.rate, "load_average": os.getloadavg(),
         "launch_rate_untraced": med(r["launch_rate"] for r in untraced),
         "launch_rate_traced": med(r["launch_rate"] for r in traced),
-        "median_step_ratio": med(t["step_median_ms"] / u["step_median_ms"] for u, t in zip(untraced, traced)),
+        "median_step_ratio": med(t["step_median_ms"] / u["step_median_ms"]
+                                 for u, t in zip(untraced, traced, strict=True)),
         "recorder_core_share": med(r["recorder_core_share"] for r in traced),
         "bpf_ns_per_call": med(r["bpf_ns_per_call"] for r in traced),
         "calls": sum(r["calls"] for r in traced), "rows": sum(r["rows"] for r in traced),

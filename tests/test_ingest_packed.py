@@ -104,7 +104,7 @@ def workload() -> tuple[list[list[bytes]], list[list[bytes]]]:
                                  flags=NO_STACK if fast else 0, native=0 if fast else 7))
         if not fast:
             stacks1.append(stack_record(ts, tid))
-    for i in range(20):
+    for _ in range(20):
         ts += 1000
         first.append(cuda_record(ts, PID + 4, "cuLaunchKernelEx", flags=NO_STACK, native=0))
     specials = [

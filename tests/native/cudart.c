@@ -69,6 +69,7 @@ typedef int (*cu_launch_t)(void *f, unsigned int gx, unsigned int gy, unsigned i
                            unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                            void *stream, void **params, void **extra);
 static cu_launch_t standin_driver_launch;
+static int (*standin_driver_sync)(void *stream);
 
 /* x86-64: a frame of its own (so a frame-pointer walk sees it) that passes the 11 arguments on:
  * the 5 on the stack are pushed again below an 8-byte pad that keeps the call 16-byte aligned. */
@@ -104,6 +105,7 @@ API int standin_use_driver(const char *path)
     if (mprotect(code, 4096, PROT_READ | PROT_EXEC))
         return -4;
     standin_driver_launch = (cu_launch_t)(void *)code;
+    standin_driver_sync = (int (*)(void *))dlsym(lib, "cuStreamSynchronize");
     return 0;
 }
 
@@ -156,7 +158,13 @@ API cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, i
     return standin_run("cudaMemcpyAsync_ptsz");
 }
 
-API cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return standin_run("cudaStreamSynchronize"); }
+API cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    int r = standin_run("cudaStreamSynchronize");
+    if (r == 0 && standin_driver_sync) /* through the driver too, once standin_use_driver() ran */
+        r = standin_driver_sync(s);
+    return r;
+}
 API cudaError_t cudaDeviceSynchronize(void) { return standin_run("cudaDeviceSynchronize"); }
 API cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return standin_run("cudaEventSynchronize"); }
 

@@ -24,6 +24,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -132,6 +133,8 @@ def main() -> None:
     ap.add_argument("--graphs", type=int, default=0, help="CUDA graph replays after the steps")
     ap.add_argument("--markers", action="store_true", help="mark steps with recorder.step()")
     ap.add_argument("--slow-sync-step", type=int, default=-1, help="this step's synchronisation waits 300 ms")
+    ap.add_argument("--slow-launch-step", type=int, default=-1,
+                    help="this step's launches each take 400 us of CPU (a launch queue full, a lock)")
     ap.add_argument("--ready-file", help="written once the libraries are loaded")
     ap.add_argument("--wait-file", help="start calling once this file exists")
     ap.add_argument("--out")
@@ -159,12 +162,16 @@ def main() -> None:
     while time.monotonic_ns() < until:
         if steps == args.slow_sync_step:
             cuda.configure("cudaStreamSynchronize", sleep_us=300_000)
+        if steps == args.slow_launch_step:
+            cuda.configure("cudaLaunchKernel", work_us=400)
         t0 = time.monotonic_ns()
         if marker:
             marker(steps)
         step(cuda, net, per_step, host, config)
         if steps == args.slow_sync_step:
             cuda.configure("cudaStreamSynchronize")
+        if steps == args.slow_launch_step:
+            cuda.configure("cudaLaunchKernel")
         durations.append(time.monotonic_ns() - t0)
         steps += 1
         launches += per_step
@@ -187,10 +194,11 @@ def main() -> None:
     calls = {name: int(lib.standin_calls(name.encode())) for lib, names in (
         (cuda.rt, ("cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaStreamBeginCapture",
                    "cudaStreamEndCapture", "cudaGraphInstantiate", "cudaGraphLaunch")),
-        (cuda.drv, ("cuLaunchKernel", "cuLaunchKernelEx"))) for name in names}
+        (cuda.drv, ("cuLaunchKernel", "cuLaunchKernelEx", "cuStreamSynchronize"))) for name in names}
     durations.sort()
+    lines = {op.__name__: op.__code__.co_firstlineno + 1 for op in OPS}  # each op's launch line
     result = {
-        "pid": os.getpid(), "tid": __import__("threading").get_native_id(),
+        "op_lines": lines, "file": os.path.abspath(__file__), "pid": os.getpid(), "tid": threading.get_native_id(),
         "start_ns": start, "end_ns": end, "steps": steps, "calls": calls,
         "launch_rate": launches / ((end - start) / 1e9),
         "step_median_ns": durations[len(durations) // 2] if durations else 0,

@@ -1,0 +1,112 @@
+"""A GPU job's CUDA traffic at full rate, end to end with real BPF, on the CPU stand-in of its shape
+(tests/workloads/standin_gpu_job.py): 50,000 kernel launches a second from 24+ Python frames deep,
+the runtime's cudaLaunchKernel calling the driver's exported cuLaunchKernel through a trampoline in
+executable anonymous memory, cuLaunchKernelEx straight at the driver, a copy and a synchronisation
+per step, CUDA graph capture, instantiation and replays.
+
+Checked: not one CUDA call dropped; one row per call (the driver call a runtime call makes is the
+detail of its row, not a row of its own; the driver's own launches are rows); the fast launches'
+stacks are a sample, every slow launch has its stacks, taken at its return, with the line that
+made it; graphs are recorded with their handles. Skipped with the reason without root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, losses_beyond_skips, needs_bpf, q, run_recorder
+
+pytestmark = [needs_bpf, pytest.mark.bpf]
+
+JOB = ROOT / "tests" / "workloads" / "standin_gpu_job.py"
+RATE = 50_000
+SECONDS = 10
+DEPTH = 24
+
+
+def record_job(tmp_path: Path, native: dict, *extra: str, env: dict | None = None) -> tuple[Path, dict]:
+    db, out = tmp_path / "r.db", tmp_path / "job.json"
+    res = run_recorder("record", "--db", str(db), "--", sys.executable, str(JOB), "--libdir", str(native["dir"]),
+                       "--depth", str(DEPTH), "--out", str(out), *extra, timeout=600,
+                       env={**os.environ, **(env or {})})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return db, json.loads(out.read_text())
+
+
+def rows_by_api(db: Path) -> dict[str, int]:
+    return dict(q(db, "SELECT a.name, count(*) FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id GROUP BY 1"))
+
+
+def test_every_call_kept_at_fifty_thousand_launches_a_second(tmp_path: Path, native) -> None:
+    db, job = record_job(tmp_path, native, "--rate", str(RATE), "--seconds", str(SECONDS), "--graphs", "50")
+    calls = job["calls"]
+    # the job really called at that rate while it was recorded
+    assert job["launch_rate"] >= 0.8 * RATE, f"the job reached only {job['launch_rate']:,.0f} launches/s"
+    assert calls["cudaLaunchKernel"] >= 0.8 * RATE * SECONDS
+    # not one call dropped, and nothing else lost but program runs a busy machine skips
+    assert losses_beyond_skips(db) == {}
+    rows = rows_by_api(db)
+    # one row per runtime call; the driver calls made inside them are no rows of their own
+    assert calls["cuLaunchKernel"] == calls["cudaLaunchKernel"]
+    assert calls["cuStreamSynchronize"] == calls["cudaStreamSynchronize"]
+    assert "cuLaunchKernel" not in rows and "cuStreamSynchronize" not in rows
+    for api in ("cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSynchronize", "cuLaunchKernelEx",
+                "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate", "cudaGraphLaunch"):
+        assert rows.get(api) == calls[api], (api, rows.get(api), calls[api])
+    # ... but each runtime row names the driver API it went through
+    assert q(db, "SELECT d.name, count(*) FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id"
+                 " JOIN cuda_api d ON d.id = c.driver_api_id GROUP BY 1 ORDER BY 1") == [
+        ("cuLaunchKernel", calls["cudaLaunchKernel"]), ("cuStreamSynchronize", calls["cudaStreamSynchronize"])]
+    assert q(db, "SELECT count(*) FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id"
+                 " WHERE a.name = 'cuLaunchKernelEx' AND c.driver_api_id IS NOT NULL") == [(0,)]
+
+    # graphs: the instantiation's exec handle is what every replay launched
+    exec_handle = job["graph_exec"]
+    assert q(db, "SELECT pointer FROM cuda_call_named WHERE api = 'cudaGraphInstantiate'") == [(exec_handle,)]
+    assert q(db, "SELECT DISTINCT event_handle FROM cuda_call_named WHERE api = 'cudaGraphLaunch'") == [(exec_handle,)]
+
+    # stacks: every non-launch call has its line; the launches' stacks are a sample (one in 64),
+    # each the line of the op that launched, under the whole module tree
+    file, lines = job["file"], set(job["op_lines"].values())
+    launches = q(db, "SELECT python_lineno, python_file, python_status FROM cuda_call_python p"
+                     " JOIN cuda_api a ON a.id = p.api_id WHERE a.name = 'cudaLaunchKernel'"
+                     " AND p.python_stack_id IS NOT NULL")
+    share = len(launches) / calls["cudaLaunchKernel"]
+    assert 0.5 / 64 < share < 3 / 64, f"{len(launches)} launches of {calls['cudaLaunchKernel']} have stacks"
+    assert {(line, f, status) for line, f, status in launches} <= {(line, file, "ok") for line in lines}
+    assert {line for line, _, _ in launches} == lines
+    assert q(db, "SELECT min(s.depth) FROM cuda_call c JOIN python_stack s ON s.id = c.python_stack_id"
+                 " WHERE c.api_id = (SELECT id FROM cuda_api WHERE name = 'cudaLaunchKernel')")[0][0] > DEPTH
+    assert q(db, "SELECT count(*) FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id"
+                 " WHERE a.name IN ('cudaStreamSynchronize', 'cudaMemcpyAsync', 'cudaGraphLaunch')"
+                 " AND c.python_stack_id IS NULL") == [(0,)]
+    # the native stack of a launch starts at the runtime's entry point, as an entry's would
+    assert {r[0] for r in q(db, "SELECT f.symbol FROM cuda_call c JOIN native_stack_frame f"
+                                " ON f.stack_id = c.native_stack_id AND f.depth = 0 JOIN cuda_api a"
+                                " ON a.id = c.api_id WHERE a.name = 'cudaLaunchKernel'")} == {"cudaLaunchKernel"}
+    # launches kept without their stacks by design are not counted as calls without a native stack
+    assert q(db, "SELECT count(*) FROM capability WHERE layer = 'cuda' AND probe = 'native stacks'"
+                 " AND detail LIKE '%not walked%'") == [(0,)]
+
+
+def test_a_slow_launch_has_its_stack_and_its_line(tmp_path: Path, native) -> None:
+    """Step 20's launches each take 400 us: all of them get their stacks at their return (not a
+    sample), with the op's line; the report finds the step and the calls."""
+    db, job = record_job(tmp_path, native, "--rate", "20000", "--seconds", "3", "--markers",
+                         "--slow-launch-step", "20", "--launches-per-step", "200")
+    assert losses_beyond_skips(db) == {}
+    slow = q(db, "SELECT c.dur, p.python_lineno, p.python_file FROM cuda_call c"
+                 " JOIN cuda_api a ON a.id = c.api_id LEFT JOIN cuda_call_python p ON p.cuda_call_id = c.id"
+                 " WHERE a.name = 'cudaLaunchKernel' AND c.dur >= 400000")
+    assert len(slow) >= 200, len(slow)
+    lines = set(job["op_lines"].values())
+    assert all(line in lines and f == job["file"] for _, line, f in slow), slow[:5]
+    res = run_recorder("explain", "--db", str(db), "--step", "20", "--json", check=True)
+    report = json.loads(res.stdout)
+    assert report["step"]["step"] == 20
+    text = json.dumps(report)
+    assert "cudaLaunchKernel" in text and "standin_gpu_job.py" in text
