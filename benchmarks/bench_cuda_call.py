@@ -7,7 +7,8 @@ modes are interleaved repetition by repetition (the order alternates) so that a 
 load hits all of them alike; the figures are medians over the repetitions:
 
 - untraced: no probe on the symbol;
-- empty pair: a BCC program with two empty functions attached as uprobe and uretprobe;
+- empty pair: a BCC program with two empty functions attached as uprobe and uretprobe (and each
+  alone: the trap cost of an entry probe and of a return probe);
 - recorder: a real `Session` (TargetSpec(pids=(driver,))) with its consumer loop running in a
   thread, so records are drained and written to SQLite while the driver calls; after each
   recorder repetition the benchmark waits until every record was written.
@@ -168,7 +169,8 @@ def measure(api: str, n: int, reps: int) -> dict:
     driver = Driver(exe, library, api)
     tmp = tempfile.TemporaryDirectory(prefix="bench_cuda_call.")
     index = cuda.API_INDEX[api]
-    results: dict[str, list[float]] = {"untraced": [], "empty_pair": [], "recorder": []}
+    results: dict[str, list[float]] = {"untraced": [], "empty_entry": [], "empty_return": [], "empty_pair": [],
+                                       "recorder": []}
     try:
         driver.calls(n)  # warm the caches and the page tables
         before = statistics.median(driver.calls(n) for _ in range(reps))
@@ -185,24 +187,28 @@ def measure(api: str, n: int, reps: int) -> dict:
         consumer = threading.Thread(target=session.run, args=(stop.is_set,), daemon=True)
         consumer.start()
 
-        state = {"recorder": True, "empty_pair": False}
+        state = {"recorder": True, "empty_entry": False, "empty_return": False}
 
         def set_mode(mode: str) -> None:
-            want_rec, want_empty = mode == "recorder", mode == "empty_pair"
+            want_rec = mode == "recorder"
+            want_entry = mode in ("empty_entry", "empty_pair")
+            want_return = mode in ("empty_return", "empty_pair")
             if state["recorder"] and not want_rec:
                 probes.bpf.detach_uprobe(name=str(library), sym=api)
                 probes.bpf.detach_uretprobe(name=str(library), sym=api)
             if not state["recorder"] and want_rec:
                 probes.bpf.attach_uprobe(name=str(library), sym=api, fn_name=f"cuda_entry_{index}")
                 probes.bpf.attach_uretprobe(name=str(library), sym=api,
-                                            fn_name=f"cuda_return_{index}")
-            if state["empty_pair"] and not want_empty:
+                                            fn_name=cuda.return_program(cuda.APIS[index]))
+            if state["empty_entry"] and not want_entry:
                 empty.detach_uprobe(name=str(library), sym=api)
-                empty.detach_uretprobe(name=str(library), sym=api)
-            if not state["empty_pair"] and want_empty:
+            if not state["empty_entry"] and want_entry:
                 empty.attach_uprobe(name=str(library), sym=api, fn_name="empty_entry")
+            if state["empty_return"] and not want_return:
+                empty.detach_uretprobe(name=str(library), sym=api)
+            if not state["empty_return"] and want_return:
                 empty.attach_uretprobe(name=str(library), sym=api, fn_name="empty_return")
-            state["recorder"], state["empty_pair"] = want_rec, want_empty
+            state["recorder"], state["empty_entry"], state["empty_return"] = want_rec, want_entry, want_return
 
         def wait_written(expected: int, timeout_s: float = 30.0) -> None:
             deadline = time.monotonic() + timeout_s
@@ -243,6 +249,8 @@ def measure(api: str, n: int, reps: int) -> dict:
         "ns_per_call": med,
         "ns_per_call_all": results,
         "empty_pair_added_ns": empty_added,
+        "uprobe_trap_ns": med["empty_entry"] - med["untraced"],
+        "uretprobe_trap_ns": med["empty_return"] - med["untraced"],
         "recorder_added_ns": recorder_added,
         "recorder_vs_empty_pair": ratio,
         "target_ratio": TARGET_RATIO,
@@ -265,6 +273,9 @@ def render(r: dict) -> str:
         "| mode | ns/call | added ns/call | x empty pair |",
         "|---|---:|---:|---:|",
         f"| untraced | {m['untraced']:,.0f} | - | - |",
+        f"| empty uprobe alone (the entry's trap) | {m['empty_entry']:,.0f} | {r['uprobe_trap_ns']:,.0f} | - |",
+        f"| empty uretprobe alone (the return's trap) | {m['empty_return']:,.0f} | {r['uretprobe_trap_ns']:,.0f} "
+        "| - |",
         f"| empty uprobe+uretprobe | {m['empty_pair']:,.0f} | {r['empty_pair_added_ns']:,.0f} "
         "| 1.00 |",
         f"| recorder (Session, consumer running) | {m['recorder']:,.0f} | "

@@ -22,6 +22,11 @@
  * stack is the entry's from the caller up. Every launch is an event; the others carry
  * CUDA_FLAG_NO_STACK. All launch APIs share one record slot per thread (CUDA_LAUNCH_SLOT: the API
  * is in the record) and one return program, cuda_launch_return.
+ *
+ * Every runtime launch calls a driver launch, and each probe pair costs two traps on the launching
+ * thread: once the first runtime launches all went through the driver's probes, user space detaches
+ * the runtime's launch probes (recorder/layers/cuda/layer.py) and the driver's events are the
+ * launches' rows.
  */
 /* struct cuda_inflight and its map: bpf/cuda_inflight.h (pasted before bpf/pystack.h) */
 #define CUDA_RING_PAGES 2048
@@ -294,9 +299,14 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api, int runtime)
     return 0;
 }
 
-/* The return of every launch API: one event; the stacks of a slow or sampled launch, walked here
- * (the native one inline, then the Python one keyed by the call's entry ts, as an entry's). */
-int cuda_launch_return(struct pt_regs *ctx)
+/* Runtime launches returned and, of those, the ones seen going through a driver launch probe:
+ * user space stops probing the runtime's launches once they all do (recorder/layers/cuda/layer.py) */
+BPF_PERCPU_ARRAY(cuda_launch_route, u64, 2);
+
+/* The return of every launch API (cuda_launch_return, generated with `first_driver`): one event;
+ * the stacks of a slow or sampled launch, walked here (the native one inline, then the Python one
+ * keyed by the call's entry ts, as an entry's). */
+static __always_inline int cuda_launch_end(struct pt_regs *ctx, u32 first_driver)
 {
     u64 key = cuda_key(CUDA_LAUNCH_SLOT);
     struct cuda_inflight *in = cuda_inflight.lookup(&key);
@@ -305,6 +315,16 @@ int cuda_launch_return(struct pt_regs *ctx)
     u64 ts = in->ts, dur = bpf_ktime_get_ns() - ts;
     u32 api = in->api;
     s64 ret = (s64)(s32)PT_REGS_RC(ctx);
+    if (api < first_driver) {
+        u32 slot = 0;
+        u64 *n = cuda_launch_route.lookup(&slot);
+        if (n)
+            (*n)++;
+        slot = 1;
+        n = cuda_launch_route.lookup(&slot);
+        if (n && in->driver_api != CUDA_NO_API)
+            (*n)++;
+    }
     if (dur < CUDA_LATE_STACK_NS && (bpf_get_prandom_u32() & CUDA_STACK_SAMPLE_MASK)) {
         cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_NO_STACK);
         cuda_inflight.delete(&key);

@@ -19,6 +19,8 @@ names the variable and says what to give instead.
                                          0: every launch)
     STALL_RECORDER_LAUNCH_STACK_SAMPLE=N of the faster launches, one in N (at random) gets them too (a
                                          power of two, 1-65536, default 64; 1: every launch)
+    STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keep probing the runtime's kernel launches even once they are
+                                         all seen at the driver (off unless 1/on/yes/true)
     STALL_RECORDER_DLOPEN_HOLD=0         do not stop a process at the dlopen of a CUDA/NCCL library until
                                          its probes are attached (on unless 0/off/no/false)
 """
@@ -83,6 +85,7 @@ class Settings(BaseModel):
     dlopen_hold: bool = True
     launch_stack_min_us: int = DEFAULT_LAUNCH_STACK_MIN_US
     launch_stack_sample: int = DEFAULT_LAUNCH_STACK_SAMPLE
+    keep_runtime_launches: bool = False
 
     @staticmethod
     def variable(name: str) -> str:
@@ -133,6 +136,13 @@ class Settings(BaseModel):
     def _dlopen_hold(cls, value: object) -> object:
         if isinstance(value, str):  # anything but an explicit "off" keeps holding
             return value.strip().lower() not in _OFF
+        return value
+
+    @field_validator("keep_runtime_launches", mode="before")
+    @classmethod
+    def _keep_runtime_launches(cls, value: object) -> object:
+        if isinstance(value, str):  # only an explicit "on" keeps them
+            return value.strip().lower() in ("1", "on", "yes", "true")
         return value
 
     @field_validator("offcpu_stack_min_us", mode="before")

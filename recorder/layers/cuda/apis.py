@@ -191,6 +191,7 @@ def bpf_programs(names: list[str] | None = None) -> str:
         )
         if not launch:
             parts.append(f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}, {runtime}); }}\n")
+    parts.append(f"int {LAUNCH_RETURN}(struct pt_regs *ctx) {{ return cuda_launch_end(ctx, {FIRST_DRIVER_API}); }}\n")
     return "\n".join(parts)
 
 

@@ -13,7 +13,15 @@ from recorder.core.clock import now_ns
 from recorder.core.inflight import in_flight
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
 from recorder.core.libraries import exported_functions
-from recorder.layers.cuda.apis import API_INDEX, APIS, LAUNCH_LAYOUTS, bpf_programs, return_program
+from recorder.layers.cuda.apis import (
+    API_INDEX,
+    APIS,
+    LAUNCH_LAYOUTS,
+    Api,
+    bpf_programs,
+    is_launch,
+    return_program,
+)
 
 SOURCES = (BpfSource("cuda", "cuda.bpf.c"),)
 
@@ -102,6 +110,7 @@ class CudaLayer(BaseLayer):
         super().__init__(context)
         self.raw: list[bytes] = []
         self._pack_cuda: Callable | None = None
+        self.route = LaunchRoute(context)
 
     def prepare(self) -> None:
         ctx = self.context
@@ -138,10 +147,14 @@ class CudaLayer(BaseLayer):
         count = 0
         for api in wanted:
             i = API_INDEX[api.name]
+            if not self.route.wants(api):
+                probes.cap("cuda", api.name, "absent", LAUNCHES_AT_DRIVER, path)
+                continue
             try:
                 probes.bpf.attach_uprobe(name=real, sym=api.name, fn_name=f"cuda_entry_{i}")
                 probes.bpf.attach_uretprobe(name=real, sym=api.name, fn_name=return_program(api))
                 probes.cap("cuda", api.name, "attached", "", path)
+                self.route.attached(real, api)
                 count += 1
             except Exception as e:
                 probes.cap("cuda", api.name, "failed", str(e).splitlines()[0][:200], path)
@@ -165,6 +178,7 @@ class CudaLayer(BaseLayer):
 
     def flush(self) -> None:
         ctx = self.context
+        self.route.check()
         joined_cuda = b"".join(self.raw)  # blocks of framed records (Probes.open_rings)
         ctx.events["cuda"] += len(joined_cuda) // events.CUDA.framed_size
         if self.raw or ctx.stacks.held("cuda"):
@@ -304,3 +318,83 @@ class CudaLayer(BaseLayer):
 def _signed(value: int) -> int:
     """A 64-bit map value as SQLite stores it (two's complement above 2**63 - 1)."""
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+# -- where kernel launches are probed ------------------------------------------------------------------
+LAUNCHES_AT_DRIVER = "launches are probed at the driver: every runtime launch went through it"
+ROUTE_EVIDENCE = 1000  # runtime launches seen through the driver before the runtime's probes go
+ROUTE_CHECK_NS = 1_000_000_000
+
+
+class LaunchRoute:
+    """Where kernel launches are probed. Every runtime launch calls a driver launch, and each probe
+    pair costs the launching thread two traps (docs/benchmarks.md), so once ROUTE_EVIDENCE runtime
+    launches in a row were seen going through the driver's launch probes, the runtime's launch
+    probes are detached: first their entries, then (at the next check, once the launches in flight
+    have returned) their returns. From then on a launch is the driver's row (its native stack
+    still shows the runtime's frame), at half the cost. A runtime launch not seen at the driver
+    keeps the runtime's probes for the session; STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keeps them
+    always. The decision is a capability row (layer 'cuda', probe 'launch probes')."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.state = "both"  # 'both' -> 'detaching' -> 'driver', or 'kept'
+        self.runtime: list[tuple[str, Api]] = []  # runtime launch APIs attached, by library path
+        self.driver_launches = False  # a driver library's launch APIs are attached
+        self.base = (0, 0)  # (runtime launches, through the driver) when the driver was attached
+        self.checked = 0
+
+    def wants(self, api: Api) -> bool:
+        return not (api.library == "runtime" and is_launch(api) and self.state in ("detaching", "driver"))
+
+    def attached(self, path: str, api: Api) -> None:
+        if not is_launch(api):
+            return
+        if api.library == "runtime":
+            self.runtime.append((path, api))
+        elif not self.driver_launches:
+            self.driver_launches = True
+            self.base = self.counts()  # count from here: earlier launches could not reach it
+
+    def counts(self) -> tuple[int, int]:
+        try:
+            table = self.context.probes.bpf.get_table("cuda_launch_route")
+            return (sum(table[ctypes.c_int(0)]), sum(table[ctypes.c_int(1)]))
+        except Exception:  # the map is not there (no CUDA layer loaded)
+            return (0, 0)
+
+    def check(self) -> None:
+        now = now_ns()
+        if self.state in ("driver", "kept") or now - self.checked < ROUTE_CHECK_NS:
+            return
+        self.checked = now
+        probes = self.context.probes
+        if self.state == "detaching":
+            for path, api in self.runtime:
+                try:
+                    probes.bpf.detach_uretprobe(name=path, sym=api.name)
+                except Exception:  # already gone with its library
+                    pass
+            self.state = "driver"
+            return
+        if not self.runtime or not self.driver_launches or probes.settings.keep_runtime_launches:
+            return
+        total, through = (n - b for n, b in zip(self.counts(), self.base, strict=True))
+        if total < ROUTE_EVIDENCE:
+            return
+        if through < total:
+            self.state = "kept"
+            probes.cap("cuda", "launch probes", "attached",
+                       f"runtime and driver: {total - through:,} of the first {total:,} runtime launches "
+                       "were not seen going through the driver's launch probes")
+            return
+        for path, api in self.runtime:
+            try:
+                probes.bpf.detach_uprobe(name=path, sym=api.name)
+            except Exception:
+                pass
+        self.state = "detaching"
+        probes.cap("cuda", "launch probes", "attached",
+                   f"driver only: the first {total:,} runtime launches all went through the driver's launch "
+                   "probes, so the runtime's launch probes were detached (one probe pair a launch instead of two); "
+                   "launches are the driver's rows from then on")
