@@ -344,6 +344,31 @@ NVME_ACTIONS = {"aborting": "abort", "reset controller": "controller reset", "re
                 "abort": "abort", "disable controller": "controller disabled", "disable": "controller disabled"}
 
 
+def _graph_detail(store: Store, call: dict) -> str:
+    """For a slow graph replay, or a synchronisation that waited for replays (cuda_sync_graph): which
+    graph, and where it was instantiated."""
+    call_id = call.get("cuda_call_id")
+    if call_id is None:
+        return ""
+    if call.get("family") in ("cudaGraphLaunch", "cuGraphLaunch"):
+        g = store.one("SELECT graph_exec, instantiated_at FROM cuda_graph_launch WHERE cuda_call_id = ?", (call_id,))
+        replayed = []
+        if g and g["graph_exec"] is not None:
+            replayed = [g]
+        what = "replaying"
+    else:
+        replayed = store.query("SELECT graph_exec, instantiated_at FROM cuda_sync_graph WHERE sync_call_id = ?"
+                               " ORDER BY launched_ts", (call_id,))
+        what = "waiting for"
+    if not replayed:
+        return ""
+    graphs = {r["graph_exec"]: r["instantiated_at"] for r in replayed}
+    named = "; ".join(f"graph {handle:#x}" + (f" instantiated at {at}" if at else "")
+                      for handle, at in list(graphs.items())[:3])
+    count = f"{len(replayed)} replays of " if len(replayed) > 1 else ""
+    return f" ({what} {count}{named})"
+
+
 def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
     """What the report says about a cause: summary, device facts, kernel path, next actions."""
     kind = cand["kind"]
@@ -487,7 +512,7 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
             facts["summary"] = f"GPU error on {x['device']} ({x['detail']}) during {c.get('api')}"
         else:
             facts["summary"] = (f"slow {c.get('api')}: {ms(c.get('dur'))} against ~{ms(c.get('expected_dur'))}, "
-                                "on the CPU inside the library (driver or device wait)")
+                                "on the CPU inside the library (driver or device wait)" + _graph_detail(store, c))
         path = [f"{c.get('api')}", "on-CPU in the CUDA library"]
     elif kind == "wait_chain":
         from store import waits

@@ -49,6 +49,15 @@ def test_bad_gpu_interval_is_one_line_naming_the_variable(value: str) -> None:
                             "or 0 for no GPU sampling")
 
 
+def test_launch_stack_settings() -> None:
+    s = Settings.from_environment({})
+    assert (s.launch_stack_min_us, s.launch_stack_sample, s.keep_runtime_launches) == (100, 64, False)
+    s = Settings.from_environment({"STALL_RECORDER_LAUNCH_STACK_MIN_US": "0", "STALL_RECORDER_LAUNCH_STACK_SAMPLE": "1",
+                                   "STALL_RECORDER_KEEP_RUNTIME_LAUNCHES": "on"})
+    assert (s.launch_stack_min_us, s.launch_stack_sample, s.keep_runtime_launches) == (0, 1, True)
+    assert Settings.from_environment({"STALL_RECORDER_KEEP_RUNTIME_LAUNCHES": "maybe"}).keep_runtime_launches is False
+
+
 def test_map_ring_and_age_settings() -> None:
     s = Settings.from_environment({})
     assert (s.block_inflight, s.block_ring_pages, s.inflight_max_age_s) == (16384, 256, 120)
@@ -63,6 +72,9 @@ def test_map_ring_and_age_settings() -> None:
     ("BLOCK_RING_PAGES", "3", "give a power of two from 1 to 65536, or unset it for 256"),
     ("BLOCK_RING_PAGES", "131072", "give a power of two from 1 to 65536, or unset it for 256"),
     ("INFLIGHT_MAX_AGE_S", "1", "give a whole number from 5 to 86400, or unset it for 120"),
+    ("LAUNCH_STACK_MIN_US", "-5", "give a whole number from 0 to 10000000, or unset it for 100"),
+    ("LAUNCH_STACK_SAMPLE", "3", "give a power of two from 1 to 65536, or unset it for 64"),
+    ("LAUNCH_STACK_SAMPLE", "0", "give a power of two from 1 to 65536, or unset it for 64"),
 ])
 def test_bad_map_ring_or_age_is_one_line_naming_the_variable(name: str, value: str, message: str) -> None:
     with pytest.raises(UserError) as e:

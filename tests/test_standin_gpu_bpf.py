@@ -127,3 +127,23 @@ def test_a_slow_launch_has_its_stack_and_its_line(tmp_path: Path, native) -> Non
     assert report["step"]["step"] == 20
     text = json.dumps(report)
     assert "cudaLaunchKernel" in text and "standin_gpu_job.py" in text
+
+
+def test_graph_replays_are_named_by_their_graph(tmp_path: Path, native) -> None:
+    """A graph replayed in every step: each replay is linked to the graph and its instantiation's
+    line (cuda_graph_launch), each step's synchronisation to the replay it waited for
+    (cuda_sync_graph), and a slow replay's report names the graph and that line."""
+    db, job = record_job(tmp_path, native, "--rate", "20000", "--seconds", "3", "--markers",
+                         "--launches-per-step", "200", "--graph-every-step", "--slow-graph-step", "40")
+    assert losses_beyond_skips(db) == {}
+    exec_handle, line = job["graph_exec"], job["graph_line"]
+    where = f"capture_graph() at standin_gpu_job.py:{line}"
+    assert q(db, "SELECT graph_exec, replays, instantiated_at FROM cuda_graph") == [
+        (exec_handle, job["calls"]["cudaGraphLaunch"], where)]
+    assert q(db, "SELECT count(*), count(DISTINCT graph_exec), min(instantiated_at) FROM cuda_graph_launch") == [
+        (job["calls"]["cudaGraphLaunch"], 1, where)]
+    # every step's synchronisation waited for that step's replay, and only for it
+    linked = q(db, "SELECT sync_call_id, count(*) FROM cuda_sync_graph GROUP BY 1")
+    assert len(linked) == job["steps"] and {n for _, n in linked} == {1}
+    res = run_recorder("explain", "--db", str(db), "--step", "40", check=True)
+    assert f"replaying graph {exec_handle:#x} instantiated at {where}" in res.stdout, res.stdout

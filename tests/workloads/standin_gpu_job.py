@@ -10,7 +10,10 @@ line), through the stand-in runtime's `cudaLaunchKernel`, which calls the stand-
 `cuLaunchKernel` through a trampoline in executable anonymous memory (as the real runtime calls the
 real driver); per step a host-to-device copy, a few `cuLaunchKernelEx` launches straight at the driver
 (as cuBLAS and cuDNN make them) and a `cudaStreamSynchronize` (the loss's `.item()`). Calls are paced
-at --rate launches a second. `--graphs N` replays a captured CUDA graph N times after the steps.
+at --rate launches a second. `--graphs N` replays a captured CUDA graph N times after the steps;
+`--graph-every-step` replays one in every step (before its synchronisation), as a
+torch.compile(mode="reduce-overhead") model does, and `--slow-graph-step N` makes that step's
+replay take 300 ms of CPU.
 
 Writes one JSON document (to --out, else stdout) with what it did: calls per API, steps, the
 interval it was calling in (CLOCK_MONOTONIC ns) and the launch rate it reached, so tests and
@@ -115,11 +118,22 @@ def model(depth: int) -> Module:
     return m
 
 
-def step(cuda: Cuda, net: Module, launches: int, host: ctypes.Array, config: LaunchConfig) -> None:
+def capture_graph(cuda: Cuda) -> ctypes.c_void_p:
+    graph, graph_exec = ctypes.c_void_p(), ctypes.c_void_p()
+    cuda.rt.cudaStreamBeginCapture(cuda.stream, 0)
+    cuda.rt.cudaStreamEndCapture(cuda.stream, ctypes.byref(graph))
+    cuda.rt.cudaGraphInstantiate(ctypes.byref(graph_exec), graph, 0)
+    return graph_exec
+
+
+def step(cuda: Cuda, net: Module, launches: int, host: ctypes.Array, config: LaunchConfig,
+         graph_exec: ctypes.c_void_p | None) -> None:
     cuda.rt.cudaMemcpyAsync(0x7f1000000000, ctypes.addressof(host), len(host), 1, cuda.stream)
     net(cuda, launches)
     for _ in range(4):  # a GEMM library's launches, straight at the driver
         cuda.drv.cuLaunchKernelEx(ctypes.byref(config), 0x7f0000005000, None, None)
+    if graph_exec is not None:
+        cuda.rt.cudaGraphLaunch(graph_exec, cuda.stream)
     cuda.rt.cudaStreamSynchronize(cuda.stream)
 
 
@@ -131,6 +145,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=24, help="Python frames above the ops")
     ap.add_argument("--launches-per-step", type=int, default=500)
     ap.add_argument("--graphs", type=int, default=0, help="CUDA graph replays after the steps")
+    ap.add_argument("--graph-every-step", action="store_true", help="replay a CUDA graph in every step")
+    ap.add_argument("--slow-graph-step", type=int, default=-1, help="this step's replay takes 300 ms of CPU")
     ap.add_argument("--markers", action="store_true", help="mark steps with recorder.step()")
     ap.add_argument("--slow-sync-step", type=int, default=-1, help="this step's synchronisation waits 300 ms")
     ap.add_argument("--slow-launch-step", type=int, default=-1,
@@ -155,6 +171,7 @@ def main() -> None:
         time.sleep(0.01)
 
     per_step = args.launches_per_step
+    graph_exec = capture_graph(cuda) if args.graph_every_step or args.graphs else None
     start = time.monotonic_ns()
     until = start + int(args.seconds * 1e9)
     steps = launches = 0
@@ -164,10 +181,14 @@ def main() -> None:
             cuda.configure("cudaStreamSynchronize", sleep_us=300_000)
         if steps == args.slow_launch_step:
             cuda.configure("cudaLaunchKernel", work_us=400)
+        if steps == args.slow_graph_step:
+            cuda.configure("cudaGraphLaunch", work_us=300_000)
         t0 = time.monotonic_ns()
         if marker:
             marker(steps)
-        step(cuda, net, per_step, host, config)
+        step(cuda, net, per_step, host, config, graph_exec if args.graph_every_step else None)
+        if steps == args.slow_graph_step:
+            cuda.configure("cudaGraphLaunch")
         if steps == args.slow_sync_step:
             cuda.configure("cudaStreamSynchronize")
         if steps == args.slow_launch_step:
@@ -182,11 +203,7 @@ def main() -> None:
                 time.sleep(ahead / 1e9)
     end = time.monotonic_ns()
 
-    graph, graph_exec = ctypes.c_void_p(), ctypes.c_void_p()
     if args.graphs:
-        cuda.rt.cudaStreamBeginCapture(cuda.stream, 0)
-        cuda.rt.cudaStreamEndCapture(cuda.stream, ctypes.byref(graph))
-        cuda.rt.cudaGraphInstantiate(ctypes.byref(graph_exec), graph, 0)
         for _ in range(args.graphs):
             cuda.rt.cudaGraphLaunch(graph_exec, cuda.stream)
         cuda.rt.cudaStreamSynchronize(cuda.stream)
@@ -202,7 +219,8 @@ def main() -> None:
         "start_ns": start, "end_ns": end, "steps": steps, "calls": calls,
         "launch_rate": launches / ((end - start) / 1e9),
         "step_median_ns": durations[len(durations) // 2] if durations else 0,
-        "graph_exec": graph_exec.value or 0,
+        "graph_exec": graph_exec.value if graph_exec is not None else 0,
+        "graph_line": capture_graph.__code__.co_firstlineno + 4,  # the instantiation's line
     }
     text = json.dumps(result)
     if args.out:
