@@ -84,7 +84,8 @@ def run_job(traced: bool, workdir: Path, label: str, steps: int, graphs: int, cp
     for f in (out, started, done):
         f.unlink(missing_ok=True)
     job = [sys.executable, str(JOB), "--steps", str(steps), "--out", str(out), "--mark", f"{marks}/{label}",
-           "--graphs", str(graphs), "--ckpt-dir", str(workdir / "ckpt")] + (["--cpu"] if cpu else [])
+           "--graphs", str(graphs), "--ckpt-dir", str(workdir / "ckpt")] + (
+              ["--cpu", "--layers", "2", "--workers", "2"] if cpu else [])
     db = workdir / f"{label}.db"
     cmd = RECORDER + ["record", "--db", str(db), "--"] + job if traced else job
     seen: dict = {}

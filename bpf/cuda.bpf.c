@@ -195,7 +195,7 @@ static __always_inline int cuda_nested(struct pt_regs *ctx, u32 api, int launch,
     if (launch) {
         u64 slot = (id << 32) | CUDA_LAUNCH_SLOT;
         struct cuda_inflight *in = cuda_inflight.lookup(&slot);
-        if (in && in->api < first_driver && PT_REGS_SP(ctx) < in->entry_sp &&
+        if (in && in->ts && in->api < first_driver && PT_REGS_SP(ctx) < in->entry_sp &&
             in->entry_sp - PT_REGS_SP(ctx) < NATIVE_STACK_SPAN) {
             if (in->driver_api == CUDA_NO_API)
                 in->driver_api = api;
@@ -223,6 +223,15 @@ static __always_inline void cuda_save(struct cuda_inflight *e, u32 api, int laun
 {
     u64 key = launch ? cuda_key(CUDA_LAUNCH_SLOT) : cuda_key(api);
     e->api = api;
+    if (launch) {
+        /* a thread's launch record stays in the map between launches (ts 0: none in flight) and
+         * is written in place: a hash map's update and delete cost more than the launch's probe */
+        struct cuda_inflight *in = cuda_inflight.lookup(&key);
+        if (in) {
+            __builtin_memcpy(in, e, sizeof(*e));
+            return;
+        }
+    }
     if (cuda_inflight.update(&key, e)) {
         count_drop(PROBE_CUDA_MAP);
         return;
@@ -310,7 +319,7 @@ static __always_inline int cuda_launch_end(struct pt_regs *ctx, u32 first_driver
 {
     u64 key = cuda_key(CUDA_LAUNCH_SLOT);
     struct cuda_inflight *in = cuda_inflight.lookup(&key);
-    if (!in || PT_REGS_SP(ctx) != in->entry_sp + 8)
+    if (!in || !in->ts || PT_REGS_SP(ctx) != in->entry_sp + 8)
         return 0;
     u64 ts = in->ts, dur = bpf_ktime_get_ns() - ts;
     u32 api = in->api;
@@ -327,13 +336,13 @@ static __always_inline int cuda_launch_end(struct pt_regs *ctx, u32 first_driver
     }
     if (dur < CUDA_LATE_STACK_NS && (bpf_get_prandom_u32() & CUDA_STACK_SAMPLE_MASK)) {
         cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_NO_STACK);
-        cuda_inflight.delete(&key);
+        in->ts = 0;
         return 0;
     }
     /* at the return the instruction pointer is the return address and the frame pointer the
      * caller's: the entry's stack from the caller up, after the function's own address */
     in->native_digest = native_walk(ctx, in->entry_ip, PT_REGS_IP(ctx));
     cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_LATE_STACK);
-    cuda_inflight.delete(&key);
+    in->ts = 0;
     PYSTACK_CAPTURE(ctx, ts);
 }

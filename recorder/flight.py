@@ -319,9 +319,11 @@ class FlightRecorder:
         for map_name, table, names in (("cuda_inflight", "cuda_call", CUDA_APIS),
                                        ("nccl_inflight", "nccl_call", NCCL_APIS)):
             for call in in_flight(bpf, map_name, delete=False):
-                if call.pid is None or call.record.ts == 0 or call.api >= len(names):
+                # a CUDA record names its API (launches share one key per thread)
+                api = call.record.api if map_name == "cuda_inflight" else call.api
+                if call.pid is None or call.record.ts == 0 or api >= len(names):
                     continue
-                out.append((table, names[call.api].name, call.tid, call.record.ts))
+                out.append((table, names[api].name, call.tid, call.record.ts))
         return out
 
     def _fire(self, trigger: str, ts: int, detail: str, force: bool = False) -> None:

@@ -232,6 +232,8 @@ class CudaLayer(BaseLayer):
         records, lost = [], 0
         for call in in_flight(ctx.probes.bpf, "cuda_inflight", delete=final):
             r = call.record
+            if r.ts == 0:  # a thread's launch record between launches (bpf/cuda.bpf.c)
+                continue
             if call.pid is None or r.ts > ts:
                 lost += call.pid is None
                 continue
