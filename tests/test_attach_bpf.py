@@ -1,0 +1,124 @@
+"""Attaching to jobs already running: `start -c CGROUP` and `start --all` configure a training
+process that was running before the recorder (its CUDA library, its marker extension, its Python
+frames) as `-p` does, and `-c` also one that enters the cgroup afterwards. Real probes, a real cgroup
+v2 folder, real processes; skipped with the reason where root, BPF or cgroup v2 is missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, needs_bpf, q, run_recorder
+
+pytestmark = [needs_bpf, pytest.mark.bpf, pytest.mark.slow]
+TRAIN = str(ROOT / "tests" / "workloads" / "train_steps.py")
+RECORD_S = 4
+
+
+def _cgroup2_root() -> Path | None:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    return None
+
+
+@pytest.fixture
+def cgroup() -> Iterator[Path]:
+    """A fresh cgroup v2 folder; its processes go back to the root and it is removed afterwards."""
+    root = _cgroup2_root()
+    if root is None or not (root / "cgroup.procs").exists():
+        pytest.skip("needs a cgroup v2 hierarchy mounted (cgroup2 in /proc/mounts)")
+    path = root / f"stall-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:  # exited meanwhile
+                pass
+        path.rmdir()
+
+
+def _train(native: dict) -> subprocess.Popen:
+    """A stand-in training loop with markers, running (library loaded, steps going) on return."""
+    proc = subprocess.Popen([sys.executable, TRAIN, "--libdir", str(native["dir"]), "--markers", "--steps", "100000",
+                             "--quiet"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while "libcudart" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the workload did not start"
+        time.sleep(0.1)
+    return proc
+
+
+def _record(db: Path, *target: str, during=None) -> None:
+    start = run_recorder("start", "--db", str(db), *target, timeout=300)
+    assert start.returncode == 0, start.stderr
+    if during:
+        during()
+    time.sleep(RECORD_S)
+    run_recorder("stop", "--db", str(db), check=True, timeout=300)
+
+
+def _recorded_like_pid(db: Path, pid: int, found_by: str) -> None:
+    """What `-p PID` records of the training loop: its CUDA calls each with its Python line, its
+    steps, the library found, and one capability row saying what was attached to it."""
+    calls = q(db, "SELECT c.python_status, c.python_file, count(*) FROM cuda_call_python c"
+                  " JOIN thread t ON t.id = c.thread_id JOIN process p ON p.id = t.process_id"
+                  " WHERE p.pid = ? GROUP BY 1, 2", (pid,))
+    assert [(status, Path(f).name) for status, f, _ in calls] == [("ok", "train_steps.py")], calls
+    steps, first, last = q(db, "SELECT count(*), min(s.ts), max(s.ts) FROM step s JOIN process p"
+                               " ON p.id = s.process_id WHERE p.pid = ?", (pid,))[0]
+    # every step between the first and the last marker made its 6 calls (malloc, 3 launches, sync,
+    # free): none was missed (the probes attach one after the other, so the edges are left out)
+    in_steps = q(db, "SELECT count(*) FROM cuda_call c JOIN thread t ON t.id = c.thread_id JOIN process p"
+                     " ON p.id = t.process_id WHERE p.pid = ? AND c.ts >= ? AND c.ts < ?", (pid, first, last))[0][0]
+    assert steps >= 50 and in_steps == 6 * (steps - 1), (in_steps, steps)
+    lines = {line for line, in q(db, "SELECT python_line FROM python_lines")}
+    assert any(line.startswith("main() at train_steps.py:") for line in lines), lines
+    assert ("runtime", found_by) in q(db, "SELECT kind, found_by FROM library")
+    caps = q(db, "SELECT status, detail FROM capability WHERE layer = 'target' AND target = ?", (f"pid {pid}",))
+    assert len(caps) == 1 and caps[0][0] == "attached", caps
+    assert {"CUDA runtime", "markers", "CPython"} <= set(caps[0][1].split(", ")), caps
+    assert q(db, "SELECT status FROM capability WHERE layer = 'python' AND target = ?",
+             (f"pid {pid}",)) == [("attached",)]
+
+
+def test_cgroup_records_a_job_running_before_the_start_and_one_that_enters_later(tmp_path, native, cgroup):
+    db = tmp_path / "c.db"
+    before, later = _train(native), _train(native)
+    try:
+        (cgroup / "cgroup.procs").write_text(str(before.pid))
+        _record(db, "-c", str(cgroup), during=lambda: (cgroup / "cgroup.procs").write_text(str(later.pid)))
+    finally:
+        before.kill()
+        later.kill()
+    _recorded_like_pid(db, before.pid, "maps")
+    # the library was attached for the first process: the second one's is the same file
+    calls = q(db, "SELECT count(*) FROM cuda_call c JOIN thread t ON t.id = c.thread_id"
+                  " JOIN process p ON p.id = t.process_id WHERE p.pid = ?", (later.pid,))[0][0]
+    assert calls > 100
+    assert q(db, "SELECT status FROM capability WHERE layer = 'target' AND target = ?",
+             (f"pid {later.pid}",)) == [("attached",)]
+    assert q(db, "SELECT status FROM capability WHERE layer = 'python' AND target = ?",
+             (f"pid {later.pid}",)) == [("attached",)]
+
+
+def test_all_records_a_job_running_before_the_start(tmp_path, native):
+    db = tmp_path / "a.db"
+    job = _train(native)
+    try:
+        _record(db, "--all")
+    finally:
+        job.kill()
+    _recorded_like_pid(db, job.pid, "maps")
+    # the recorder does not record itself
+    recorder = q(db, "SELECT recorder_pid FROM session")[0][0]
+    assert q(db, "SELECT count(*) FROM capability WHERE target = ?", (f"pid {recorder}",))[0][0] == 0
