@@ -122,3 +122,61 @@ def test_all_records_a_job_running_before_the_start(tmp_path, native):
     # the recorder does not record itself
     recorder = q(db, "SELECT recorder_pid FROM session")[0][0]
     assert q(db, "SELECT count(*) FROM capability WHERE target = ?", (f"pid {recorder}",))[0][0] == 0
+
+
+LAUNCHER = """
+import subprocess, sys, time
+from pathlib import Path
+train, out, go = sys.argv[1:4]
+rank = [sys.executable, train, *sys.argv[4:]]
+first = subprocess.Popen(rank)
+Path(out).write_text(str(first.pid))
+while not Path(go).exists():
+    time.sleep(0.05)
+second = subprocess.Popen(rank)
+Path(out).write_text(f"{first.pid} {second.pid}")
+first.wait()
+"""
+
+
+def test_tree_records_a_launchers_running_rank_and_one_it_starts_later(tmp_path, native):
+    db, out, go = tmp_path / "t.db", tmp_path / "pids", tmp_path / "go"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TRAIN, str(out), str(go), "--libdir",
+                                 str(native["dir"]), "--markers", "--steps", "100000", "--quiet"])
+    try:
+        deadline = time.monotonic() + 30
+        while not out.exists() or "libcudart" not in Path(f"/proc/{out.read_text()}/maps").read_text():
+            assert time.monotonic() < deadline, "the first rank did not start"
+            time.sleep(0.1)
+        first = int(out.read_text())
+        _record(db, "--tree", str(launcher.pid), during=go.touch)
+        second = int(out.read_text().split()[1])
+    finally:
+        for pid in out.read_text().split():
+            subprocess.run(["kill", pid])
+        launcher.kill()
+    assert q(db, "SELECT target FROM session") == [(f"tree {launcher.pid}",)]
+    _recorded_like_pid(db, first, "maps")
+    calls = q(db, "SELECT c.python_status, count(*) FROM cuda_call_python c JOIN thread t ON t.id = c.thread_id"
+                  " JOIN process p ON p.id = t.process_id WHERE p.pid = ? GROUP BY 1", (second,))
+    assert dict(calls).get("ok", 0) > 100, calls
+    # the launcher is a target too (a Python without CUDA): its row says what it has
+    caps = q(db, "SELECT detail FROM capability WHERE layer = 'target' AND target = ?", (f"pid {launcher.pid}",))
+    assert caps == [("CPython",)], caps
+
+
+def test_several_pids_in_every_spelling_are_recorded(tmp_path):
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    a, b, c = (str(s.pid) for s in sleepers)
+    db = tmp_path / "p.db"
+    try:
+        start = run_recorder("start", "--db", str(db), "-p", f"{a},{b}", c, "-p", a, timeout=300)
+        assert start.returncode == 0, start.stderr
+        assert f"target pids {a},{b},{c})" in start.stdout
+        run_recorder("stop", "--db", str(db), check=True, timeout=300)
+    finally:
+        for s in sleepers:
+            s.kill()
+    rows = q(db, "SELECT target, detail FROM capability WHERE layer = 'target' ORDER BY id")
+    assert [t for t, _ in rows] == [f"pid {a}", f"pid {b}", f"pid {c}"]
+    assert {d for _, d in rows} == {"no CUDA/NCCL library, marker extension or CPython mapped yet"}

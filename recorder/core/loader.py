@@ -120,6 +120,9 @@ def cgroup_identity(path: str) -> tuple[int, int]:
     p = Path(path)
     if not p.is_dir():
         raise ProbeError(f"cgroup {path} does not exist: pass a cgroup v2 folder, e.g. /sys/fs/cgroup/unified/job")
+    if not (p / "cgroup.controllers").exists():  # a cgroup v1 folder: its inode is no cgroup v2 id
+        raise ProbeError(f"{path} is not a cgroup v2 folder: pass one under the cgroup2 mount (mount -t cgroup2), "
+                         "e.g. /sys/fs/cgroup/unified/job")
     root = p
     while root.parent != root and (root.parent / "cgroup.procs").exists():
         root = root.parent
