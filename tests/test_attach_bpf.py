@@ -180,3 +180,45 @@ def test_several_pids_in_every_spelling_are_recorded(tmp_path):
     rows = q(db, "SELECT target, detail FROM capability WHERE layer = 'target' ORDER BY id")
     assert [t for t, _ in rows] == [f"pid {a}", f"pid {b}", f"pid {c}"]
     assert {d for _, d in rows} == {"no CUDA/NCCL library, marker extension or CPython mapped yet"}
+
+
+def test_all_names_each_rank_of_a_torchrun_style_job_started_before_it(tmp_path, native):
+    """Two ranks with torchrun's environment, each with two forked DataLoader-like workers, running
+    before `start --all`: every process carries its rank, and the report and `recorder cluster steps`
+    name each rank by it."""
+    import json
+
+    db = tmp_path / "job.db"
+    workload = ROOT / "tests" / "workloads" / "nccl_ranks.py"
+    launcher = subprocess.Popen([sys.executable, str(workload), "--libdir", str(native["dir"]), "--ranks", "2",
+                                 "--steps", "100000", "--workers", "2", "--run-id", "r42", "--settle-s", "0"],
+                                stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        ranks: list[int] = []
+        while len(ranks) < 2 or not all("libnccl" in Path(f"/proc/{r}/maps").read_text() for r in ranks):
+            assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
+            time.sleep(0.2)
+            ranks = [int(p) for p in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()]
+        _record(db, "--all")
+    finally:
+        subprocess.run(["pkill", "-KILL", "-P", str(launcher.pid)])  # the ranks (their workers end with them)
+        launcher.kill()
+    jobs = dict(q(db, "SELECT pid, rank FROM process WHERE run_id = 'r42' AND environ_status = 'read'"
+                      " AND world_size = 2 AND master_addr = '127.0.0.1:29500'"))
+    # each rank, and each of its workers (they inherit its environment)
+    assert sorted(jobs[r] for r in ranks) == [0, 1]
+    workers = q(db, "SELECT pid, rank FROM process WHERE parent_pid IN (?, ?) AND run_id = 'r42'", tuple(ranks))
+    assert len({pid for pid, _ in workers}) == 4, workers
+    step = q(db, "SELECT max(step) - 5 FROM step_mark")[0][0]
+    report = json.loads(run_recorder("explain", "--db", str(db), "--step", str(step), "--json", check=True).stdout)
+    thread = report["step"]["thread"]
+    assert thread["job"] == f"rank {jobs[thread['pid']]} of 2 (local rank {jobs[thread['pid']]}), torchrun run r42"
+    text = run_recorder("explain", "--db", str(db), "--step", str(step), check=True).stdout
+    assert f"Job: {thread['job']}" in text
+    steps = json.loads(run_recorder("cluster", "steps", str(db), "--json", check=True).stdout)
+    named = {p["rank"]: p["job"] for x in steps["recordings"] for p in x["processes"]}
+    assert named == {r: f"rank {r} of 2 (local rank {r}), torchrun run r42" for r in (0, 1)}
+    table = run_recorder("cluster", "steps", str(db), check=True).stdout
+    for r in (0, 1):
+        assert f": rank {r} of 2 (local rank {r}), torchrun run r42" in table, table
