@@ -86,7 +86,7 @@ class ProcessInfo(Result):
     first_ts: int
     exit_ts: int | None
     environ_status: str | None = Field(None, description="'read', 'empty', 'gone', 'unreadable: <reason>'; "
-                                                         "null for recordings older than schema v19")
+                                                         "null for recordings older than schema v20")
     rank: int | None = None
     local_rank: int | None = None
     world_size: int | None = None

@@ -66,7 +66,7 @@ SQLITE_QUERIES = {
             " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?",
     # A job attached to after its ncclCommInitRank has collectives on a communicator the recording
     # never saw created: a process that used exactly one, and carries RANK and WORLD_SIZE (schema
-    # v19), is that communicator's rank by its environment (comm_hash ENV_COMM_HASH)
+    # v20), is that communicator's rank by its environment (comm_hash ENV_COMM_HASH)
     "comm_from_environment":
             "SELECT k.process_id a0, p.pid a1, k.handle a2, k.comm_hash a3, k.rank a4, k.nranks a5 FROM nccl_comm k"
             " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?1"
@@ -409,7 +409,7 @@ class Cluster:
 
     def job_label(self, rec: int, pid: int) -> str | None:
         """The job identity a rank's process carried (its environment and cgroup, read by its
-        recorder): known for SQLite recordings of schema v19 and later."""
+        recorder): known for SQLite recordings of schema v20 and later."""
         if self._labels is None:
             self._labels = {(r.rec, pid): label for r in self.recordings if r.db
                             for pid, label in labels_by_pid(r.db, r.session_id).items()}

@@ -1,6 +1,6 @@
-"""The job identity of recorded processes (the `process` columns of schema v19: rank, world size,
+"""The job identity of recorded processes (the `process` columns of schema v20: rank, world size,
 run id, Slurm job and step, Kubernetes pod) as one phrase a report prints and as rows the MCP tools
-return. Recordings older than v19 have none: their processes read as `environ_status` NULL."""
+return. Recordings older than v20 have none: their processes read as `environ_status` NULL."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ def job_label(row: dict) -> str | None:
 
 
 def process_job(store: Store, process_id: int | None) -> dict:
-    """The job fields of one process row and their `label`; {} for none (or before v19)."""
+    """The job fields of one process row and their `label`; {} for none (or before v20)."""
     if process_id is None:
         return {}
     try:
         row = store.one(f"SELECT {', '.join(JOB_FIELDS)} FROM process WHERE id = ?", (process_id,))
-    except sqlite3.OperationalError:  # a recording older than v19, opened read-only
+    except sqlite3.OperationalError:  # a recording older than v20, opened read-only
         return {}
     return {**row, "label": job_label(row)} if row else {}
 
@@ -53,7 +53,7 @@ def processes(store: Store, session_id: int) -> list[dict]:
     try:
         rows = store.query(f"SELECT p.id AS process_id, p.pid, p.parent_pid, p.name, p.cmdline, p.first_ts,"
                            f" p.exit_ts, {cols} FROM process p WHERE p.session_id = ? ORDER BY p.id", (session_id,))
-    except sqlite3.OperationalError:  # older than v19
+    except sqlite3.OperationalError:  # older than v20
         rows = store.query("SELECT p.id AS process_id, p.pid, p.parent_pid, p.name, p.cmdline, p.first_ts,"
                            " p.exit_ts FROM process p WHERE p.session_id = ? ORDER BY p.id", (session_id,))
     return [{**r, "job": job_label(r)} for r in rows]
@@ -61,7 +61,7 @@ def processes(store: Store, session_id: int) -> list[dict]:
 
 def labels_by_pid(path: str, session_id: int) -> dict[int, str]:
     """pid -> job label of a recording's session, for the processes that carry one (the last
-    process image of a pid wins); {} when the file cannot say (older than v19, unreadable)."""
+    process image of a pid wins); {} when the file cannot say (older than v20, unreadable)."""
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error:

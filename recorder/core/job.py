@@ -35,7 +35,7 @@ JOB_COLUMNS = ("environ_status", "rank", "local_rank", "world_size", "master_add
 
 @dataclass(frozen=True)
 class JobIdentity:
-    """The columns JOB_COLUMNS of a `process` row (store/migrations/0019_process_job.sql)."""
+    """The columns JOB_COLUMNS of a `process` row (store/migrations/0020_process_job.sql)."""
 
     environ_status: str  # 'read', 'empty', or why it was not: 'unreadable: Permission denied', 'gone'
     rank: int | None = None

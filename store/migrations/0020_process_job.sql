@@ -1,9 +1,9 @@
--- Schema v19: each process's place in its job, read once when the recorder first saw the process
+-- Schema v20: each process's place in its job, read once when the recorder first saw the process
 -- (recorder/core/job.py): from its initial environment (/proc/PID/environ: what torchrun, srun or
 -- the pod spec gave it) and its cgroup path. A value the process does not carry is NULL, never
 -- guessed; environ_status says whether the environment could be read at all.
 
-ALTER TABLE process ADD COLUMN environ_status TEXT; -- 'read', 'empty', 'gone' (exited first), 'unreadable: <reason>'; NULL: recorded before v19
+ALTER TABLE process ADD COLUMN environ_status TEXT; -- 'read', 'empty', 'gone' (exited first), 'unreadable: <reason>'; NULL: recorded before v20
 ALTER TABLE process ADD COLUMN rank INTEGER;        -- $RANK, else $SLURM_PROCID
 ALTER TABLE process ADD COLUMN local_rank INTEGER;  -- $LOCAL_RANK, else $SLURM_LOCALID
 ALTER TABLE process ADD COLUMN world_size INTEGER;  -- $WORLD_SIZE, else $SLURM_NTASKS
