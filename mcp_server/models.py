@@ -87,9 +87,9 @@ class ProcessInfo(Result):
     exit_ts: int | None
     environ_status: str | None = Field(None, description="'read', 'empty', 'gone', 'unreadable: <reason>'; "
                                                          "null for recordings older than schema v20")
-    rank: int | None = None
-    local_rank: int | None = None
-    world_size: int | None = None
+    job_rank: int | None = None
+    job_local_rank: int | None = None
+    job_world_size: int | None = None
     master_addr: OptText = None
     run_id: OptText = None
     slurm_job_id: OptText = None

@@ -70,10 +70,10 @@ SQLITE_QUERIES = {
     "comm_from_environment":
             "SELECT k.process_id a0, p.pid a1, k.handle a2, k.comm_hash a3, k.rank a4, k.nranks a5 FROM nccl_comm k"
             " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?1"
-            " UNION ALL SELECT x.process_id, p.pid, min(x.handle), {env_comm}, p.rank, p.world_size"
+            " UNION ALL SELECT x.process_id, p.pid, min(x.handle), {env_comm}, p.job_rank, p.job_world_size"
             " FROM (SELECT DISTINCT t.process_id, c.handle FROM nccl_call c JOIN thread t ON t.id = c.thread_id"
             "       WHERE c.session_id = ?1) x JOIN process p ON p.id = x.process_id"
-            " WHERE p.rank IS NOT NULL AND p.world_size IS NOT NULL"
+            " WHERE p.job_rank IS NOT NULL AND p.job_world_size IS NOT NULL"
             " AND NOT EXISTS (SELECT 1 FROM nccl_comm k WHERE k.session_id = ?1 AND k.process_id = x.process_id)"
             " GROUP BY x.process_id HAVING count(*) = 1",
     # plain scans, no per-row lookups: a recording that did not stop cleanly has no indexes
@@ -98,7 +98,7 @@ def _as_csv(relation: str, conn: sqlite3.Connection) -> str:
     parses them in C, instead of a Python tuple per row (millions of rows for a large job)."""
     n = len(_columns(relation)) - 1
     query = SQLITE_QUERIES[relation]
-    if relation == "comm" and "rank" in {r[1] for r in conn.execute("PRAGMA table_info(process)")}:
+    if relation == "comm" and "job_rank" in {r[1] for r in conn.execute("PRAGMA table_info(process)")}:
         query = SQLITE_QUERIES["comm_from_environment"]
     line = " || ',' || ".join(f"coalesce(a{i}, '')" for i in range(n))
     ids = {"syncs": f"SELECT id FROM cuda_api WHERE family IN {SYNC_FAMILIES!r}"}

@@ -8,7 +8,7 @@ import sqlite3
 
 from store.db import Store
 
-JOB_FIELDS = ("environ_status", "rank", "local_rank", "world_size", "master_addr", "run_id", "slurm_job_id",
+JOB_FIELDS = ("environ_status", "job_rank", "job_local_rank", "job_world_size", "master_addr", "run_id", "slurm_job_id",
               "slurm_step_id", "pod_uid", "pod_namespace", "pod_name", "cgroup")
 
 
@@ -17,11 +17,12 @@ def job_label(row: dict) -> str | None:
     process row; what could not be read is said so; None when the process carries nothing."""
     status = row.get("environ_status")
     parts = []
-    if row.get("rank") is not None:
-        parts.append(f"rank {row['rank']}" + (f" of {row['world_size']}" if row.get("world_size") is not None else "")
-                     + (f" (local rank {row['local_rank']})" if row.get("local_rank") is not None else ""))
-    elif row.get("local_rank") is not None:
-        parts.append(f"local rank {row['local_rank']}")
+    if row.get("job_rank") is not None:
+        of = f" of {row['job_world_size']}" if row.get("job_world_size") is not None else ""
+        local = f" (local rank {row['job_local_rank']})" if row.get("job_local_rank") is not None else ""
+        parts.append(f"rank {row['job_rank']}{of}{local}")
+    elif row.get("job_local_rank") is not None:
+        parts.append(f"local rank {row['job_local_rank']}")
     if row.get("run_id"):
         parts.append(f"torchrun run {row['run_id']}")
     if row.get("slurm_job_id"):

@@ -204,8 +204,8 @@ def test_all_names_each_rank_of_a_torchrun_style_job_started_before_it(tmp_path,
     finally:
         subprocess.run(["pkill", "-KILL", "-P", str(launcher.pid)])  # the ranks (their workers end with them)
         launcher.kill()
-    jobs = dict(q(db, "SELECT pid, rank FROM process WHERE run_id = 'r42' AND environ_status = 'read'"
-                      " AND world_size = 2 AND master_addr = '127.0.0.1:29500'"))
+    jobs = dict(q(db, "SELECT pid, job_rank FROM process WHERE run_id = 'r42' AND environ_status = 'read'"
+                      " AND job_world_size = 2 AND master_addr = '127.0.0.1:29500'"))
     # each rank, and each of its workers (they inherit its environment)
     assert sorted(jobs[r] for r in ranks) == [0, 1]
     workers = q(db, "SELECT pid, rank FROM process WHERE parent_pid IN (?, ?) AND run_id = 'r42'", tuple(ranks))

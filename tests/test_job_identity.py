@@ -16,8 +16,8 @@ TORCHRUN = {"RANK": "17", "LOCAL_RANK": "1", "WORLD_SIZE": "32", "MASTER_ADDR": 
 
 def test_torchrun_environment():
     job = job_identity(TORCHRUN, "read", "0::/user.slice/user-1000.slice/session-3.scope\n")
-    assert (job.rank, job.local_rank, job.world_size, job.master_addr, job.run_id) == (17, 1, 32, "10.0.0.3:29500",
-                                                                                      "4711")
+    assert (job.job_rank, job.job_local_rank, job.job_world_size) == (17, 1, 32)
+    assert (job.master_addr, job.run_id) == ("10.0.0.3:29500", "4711")
     assert job.cgroup == "/user.slice/user-1000.slice/session-3.scope"
     assert job.slurm_job_id is None and job.pod_uid is None
     assert job_label(job.__dict__) == "rank 17 of 32 (local rank 1), torchrun run 4711"
@@ -26,9 +26,10 @@ def test_torchrun_environment():
 def test_slurm_from_the_environment_and_from_the_cgroup_path():
     env = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8"}
     job = job_identity(env, "read", "0::/\n")
-    assert (job.rank, job.local_rank, job.world_size, job.slurm_job_id, job.slurm_step_id) == (5, 1, 8, "4711", "0")
+    assert (job.job_rank, job.job_local_rank, job.job_world_size) == (5, 1, 8)
+    assert (job.slurm_job_id, job.slurm_step_id) == ("4711", "0")
     # RANK set by torchrun inside an sbatch job wins over the Slurm task id
-    assert job_identity({**env, "RANK": "2"}, "read", "").rank == 2
+    assert job_identity({**env, "RANK": "2"}, "read", "").job_rank == 2
     v1 = "7:memory:/slurm/uid_1000/job_4711/step_batch\n0::/\n"
     v2 = "0::/system.slice/slurmstepd.scope/job_4712/step_3/user/task_0\n"
     for text, ids in ((v1, ("4711", "batch")), (v2, ("4712", "3"))):
@@ -50,7 +51,7 @@ def test_kubernetes_pod_from_the_cgroup_path_and_the_downward_api():
 
 def test_nothing_is_guessed():
     job = job_identity({"RANK": "not a number", "PATH": "/usr/bin"}, "read", "0::/\n")
-    assert job.rank is None and job_label(job.__dict__) is None
+    assert job.job_rank is None and job_label(job.__dict__) is None
     unreadable = job_identity(None, "unreadable: Permission denied", "")
     assert job_label(unreadable.__dict__) == "environment unreadable: Permission denied: rank and job not known"
     assert parse_environ(b"A=1\0B=x=y\0junk\0\0") == {"A": "1", "B": "x=y"}
@@ -67,5 +68,5 @@ def test_read_from_a_live_process_and_from_one_that_is_gone():
         proc.kill()
         proc.wait()
     assert job.environ_status == "read"
-    assert (job.rank, job.world_size, job.run_id, job.slurm_job_id) == (17, 32, "4711", "99")
+    assert (job.job_rank, job.job_world_size, job.run_id, job.slurm_job_id) == (17, 32, "4711", "99")
     assert read_job_identity(proc.pid).environ_status == "gone"

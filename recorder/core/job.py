@@ -15,9 +15,9 @@ ENVIRON_MAX = 1 << 20  # bytes of /proc/PID/environ read (a process may carry a 
 
 # column <- the variables that give it, the first present wins: torchrun's, then Slurm's
 _INTEGERS = {
-    "rank": ("RANK", "SLURM_PROCID"),
-    "local_rank": ("LOCAL_RANK", "SLURM_LOCALID"),
-    "world_size": ("WORLD_SIZE", "SLURM_NTASKS"),
+    "job_rank": ("RANK", "SLURM_PROCID"),
+    "job_local_rank": ("LOCAL_RANK", "SLURM_LOCALID"),
+    "job_world_size": ("WORLD_SIZE", "SLURM_NTASKS"),
 }
 # Kubernetes sets none of these by itself: a pod spec exposes them through the downward API under
 # names of its choosing; these are the usual ones
@@ -29,8 +29,8 @@ _KUBEPODS_UID = re.compile(r"kubepods.*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-
 # /slurm/uid_1000/job_4711/step_0 (cgroup v1), /system.slice/slurmstepd.scope/job_4711/step_batch (v2)
 _SLURM = re.compile(r"/job_(\d+)(?:/step_([\w.]+))?")
 
-JOB_COLUMNS = ("environ_status", "rank", "local_rank", "world_size", "master_addr", "run_id", "slurm_job_id",
-               "slurm_step_id", "pod_uid", "pod_namespace", "pod_name", "cgroup")
+JOB_COLUMNS = ("environ_status", "job_rank", "job_local_rank", "job_world_size", "master_addr", "run_id",
+               "slurm_job_id", "slurm_step_id", "pod_uid", "pod_namespace", "pod_name", "cgroup")
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ class JobIdentity:
     """The columns JOB_COLUMNS of a `process` row (store/migrations/0020_process_job.sql)."""
 
     environ_status: str  # 'read', 'empty', or why it was not: 'unreadable: Permission denied', 'gone'
-    rank: int | None = None
-    local_rank: int | None = None
-    world_size: int | None = None
+    job_rank: int | None = None  # not `rank`: nccl_comm.rank is the communicator's
+    job_local_rank: int | None = None
+    job_world_size: int | None = None
     master_addr: str | None = None  # MASTER_ADDR:MASTER_PORT (or the address alone)
     run_id: str | None = None  # TORCHELASTIC_RUN_ID
     slurm_job_id: str | None = None
@@ -92,7 +92,7 @@ def job_identity(env: dict[str, str] | None, environ_status: str, cgroup_text: s
             pod_uid = m.group(1).replace("_", "-")
         if slurm_job is None and (m := _SLURM.search(path)):
             slurm_job, slurm_step = m.group(1), slurm_step or m.group(2)
-    return JobIdentity(environ_status, ints["rank"], ints["local_rank"], ints["world_size"], master,
+    return JobIdentity(environ_status, ints["job_rank"], ints["job_local_rank"], ints["job_world_size"], master,
                        _first(env, ("TORCHELASTIC_RUN_ID",)), slurm_job, slurm_step, pod_uid,
                        _first(env, _POD_NAMESPACE), _first(env, _POD_NAME), v2)
 

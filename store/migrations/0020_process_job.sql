@@ -4,9 +4,9 @@
 -- guessed; environ_status says whether the environment could be read at all.
 
 ALTER TABLE process ADD COLUMN environ_status TEXT; -- 'read', 'empty', 'gone' (exited first), 'unreadable: <reason>'; NULL: recorded before v20
-ALTER TABLE process ADD COLUMN rank INTEGER;        -- $RANK, else $SLURM_PROCID
-ALTER TABLE process ADD COLUMN local_rank INTEGER;  -- $LOCAL_RANK, else $SLURM_LOCALID
-ALTER TABLE process ADD COLUMN world_size INTEGER;  -- $WORLD_SIZE, else $SLURM_NTASKS
+ALTER TABLE process ADD COLUMN job_rank INTEGER;    -- $RANK, else $SLURM_PROCID (not `rank`: nccl_comm.rank is the communicator's)
+ALTER TABLE process ADD COLUMN job_local_rank INTEGER; -- $LOCAL_RANK, else $SLURM_LOCALID
+ALTER TABLE process ADD COLUMN job_world_size INTEGER; -- $WORLD_SIZE, else $SLURM_NTASKS
 ALTER TABLE process ADD COLUMN master_addr TEXT;    -- $MASTER_ADDR:$MASTER_PORT (the rendezvous of torch.distributed)
 ALTER TABLE process ADD COLUMN run_id TEXT;         -- $TORCHELASTIC_RUN_ID (torchrun's job id)
 ALTER TABLE process ADD COLUMN slurm_job_id TEXT;   -- $SLURM_JOB_ID, else job_<ID> of the cgroup path
