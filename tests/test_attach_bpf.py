@@ -208,8 +208,10 @@ def test_all_names_each_rank_of_a_torchrun_style_job_started_before_it(tmp_path,
                       " AND job_world_size = 2 AND master_addr = '127.0.0.1:29500'"))
     # each rank, and each of its workers (they inherit its environment)
     assert sorted(jobs[r] for r in ranks) == [0, 1]
-    workers = q(db, "SELECT pid, rank FROM process WHERE parent_pid IN (?, ?) AND run_id = 'r42'", tuple(ranks))
-    assert len({pid for pid, _ in workers}) == 4, workers
+    workers = q(db, "SELECT pid, parent_pid, job_rank FROM process WHERE parent_pid IN (?, ?) AND run_id = 'r42'",
+                tuple(ranks))
+    assert len({pid for pid, _, _ in workers}) == 4, workers
+    assert all(rank == jobs[parent] for _, parent, rank in workers), workers
     step = q(db, "SELECT max(step) - 5 FROM step_mark")[0][0]
     report = json.loads(run_recorder("explain", "--db", str(db), "--step", str(step), "--json", check=True).stdout)
     thread = report["step"]["thread"]
