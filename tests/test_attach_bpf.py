@@ -96,12 +96,15 @@ def _recorded_like_pid(db: Path, pid: int, found_by: str) -> None:
 def test_cgroup_records_a_job_running_before_the_start_and_one_that_enters_later(tmp_path, native, cgroup):
     db = tmp_path / "c.db"
     before, later = _train(native), _train(native)
+    sleeper = subprocess.Popen(["sleep", "60"])  # nothing to attach to: no capability row of its own
     try:
-        (cgroup / "cgroup.procs").write_text(str(before.pid))
+        for pid in (before.pid, sleeper.pid):
+            (cgroup / "cgroup.procs").write_text(str(pid))
         _record(db, "-c", str(cgroup), during=lambda: (cgroup / "cgroup.procs").write_text(str(later.pid)))
     finally:
-        before.kill()
-        later.kill()
+        for proc in (before, later, sleeper):
+            proc.kill()
+    assert q(db, "SELECT count(*) FROM capability WHERE target = ?", (f"pid {sleeper.pid}",)) == [(0,)]
     _recorded_like_pid(db, before.pid, "maps")
     # the library was attached for the first process: the second one's is the same file
     calls = q(db, "SELECT count(*) FROM cuda_call c JOIN thread t ON t.id = c.thread_id"
