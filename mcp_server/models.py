@@ -74,6 +74,39 @@ class Sessions(Result):
     sessions: list[SessionInfo]
 
 
+class ProcessInfo(Result):
+    """A recorded process and its place in the job, from its environment and cgroup (store/jobs.py);
+    a field the process does not carry is null, never guessed."""
+
+    process_id: int
+    pid: int
+    parent_pid: int | None
+    name: OptText
+    cmdline: OptText
+    first_ts: int
+    exit_ts: int | None
+    environ_status: str | None = Field(None, description="'read', 'empty', 'gone', 'unreadable: <reason>'; "
+                                                         "null for recordings older than schema v20")
+    job_rank: int | None = None
+    job_local_rank: int | None = None
+    job_world_size: int | None = None
+    master_addr: OptText = None
+    run_id: OptText = None
+    slurm_job_id: OptText = None
+    slurm_step_id: OptText = None
+    pod_uid: OptText = None
+    pod_namespace: OptText = None
+    pod_name: OptText = None
+    cgroup: OptText = None
+    job: OptText = Field(None, description="the fields above as one phrase: 'rank 1 of 2 (local rank 1), "
+                                           "torchrun run r42'")
+
+
+class Processes(Result):
+    session_id: int
+    processes: list[ProcessInfo]
+
+
 class NotAttached(Result):
     probe: OptText
     target: OptText

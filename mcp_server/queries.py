@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from store import jobs
 from store.causes import all_steps, find_stalls
 from store.db import Store
 from store.errors import UserError
@@ -42,6 +43,17 @@ def _window_out(session: dict, start: int, end: int) -> dict:
     off = session["wall_offset_ns"]
     return {"session_id": session["id"], "start_ns": start, "end_ns": end,
             "start_utc": utc(start + off), "end_utc": utc(end + off)}
+
+
+def processes(store: Store, session_id: int | None, limit: int) -> dict:
+    """The session's processes with their job identity: the targets (their threads were traced)
+    first, then the others the session saw (preemptors, wakers), each first seen first."""
+    session = session_row(store, session_id)
+    traced = {r["process_id"] for r in store.query(
+        "SELECT DISTINCT process_id FROM thread WHERE session_id = ? AND traced = 1", (session["id"],))}
+    rows = jobs.processes(store, session["id"])
+    rows.sort(key=lambda r: r["process_id"] not in traced)
+    return {"session_id": session["id"], "processes": rows[:max(1, min(limit, 1000))]}
 
 
 def sessions(store: Store) -> list[dict]:

@@ -75,6 +75,14 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
         return answer(models.Sessions, lambda s: {"sessions": queries.sessions(s)})
 
     @server.tool(annotations=READ_ONLY)
+    def list_processes(session_id: int | None = None, limit: int = 100) -> models.Processes:
+        """The session's processes (targets first) with pid, command line and their place in the job, read
+        from each process's environment and cgroup when the recorder first saw it: rank, local rank, world
+        size, rendezvous, torchrun run id, Slurm job and step, Kubernetes pod (uid, namespace, name).
+        `environ_status` says when the environment could not be read: then rank and job are not known."""
+        return answer(models.Processes, lambda s: queries.processes(s, session_id, limit))
+
+    @server.tool(annotations=READ_ONLY)
     def capabilities(session_id: int | None = None) -> models.Capabilities:
         """Which layers a session observed (scheduler, CUDA, Python, NCCL, block I/O, kernel log), which it
         did not and why, and the events it lost. Read this before drawing conclusions from an absence."""

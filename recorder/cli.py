@@ -17,6 +17,8 @@ EXAMPLES = {
     "doctor": "recorder doctor\n  recorder doctor --json",
     "start": ("recorder start -p 4242                 # one process and its children\n"
               "  recorder start -p 4242 -p 4243 --db /var/tmp/incident.db\n"
+              "  recorder start -p $(pgrep -f train.py)   # several: -p 1 2, -p 1,2 or -p 1 -p 2\n"
+              "  recorder start --tree $(pgrep -o torchrun)   # a launcher, its ranks and their workers\n"
               "  recorder start -c /sys/fs/cgroup/unified/job42   # a cgroup v2 subtree\n"
               "  recorder start --all --cuda-lib "
               "/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12\n"
@@ -58,6 +60,17 @@ def _db_arg(p: argparse.ArgumentParser, default: Path) -> None:
                    help=f"recording database (default {default}, or ${Settings.variable('db')})")
 
 
+def pid_list(text: str) -> list[int]:
+    """'4242' or '4242,4243' (argparse's type of -p and --tree)."""
+    try:
+        pids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        pids = []
+    if not pids or any(pid <= 0 for pid in pids):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id: give numbers, as -p 1 2, -p 1,2 or -p 1 -p 2")
+    return pids
+
+
 def _sub(subs, name: str, help_text: str) -> argparse.ArgumentParser:
     return subs.add_parser(name, help=help_text, description=help_text,
                            epilog="examples:\n  " + EXAMPLES[name],
@@ -72,7 +85,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         description="Record the scheduler, CUDA and kernel layers around a training job into "
                     "SQLite, and explain why a step stalled.",
         epilog="examples:\n  recorder doctor\n  recorder record -- python train.py\n"
-               "  recorder start -p $(pgrep -f train.py); sleep 60; recorder stop\n"
+               "  recorder start --tree $(pgrep -o -f train.py); sleep 60; recorder stop\n"
                "  recorder explain --worst",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -90,8 +103,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         p.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
                        help="attach to this CUDA or NCCL library now (for processes that load it later)")
         if name == "start":
-            p.add_argument("-p", "--pid", type=int, action="append", default=[],
-                           help="process to record, with its threads and children (repeatable)")
+            p.add_argument("-p", "--pid", type=pid_list, nargs="+", action="extend", default=[],
+                           help="process to record, with its threads and the children it forks from now on "
+                                "(several: -p 1 2, -p 1,2 or -p 1 -p 2)")
+            p.add_argument("--tree", type=pid_list, nargs="+", action="extend", default=[], metavar="PID",
+                           help="a process and every descendant: those running now and those forked later")
             p.add_argument("-c", "--cgroup", metavar="CGROUP_PATH",
                            help="record every task in this cgroup v2 folder and below")
             p.add_argument("--all", action="store_true", help="record every process on the host")
@@ -254,15 +270,23 @@ def _flight_options(args):
 
 
 def cmd_start(args) -> int:
-    from recorder.core.loader import TargetSpec, check_privileges
+    from recorder.core.loader import TargetSpec, cgroup_identity, check_privileges
+    from recorder.core.processes import check_target_pid
     from recorder.daemon import start_background
 
-    chosen = sum(bool(x) for x in (args.pid, args.cgroup, args.all))
+    chosen = sum(bool(x) for x in (args.pid or args.tree, args.cgroup, args.all))
     if chosen != 1:
-        raise UserError("say what to record: -p PID (repeatable), -c CGROUP_PATH or --all")
+        raise UserError("say what to record: -p PID... and/or --tree PID..., -c CGROUP_PATH or --all")
     flight = _flight_options(args)
     check_privileges()
-    target = TargetSpec(pids=tuple(args.pid), cgroup=args.cgroup, everything=args.all)
+    # each word of -p/--tree is a list (-p 1,2 3: [[1, 2], [3]]); a PID given twice counts once
+    pids = tuple(dict.fromkeys(pid for word in args.pid for pid in word))
+    trees = tuple(dict.fromkeys(pid for word in args.tree for pid in word))
+    for pid in (*pids, *trees):
+        check_target_pid(pid)
+    if args.cgroup:
+        cgroup_identity(args.cgroup)  # refused here, in one line, rather than by the recorder it forks
+    target = TargetSpec(pids=pids, cgroup=args.cgroup, everything=args.all, trees=trees)
     reply = start_background(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv), flight)
     if args.json:
         print(json.dumps(reply, indent=1))

@@ -2,7 +2,8 @@
 
 `recorder start --keep 10m` runs a normal session whose Writer also deletes what fell out of the
 window (store/flight.py); once a second `FlightRecorder.tick()` looks for a trigger in what was
-just written (a stalled step by the report's stall rule, a kernel-log device error or OOM kill) and
+just written (a stalled step by the report's stall rule, on a thread that marks no steps a CUDA
+call slow against its own baseline (recorder/slow_calls.py), a kernel-log device error or OOM kill) and
 in the BPF maps of calls in flight (a CUDA or NCCL call in flight longer than --hang). A trigger
 saves [its time - before, its time + after] into <db>.incidents/<UTC time>-<trigger>.db once the
 after part has been recorded; the copy runs in a thread of its own so the ring buffers keep being
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recorder.core.clock import now_ns
+from recorder.slow_calls import SlowCallWatch
 from recorder.steps_infer import infer_steps
 from store.db import Store, open_store, sqlite_uri
 from store.errors import UserError
 from store.flight import Retention, event_tables, file_bytes, incidents_dir, save_window, used_bytes
-from store.rules import stall_rule
+from store.rules import slow_call_rule, stall_rule
 
 NS = 1_000_000_000
 VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
@@ -161,6 +163,7 @@ class FlightRecorder:
         self._last_id: dict[str, int] = {}
         self._steps: dict[int, tuple[int, int, deque[int]]] = {}
         self._rule = None
+        self._calls: SlowCallWatch | None = None  # the stall trigger of threads that mark no steps
         self.folder = incidents_dir(session.db_path)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -181,6 +184,8 @@ class FlightRecorder:
             self._last_id[table] = self._monitor.execute(
                 f"SELECT coalesce(max(id), 0) FROM {table}").fetchone()[0]
         self._rule = stall_rule(Store(self.session.db_path, self._monitor, True))
+        self._calls = SlowCallWatch(self._monitor, self.session.session_id,
+                                    slow_call_rule(Store(self.session.db_path, self._monitor, True)), self._rule)
         self.sid = sid = self.session.session_id
         self.wall_offset = self._monitor.execute("SELECT wall_offset_ns FROM session WHERE id = ?",
                                                  (sid,)).fetchone()[0]
@@ -276,6 +281,9 @@ class FlightRecorder:
             self._last_id["step_mark"] = marks[-1][0]
         for _, thread_id, ts, step in marks:
             self._step(thread_id, ts, step)
+        if "stall" in trig and self._calls:
+            for ts, detail in self._calls.check(self._steps):
+                self._fire("stall", ts, detail)
         if "hung-call" in trig:
             for table, api, tid, ts in self.in_flight():
                 age = now - ts

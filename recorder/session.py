@@ -26,6 +26,14 @@ from recorder.core.identity import Identity
 from recorder.core.layer import Context, Layer
 from recorder.core.libraries import cuda_library_kind, gpu_libraries, resolve, workload_library_kind
 from recorder.core.loader import Probes, TargetSpec
+from recorder.core.processes import (
+    all_processes,
+    cgroup_members,
+    check_target_pid,
+    is_kernel_thread,
+    tree,
+    worth_configuring,
+)
 from recorder.core.settings import Settings
 from recorder.core.stacks import StackRecorder
 from recorder.errors import TargetError, UserError
@@ -93,6 +101,9 @@ class Session:
         self.counters = Counters()
         self.pystacks: list[bytes] = []  # raw Python stack records, for the stack recorder
         self.known_pids: set[int] = set()
+        # processes of a tree, cgroup or --all target looked at (configured or not worth it), so
+        # that the rescan reads the maps of the new ones only
+        self.checked: set[int] = set()
         self.stopping = False
         self.gpu_settings = gpu
         self.settings = settings
@@ -106,9 +117,8 @@ class Session:
         settings = self.settings or Settings.from_environment()
         gpu_settings = self.gpu_settings or GpuSettings.from_settings(settings)
         self._take_lock()
-        for pid in self.target.pids:
-            if not Path(f"/proc/{pid}").exists():
-                raise TargetError(f"no process with pid {pid}: check the pid with 'ps -p {pid}'")
+        for pid in (*self.target.pids, *self.target.trees):
+            check_target_pid(pid)
         self.store = open_store(self.db_path, create=True)
         started = now_ns()
         wall = time.time_ns() - started
@@ -140,8 +150,9 @@ class Session:
             raise
         self.stacks = StackRecorder(self.store, self.writer, self.session_id, self.probes)
         self.context.probes, self.context.stacks = self.probes, self.stacks
-        for pid in self.target.pids:
-            self.probes.add_pid(pid)
+        for pid in self._members():
+            if self.target.pids or self.target.trees:
+                self.probes.add_pid(pid)
         for layer in self.layers:
             layer.attach()
         for path in self.cuda_libs:
@@ -159,7 +170,8 @@ class Session:
             blocks.update(layer.blocks())
         self.probes.open_rings(sinks, blocks=blocks)
         for pid in self.target.pids:
-            self._scan_process(pid, "maps", started)
+            self._attach_process(pid, "maps", started, worth_configuring(pid))
+        self._rescan_members("maps")
         try:
             self.gpu.start()
         except UserError:
@@ -258,6 +270,43 @@ class Session:
         }
 
     # -- processes and libraries ------------------------------------------------------------------
+    def _members(self) -> set[int]:
+        """The processes the target names now (for -p, the PIDs given)."""
+        t = self.target
+        if t.everything:
+            return all_processes()
+        if t.cgroup:
+            return cgroup_members(t.cgroup)
+        return {*t.pids, *(pid for root in t.trees for pid in tree(root))}
+
+    def _rescan_members(self, found_by: str) -> None:
+        """Configure the processes of a tree, cgroup or --all target not looked at yet: those
+        running at the start, and those that entered the cgroup or were missed since (a fork or
+        exec of a target is configured when its event is read)."""
+        if not (self.target.trees or self.target.cgroup or self.target.everything):
+            return
+        members = self._members()
+        self.checked &= members  # a pid that ended may come back as another process
+        ts = now_ns()
+        for pid in sorted(members - self.checked - self.known_pids - {os.getpid()}):
+            self.checked.add(pid)
+            if self.target.trees:
+                self.probes.add_pid(pid)
+            if is_kernel_thread(pid):
+                continue
+            what = worth_configuring(pid)
+            # a tree's processes are targets however they look; of a cgroup or the host, those
+            # with something to attach to
+            if what or self.target.trees:
+                self._attach_process(pid, found_by, ts, what)
+
+    def _attach_process(self, pid: int, found_by: str, ts: int, what: list[str]) -> None:
+        """Configure a target process as it is now, with one capability row saying what it has."""
+        self._scan_process(pid, found_by, ts)
+        self.probes.cap("target", "process", "attached",
+                        ", ".join(what) if what else "no CUDA/NCCL library, marker extension or CPython mapped yet",
+                        f"pid {pid}")
+
     def _scan_process(self, pid: int, found_by: str, ts: int) -> None:
         self.identity.process(pid, ts)
         self.known_pids.add(pid)
@@ -272,6 +321,10 @@ class Session:
         self.checkpoints.process_exited(pid, ts)
 
     def _dlopen(self, pid: int) -> None:
+        if pid not in self.known_pids:  # of a cgroup or --all target, not worth configuring until now
+            if what := worth_configuring(pid):
+                self._attach_process(pid, "dlopen", now_ns(), what)
+            return
         self.stacks.retry_pending()  # a shared-build Python maps libpython after its exec
         self.stacks.natives.forget(pid)  # its native stacks may now pass through the new library
         for path, lib_kind in gpu_libraries(pid):
@@ -336,6 +389,7 @@ class Session:
             for path, kind in gpu_libraries(pid):
                 self.cuda.found(resolve(pid, path), kind, "rescan")
             self.workload.scan(pid, "rescan")
+        self._rescan_members("rescan")
         if self.flight:
             self.flight.tick()
         self._write_status()

@@ -10,6 +10,7 @@ from store.actions import CALL_ACTIONS, STEP_ACTIONS, fill
 from store.db import Store
 from store.errors import UserError
 from store.hangs import hang_facts
+from store.jobs import process_job
 from store.losses import losses, lossy_layers, wording
 from store.models import CallReport, Hang, StallReport, StepReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
@@ -307,8 +308,10 @@ def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
 
 
 def _thread_names(store: Store, step: dict) -> dict:
-    return store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?",
-                     (step["thread_id"],)) or {}
+    names = store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?",
+                      (step["thread_id"],)) or {}
+    process = store.one("SELECT process_id FROM thread WHERE id = ?", (step["thread_id"],)) or {}
+    return {**names, "job": process_job(store, process.get("process_id")).get("label")}
 
 
 def _event_rows(store: Store, events: list[dict]) -> list[dict]:
@@ -712,7 +715,7 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
         "ratio": step["ratio"], "excess_dur_ns": step["excess_dur"], "slow": bool(step["slow"]),
         "complete": bool(step["complete"]), "inferred": bool(step["inferred"]),
         "thread": {"tid": names.get("tid"), "pid": names.get("pid"), "name": names.get("thread_name"),
-                   "process": names.get("process_name")},
+                   "process": names.get("process_name"), "job": names.get("job")},
         "breakdown": rows, "primary_cause": primary_cause, "secondary": secondary,
         "candidates": [c["kind"] for c in cands],
     }

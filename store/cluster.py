@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from store.errors import UserError
+from store.jobs import labels_by_pid
 
 NS = 1_000_000_000
 NEIGHBOURS = 10  # steps on each side for a cluster step's baseline, as for one recording
@@ -44,6 +45,7 @@ EXPLAINED = 8  # late or hung ranks whose own recordings are asked why
 NAMED = 64  # late ranks listed by name
 ITERATIONS = 4  # rounds of the collective-based clock refinement
 SYNC_FAMILIES = ("cudaStreamSynchronize", "cuStreamSynchronize")
+ENV_COMM_HASH = -1  # the communicator of ranks known by their environment only (its init not recorded)
 
 # What each input relation holds (the same columns from SQLite files and from Parquet exports).
 RELATIONS = {
@@ -62,6 +64,18 @@ RELATIONS = {
 SQLITE_QUERIES = {
     "comm": "SELECT k.process_id a0, p.pid a1, k.handle a2, k.comm_hash a3, k.rank a4, k.nranks a5 FROM nccl_comm k"
             " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?",
+    # A job attached to after its ncclCommInitRank has collectives on a communicator the recording
+    # never saw created: a process that used exactly one, and carries RANK and WORLD_SIZE (schema
+    # v20), is that communicator's rank by its environment (comm_hash ENV_COMM_HASH)
+    "comm_from_environment":
+            "SELECT k.process_id a0, p.pid a1, k.handle a2, k.comm_hash a3, k.rank a4, k.nranks a5 FROM nccl_comm k"
+            " JOIN process p ON p.id = k.process_id WHERE k.session_id = ?1"
+            " UNION ALL SELECT x.process_id, p.pid, min(x.handle), {env_comm}, p.job_rank, p.job_world_size"
+            " FROM (SELECT DISTINCT t.process_id, c.handle FROM nccl_call c JOIN thread t ON t.id = c.thread_id"
+            "       WHERE c.session_id = ?1) x JOIN process p ON p.id = x.process_id"
+            " WHERE p.job_rank IS NOT NULL AND p.job_world_size IS NOT NULL"
+            " AND NOT EXISTS (SELECT 1 FROM nccl_comm k WHERE k.session_id = ?1 AND k.process_id = x.process_id)"
+            " GROUP BY x.process_id HAVING count(*) = 1",
     # plain scans, no per-row lookups: a recording that did not stop cleanly has no indexes
     "coll": "SELECT t.process_id a0, c.thread_id a1, c.handle a2, a.name a3, c.ts a4, c.dur a5, c.stream a6"
             " FROM nccl_call c JOIN nccl_api a ON a.id = c.api_id JOIN thread t ON t.id = c.thread_id"
@@ -83,10 +97,13 @@ def _as_csv(relation: str, conn: sqlite3.Connection) -> str:
     """The relation's query returning its rows as one CSV text: SQLite formats them in C and Arrow
     parses them in C, instead of a Python tuple per row (millions of rows for a large job)."""
     n = len(_columns(relation)) - 1
+    query = SQLITE_QUERIES[relation]
+    if relation == "comm" and "job_rank" in {r[1] for r in conn.execute("PRAGMA table_info(process)")}:
+        query = SQLITE_QUERIES["comm_from_environment"]
     line = " || ',' || ".join(f"coalesce(a{i}, '')" for i in range(n))
     ids = {"syncs": f"SELECT id FROM cuda_api WHERE family IN {SYNC_FAMILIES!r}"}
     lists = {k: ",".join(str(r[0]) for r in conn.execute(sql)) or "-1" for k, sql in ids.items()}
-    return f"SELECT group_concat({line}, char(10)) FROM ({SQLITE_QUERIES[relation].format(**lists)})"
+    return f"SELECT group_concat({line}, char(10)) FROM ({query.format(**lists, env_comm=ENV_COMM_HASH)})"
 
 
 @dataclass
@@ -147,6 +164,7 @@ class Cluster:
         self.con.execute("SET enable_progress_bar = false")
         self.recordings: list[Recording] = []
         self.notes: list[str] = []
+        self._labels: dict[tuple[int, int], str] | None = None
         dbs, exports = find_inputs(paths)
         for name, cols in RELATIONS.items():
             self.con.execute(f"CREATE TABLE {name} ({cols})")
@@ -155,6 +173,9 @@ class Cluster:
             self._load_parquet(folder)
         if not self.recordings:
             raise UserError("none of the recordings holds a session: record each node with 'recorder start'")
+        if self.con.execute("SELECT count(*) FROM comm WHERE comm_hash = ?", (ENV_COMM_HASH,)).fetchone()[0]:
+            self.notes.append("the ranks' communicator was created before the recording started: its ranks are "
+                              "taken from their environment (RANK, WORLD_SIZE)")
         self._prepare()
 
     # -- loading ----------------------------------------------------------------------------------
@@ -378,12 +399,25 @@ class Cluster:
             base = int(statistics.median(near)) if len(near) >= 3 else None
             slow = bool(dur is not None and base and dur >= STALL_RATIO * base and dur - base >= STALL_MIN_EXCESS)
             rec = self.recordings[late_rec] if late_rec is not None else None
+            late_job = self.rank_job(late_rec, late_rank) if rec else None
             out.append({"step": step, "ranks": ranks, "dur_ns": dur, "max_dur_ns": max_dur, "baseline_dur_ns": base,
                         "ratio": round(dur / base, 2) if dur is not None and base else None, "slow": slow,
                         "complete": complete == ranks, "lateness_ns": lateness, "late_rank": late_rank,
                         "late_node": rec.node if rec else None, "late_db": rec.source if rec else None,
-                        "collective": api, "ranks_missing": missing})
+                        "late_job": late_job, "collective": api, "ranks_missing": missing})
         return out
+
+    def job_label(self, rec: int, pid: int) -> str | None:
+        """The job identity a rank's process carried (its environment and cgroup, read by its
+        recorder): known for SQLite recordings of schema v20 and later."""
+        if self._labels is None:
+            self._labels = {(r.rec, pid): label for r in self.recordings if r.db
+                            for pid, label in labels_by_pid(r.db, r.session_id).items()}
+        return self._labels.get((rec, pid))
+
+    def rank_job(self, rec: int, rank: int | None) -> str | None:
+        row = self.con.execute("SELECT min(pid) FROM comm WHERE rec = ? AND rank = ?", (rec, rank)).fetchone()
+        return self.job_label(rec, row[0]) if row and row[0] is not None else None
 
     def steps(self, slow_only: bool = False, limit: int = 0) -> dict:
         table = self.step_table()
@@ -395,8 +429,12 @@ class Cluster:
     def _recordings(self) -> list[dict]:
         ranks = dict(self.con.execute("SELECT rec, list(DISTINCT rank ORDER BY rank) FROM comm GROUP BY rec")
                      .fetchall())
-        return [{"node": r.node, "db": r.source, "session": r.session_id, "ranks": ranks.get(r.rec, [])}
-                for r in self.recordings]
+        members: dict[int, list[dict]] = {}
+        rows = self.con.execute("SELECT DISTINCT rec, rank, pid FROM comm ORDER BY rank, pid").fetchall()
+        for rec, rank, pid in rows:
+            members.setdefault(rec, []).append({"rank": rank, "pid": pid, "job": self.job_label(rec, pid)})
+        return [{"node": r.node, "db": r.source, "session": r.session_id, "ranks": ranks.get(r.rec, []),
+                 "processes": members.get(r.rec, [])} for r in self.recordings]
 
     # -- explain ----------------------------------------------------------------------------------
     def choose_step(self, step: int | None, worst: bool) -> tuple[int, dict | None]:
@@ -479,7 +517,8 @@ class Cluster:
         for a in late[:NAMED]:
             rec = recs[a[0]]
             item = {"rank": a[1], "node": rec.node, "db": rec.source, "session": rec.session_id, "pid": a[2],
-                    "lateness_ns": a[5], "entered_utc": _utc(a[4]), "explanation": None}
+                    "job": self.job_label(a[0], a[2]), "lateness_ns": a[5], "entered_utc": _utc(a[4]),
+                    "explanation": None}
             if len(result["late_ranks"]) < EXPLAINED:
                 item["explanation"] = rank_explanation(rec, a[3], number)
             result["late_ranks"].append(item)
@@ -490,7 +529,7 @@ class Cluster:
             rec = recs[m_rec]
             last = q("SELECT max(step) FROM mark WHERE rec = ? AND process_id = ?", (m_rec, m_proc)).fetchone()[0]
             item = {"rank": m_rank, "node": rec.node, "db": rec.source, "session": rec.session_id, "pid": m_pid,
-                    "last_step": last, "explanation": None}
+                    "job": self.job_label(m_rec, m_pid), "last_step": last, "explanation": None}
             if len(result["hung_ranks"]) < EXPLAINED and last is not None:
                 item["explanation"] = rank_explanation(rec, m_proc, min(last, number))
             result["hung_ranks"].append(item)
@@ -524,7 +563,9 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
     try:
         for session in sessions:
             tables = {}
-            for name in SQLITE_QUERIES:
+            for name in RELATIONS:
+                if name == "rec":
+                    continue
                 text = conn.execute(_as_csv(name, conn), (session[0],)).fetchone()[0]
                 if not text:
                     continue
@@ -665,10 +706,14 @@ def render_explain(r: dict) -> str:
     for x in r["late_ranks"]:
         lines.append(f"Late: rank {x['rank']} on {x['node']} ({x['db']}, session {x['session']}, pid {x['pid']}) "
                      f"entered {_ms(x['lateness_ns'])} after the first rank")
+        if x.get("job"):
+            lines.append(f"  Job: {x['job']}")
         lines += _explanation_lines(x["explanation"])
     for x in r["hung_ranks"]:
         lines.append(f"Hung: rank {x['rank']} on {x['node']} ({x['db']}, session {x['session']}, pid {x['pid']}) "
                      f"never entered the collective; its last step is {x['last_step']}")
+        if x.get("job"):
+            lines.append(f"  Job: {x['job']}")
         lines += _explanation_lines(x["explanation"])
     if r["unrecorded_ranks"]:
         shown = _ranges(r["unrecorded_ranks"])
@@ -707,12 +752,26 @@ def _explanation_lines(e: dict | None) -> list[str]:
     return out
 
 
+RANKS_LISTED = 16  # ranks named one a line above the steps table
+
+
+def _rank_lines(recordings: list[dict]) -> list[str]:
+    """'Rank 1 on node-03 (pid 4242): rank 1 of 2 (local rank 1), torchrun run r42', the ranks in order."""
+    ranks = sorted(((p["rank"], x["node"], p["pid"], p["job"]) for x in recordings for p in x.get("processes", [])),
+                   key=lambda t: (t[0] is None, t[0] or 0, t[1], t[2] or 0))
+    out = [f"Rank {rank} on {node} (pid {pid})" + (f": {job}" if job else "")
+           for rank, node, pid, job in ranks[:RANKS_LISTED]]
+    if len(ranks) > RANKS_LISTED:
+        out.append(f"... and {len(ranks) - RANKS_LISTED} more ranks (--json lists them)")
+    return out
+
+
 def render_steps(r: dict) -> str:
-    lines = [render_clock(r["clock"]),
+    lines = [render_clock(r["clock"]), *_rank_lines(r["recordings"]),
              f"{'STEP':>8} {'RANKS':>6} {'DUR':>9} {'BASELINE':>9} {'RATIO':>6}  {'LATEST ARRIVAL':>14}  LATE RANK"]
     for s in r["steps"]:
-        late = (f"rank {s['late_rank']} on {s['late_node']}" if s["late_rank"] is not None and s["lateness_ns"]
-                else "")
+        late = (f"rank {s['late_rank']} on {s['late_node']}" + (f" ({s['late_job']})" if s.get("late_job") else "")
+                if s["late_rank"] is not None and s["lateness_ns"] else "")
         ratio = s["ratio"] if s["ratio"] is not None else ""
         lines.append(f"{s['step']:>8} {s['ranks']:>6} {_ms(s['dur_ns']):>9} {_ms(s['baseline_dur_ns']):>9} "
                      f"{ratio:>6}{'!' if s['slow'] else ' '} {_ms(s['lateness_ns']):>14}  {late}")

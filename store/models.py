@@ -71,6 +71,9 @@ class Thread(Part):
     pid: int | None = None
     name: str | None = None
     process: str | None = None
+    # its process's place in the job, from its environment and cgroup: 'rank 1 of 2 (local rank 1),
+    # torchrun run r42'; None when the process carries none (store/jobs.py)
+    job: str | None = None
 
 
 # -- slow CUDA calls ---------------------------------------------------------------------------------

@@ -111,6 +111,8 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         lines.append(f"Window: {w.start_utc} -> {w.end_utc}   step {st.step} ({ms(st.dur_ns)}, median "
                      f"{ms(st.baseline_dur_ns)}){' [inferred]' if st.inferred else ''}")
         lines.append(f"Thread: {t.name} (tid {t.tid}) of {t.process} (pid {t.pid})")
+        if t.job:
+            lines.append(f"Job: {t.job}")
     else:
         lines.append(f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)")
     lines.append(f"Symptom: {r.symptom}")

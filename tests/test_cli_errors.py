@@ -6,6 +6,8 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import RECORDER, ROOT, needs_bpf, run_recorder
@@ -57,6 +59,46 @@ def test_doctor_as_root_can_record():
 def test_pid_that_does_not_exist(tmp_path):
     one_line_error(run_recorder("start", "-p", "999999999", "--db", str(tmp_path / "r.db")),
                    "no process with pid 999999999")
+
+
+@needs_bpf
+def test_a_kernel_thread_a_thread_and_a_gone_process_are_refused(tmp_path):
+    db = str(tmp_path / "r.db")
+    kthreadd = 2  # the kernel's thread creator: a kernel thread on every Linux
+    one_line_error(run_recorder("start", "-p", str(kthreadd), "--db", db), "pid 2 is a kernel thread")
+    one_line_error(run_recorder("start", "--tree", str(kthreadd), "--db", db), "pid 2 is a kernel thread")
+    script = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); print(1, flush=True)"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        tid = max(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
+        one_line_error(run_recorder("start", "-p", str(tid), "--db", db), f"thread of process {proc.pid}",
+                       f"-p {proc.pid}")
+    finally:
+        proc.kill()
+        proc.wait()
+    # gone before the attach: an exited process, among live ones
+    one_line_error(run_recorder("start", "-p", "1", str(proc.pid), "--db", db), f"no process with pid {proc.pid}")
+    assert not (tmp_path / "r.db").exists()
+
+
+@needs_bpf
+def test_a_cgroup_that_is_not_a_cgroup_v2_folder_is_refused(tmp_path):
+    db = str(tmp_path / "r.db")
+    one_line_error(run_recorder("start", "-c", str(tmp_path / "nope"), "--db", db), "does not exist")
+    v1 = Path("/sys/fs/cgroup/memory")
+    if not (v1 / "cgroup.procs").exists() or (v1 / "cgroup.controllers").exists():
+        pytest.skip("needs a cgroup v1 hierarchy at /sys/fs/cgroup/memory")
+    one_line_error(run_recorder("start", "-c", str(v1), "--db", db), "not a cgroup v2 folder")
+
+
+def test_pid_lists_are_read_in_every_spelling():
+    from recorder.cli import build_parser
+
+    args = build_parser().parse_args(["start", "-p", "1,2", "3", "-p", "4", "--tree", "5", "6,7"])
+    assert args.pid == [[1, 2], [3], [4]] and args.tree == [[5], [6, 7]]
+    result = run_recorder("start", "-p", "12x")
+    assert result.returncode == 2 and "'12x' is not a process id" in result.stderr
 
 
 @needs_bpf

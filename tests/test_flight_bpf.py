@@ -112,6 +112,44 @@ def test_a_hung_call_saves_an_incident_with_the_call_still_in_flight(tmp_path, n
     assert q(db, "SELECT count(*) FROM cuda_call WHERE open = 1") == [(0,)]
 
 
+UNMARKED = """
+import ctypes, os, sys, time
+rt = ctypes.CDLL(os.path.join(sys.argv[1], "libcudart.so.12"))
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+ptr = ctypes.c_void_p()
+start = time.monotonic()
+slow_done = False
+while time.monotonic() - start < 14:
+    slow = not slow_done and time.monotonic() - start > 8
+    rt.standin_configure(b"cudaMalloc", ctypes.c_uint64(0), ctypes.c_uint64(400_000_000 if slow else 5_000_000), 0)
+    rt.cudaMalloc(ctypes.byref(ptr), 1 << 20)
+    slow_done = slow_done or slow
+    time.sleep(0.005)
+"""
+
+
+def test_a_slow_call_of_a_job_without_markers_saves_a_stall_incident(tmp_path, native):
+    """An unmodified loop (no recorder.step): cudaMalloc every 10 ms, once 400 ms. The stall trigger
+    takes the report's slow-call rule: the incident holds that call and its report names it."""
+    db = tmp_path / "u.db"
+    res = run_recorder("record", "--db", str(db), "--keep", "15s", "--before", "5s", "--after", "3s", "--triggers",
+                       "stall", "--cooldown", "0s", "--", sys.executable, "-c", UNMARKED, str(native["dir"]),
+                       timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert q(db, "SELECT count(*) FROM step_mark WHERE inferred = 0") == [(0,)]
+    # a loaded host stalls some 5 ms calls of its own (the same rule says so): the incident whose
+    # trigger is the 400 ms call is there, and holds it
+    ours = [p for p in _incidents(db) if "cudaMalloc (1-2 MiB) took 40" in _explain(p)["session"]["incident"]]
+    assert len(ours) == 1 and ours[0].name.endswith("-stall.db"), _incidents(db)
+    assert q(ours[0], "SELECT count(*) FROM cuda_call WHERE dur >= 400e6") == [(1,)]
+    report = _explain(ours[0])
+    assert report["stall"] is True
+    incident = report["session"]["incident"]
+    assert incident.startswith("saved by the flight recorder (stall,") and "the thread marks no steps" in incident
+    text = run_recorder("explain", "--db", str(ours[0]), check=True).stdout
+    assert "Symptom: cudaMalloc took 40" in text and "Primary cause:" in text, text
+
+
 KMSG = """
 import os, time
 time.sleep(2)

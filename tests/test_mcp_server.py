@@ -17,9 +17,9 @@ from mcp_server.schema import objects
 from mcp_server.server import build_server
 from store.errors import StoreError
 
-TOOLS = {"list_sessions", "capabilities", "list_steps", "explain_stall", "top_stalls", "python_lines",
+TOOLS = {"list_sessions", "list_processes", "capabilities", "list_steps", "explain_stall", "top_stalls", "python_lines",
          "cluster_explain", "io_latency", "nvme_events", "kernel_log", "nccl_collectives", "evidence", "run_sql"}
-CALLS = [("list_sessions", {}), ("capabilities", {}), ("list_steps", {}), ("explain_stall", {}),
+CALLS = [("list_sessions", {}), ("list_processes", {}), ("capabilities", {}), ("list_steps", {}), ("explain_stall", {}),
          ("top_stalls", {}), ("python_lines", {}), ("io_latency", {}), ("nvme_events", {}), ("kernel_log", {}),
          ("nccl_collectives", {}), ("evidence", {"kind": "cuda_call", "id": 8}),
          ("run_sql", {"sql": "SELECT count(*) AS n FROM cuda_call"})]

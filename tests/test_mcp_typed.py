@@ -44,7 +44,7 @@ def calls(server_or_params, todo: list[tuple[str, dict]]):
     return anyio.run(go)
 
 
-ALL = [("list_sessions", {}), ("capabilities", {}), ("list_steps", {}), ("explain_stall", {}),
+ALL = [("list_sessions", {}), ("list_processes", {}), ("capabilities", {}), ("list_steps", {}), ("explain_stall", {}),
        ("top_stalls", {}), ("python_lines", {}), ("io_latency", {}), ("nvme_events", {}), ("kernel_log", {}),
        ("nccl_collectives", {}), ("evidence", {"kind": "step", "id": 1}), ("run_sql", {"sql": "SELECT 1"})]
 

@@ -7,9 +7,11 @@ writer, so resolving a new thread costs no database round trip.
 
 from __future__ import annotations
 
+from recorder.core.job import JOB_COLUMNS, read_job_identity
 from store.db import Store, Writer
 
-PROCESS_COLUMNS = ("id", "session_id", "pid", "start_ticks", "parent_pid", "name", "cmdline", "first_ts")
+PROCESS_COLUMNS = ("id", "session_id", "pid", "start_ticks", "parent_pid", "name", "cmdline", "first_ts",
+                   *JOB_COLUMNS)
 CMDLINE_MAX = 1024
 THREAD_COLUMNS = ("id", "session_id", "tid", "process_id", "name", "first_ts", "traced")
 THREAD_NAME_COLUMNS = ("session_id", "thread_id", "ts", "name")
@@ -81,8 +83,11 @@ class Identity:
         self._next_process += 1
         stat = read_proc_stat(pid)
         comm, ppid, start = stat if stat else (None, None, None)
+        # the job identity once per process image: a fork inherits its parent's environment, an exec
+        # gets a new row (process_exec) and so is read again
         self.writer.add(
-            "process", (pid_id, self.session_id, pid, start, ppid, comm, read_cmdline(pid), ts)
+            "process", (pid_id, self.session_id, pid, start, ppid, comm, read_cmdline(pid), ts,
+                        *read_job_identity(pid).row())
         )
         self.processes[pid] = pid_id
         return pid_id

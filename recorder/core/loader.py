@@ -41,11 +41,13 @@ _NO_RECORD_PROGRAMS = frozenset({
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """What to record: processes (and their descendants), a cgroup v2 subtree, or everything."""
+    """What to record: processes (and the children they fork), process trees (a process and every
+    descendant, those running already included), a cgroup v2 subtree, or everything."""
 
     pids: tuple[int, ...] = ()
     cgroup: str | None = None
     everything: bool = False
+    trees: tuple[int, ...] = ()
 
     @property
     def mode(self) -> int:
@@ -60,7 +62,9 @@ class TargetSpec:
             return "all"
         if self.cgroup:
             return f"cgroup {self.cgroup}"
-        return "pids " + ",".join(str(p) for p in self.pids)
+        named = ["pids " + ",".join(str(p) for p in self.pids)] if self.pids else []
+        named += ["tree " + ",".join(str(p) for p in self.trees)] if self.trees else []
+        return ", ".join(named)
 
 
 def ensure_tracefs() -> bool:
@@ -116,6 +120,9 @@ def cgroup_identity(path: str) -> tuple[int, int]:
     p = Path(path)
     if not p.is_dir():
         raise ProbeError(f"cgroup {path} does not exist: pass a cgroup v2 folder, e.g. /sys/fs/cgroup/unified/job")
+    if not (p / "cgroup.controllers").exists():  # a cgroup v1 folder: its inode is no cgroup v2 id
+        raise ProbeError(f"{path} is not a cgroup v2 folder: pass one under the cgroup2 mount (mount -t cgroup2), "
+                         "e.g. /sys/fs/cgroup/unified/job")
     root = p
     while root.parent != root and (root.parent / "cgroup.procs").exists():
         root = root.parent

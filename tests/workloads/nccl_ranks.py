@@ -11,8 +11,11 @@ with --hang-step -2 it never calls ncclCommInitRank, and the others wait in thei
 prints {"hung": rank, "pid": ...} as it makes the call that does not return (or instead of the init).
 
 Run without --rank it is the launcher: it creates the communicator's unique id and starts one
-process per rank (children, so a recorder following the launcher records every rank). Prints one
-JSON line per rank with its pid and step times.
+process per rank (children, so a recorder following the launcher records every rank), with the
+environment torchrun gives its ranks (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_RUN_ID --run-id). With --workers N each rank forks N DataLoader-like workers first
+(same command line, feeding it through a pipe). Prints one JSON line per rank with its pid, its
+workers' pids and step times.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def rank_main(args: argparse.Namespace) -> None:
     # stack walker (the call is then recorded with its stack "not configured")
     time.sleep(args.settle_s)
     import recorder  # the marker API: steps visible to the recorder
+
+    workers = [_start_worker() for _ in range(args.workers)]
 
     nccl = ctypes.CDLL(os.path.join(args.libdir, "libnccl.so.2"))
     rt = ctypes.CDLL(os.path.join(args.libdir, "libcudart.so.12"))
@@ -67,14 +72,43 @@ def rank_main(args: argparse.Namespace) -> None:
             rt.standin_configure(b"cudaStreamSynchronize", ctypes.c_uint64(0), ctypes.c_uint64(3600 * 10**9), 0)
             sys.stdout.write(json.dumps({"hung": args.rank, "pid": os.getpid(), "step": step}) + "\n")
             sys.stdout.flush()
+        for w in workers:  # the step's batch from the data loader
+            w.recv()
         rt.cudaStreamSynchronize(stream)  # the step's kernels
         assert nccl.ncclAllReduce(None, None, 1 << 20, 7, 0, comm, stream) == 0
         rt.cudaStreamSynchronize(stream)
         times.append(round(time.monotonic() - t0, 4))
     nccl.ncclCommDestroy(comm)
     # one write per line: ranks share the pipe, and print() writes the newline separately
-    sys.stdout.write(json.dumps({"rank": args.rank, "pid": os.getpid(), "step_s": times}) + "\n")
+    sys.stdout.write(json.dumps({"rank": args.rank, "pid": os.getpid(), "step_s": times,
+                                 "workers": [w.pid for w in workers]}) + "\n")
     sys.stdout.flush()
+
+
+class _Worker:
+    def __init__(self, pid: int, conn) -> None:
+        self.pid, self.conn = pid, conn
+
+    def recv(self) -> None:
+        self.conn.recv_bytes()
+
+
+def _start_worker() -> _Worker:
+    """A forked DataLoader-like worker: sends a batch every 2 ms until its rank goes away."""
+    import multiprocessing.connection
+
+    ours, theirs = multiprocessing.Pipe()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        try:
+            while True:
+                time.sleep(0.002)
+                theirs.send_bytes(b"x" * 1024)
+        except (BrokenPipeError, EOFError, OSError):
+            os._exit(0)
+    theirs.close()
+    return _Worker(pid, ours)
 
 
 def launcher(args: argparse.Namespace) -> None:
@@ -84,11 +118,15 @@ def launcher(args: argparse.Namespace) -> None:
     argv = [sys.executable, os.path.abspath(__file__), "--libdir", args.libdir, "--ranks", str(args.ranks),
             "--steps", str(args.steps), "--slow-rank", str(args.slow_rank), "--slow-steps", args.slow_steps,
             "--slow-ms", str(args.slow_ms), "--gpu-ms", str(args.gpu_ms), "--settle-s", str(args.settle_s),
-            "--hang-rank", str(args.hang_rank), "--hang-step", str(args.hang_step),
+            "--hang-rank", str(args.hang_rank), "--hang-step", str(args.hang_step), "--workers", str(args.workers),
             "--unique-id", bytes(uid.internal).hex()]
     while args.wait_file and not os.path.exists(args.wait_file):  # a recorder attaching to the launcher
         time.sleep(0.02)
-    procs = [subprocess.Popen([*argv, "--rank", str(r)]) for r in range(args.ranks)]
+    # what torchrun sets for each rank it starts
+    env = {**os.environ, "WORLD_SIZE": str(args.ranks), "LOCAL_WORLD_SIZE": str(args.ranks),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": args.run_id}
+    procs = [subprocess.Popen([*argv, "--rank", str(r)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(args.ranks)]
     codes = [p.wait() for p in procs]
     sys.exit(max(codes))
 
@@ -106,6 +144,8 @@ def main() -> None:
     ap.add_argument("--hang-rank", type=int, default=-1, help="rank whose synchronisation never returns")
     ap.add_argument("--hang-step", type=int, default=-1)
     ap.add_argument("--wait-file", help="the launcher starts the ranks once this file exists")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader-like workers each rank forks")
+    ap.add_argument("--run-id", default="stall-test", help="TORCHELASTIC_RUN_ID of the ranks")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--unique-id")
     args = ap.parse_args()

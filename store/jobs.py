@@ -1,0 +1,78 @@
+"""The job identity of recorded processes (the `process` columns of schema v20: rank, world size,
+run id, Slurm job and step, Kubernetes pod) as one phrase a report prints and as rows the MCP tools
+return. Recordings older than v20 have none: their processes read as `environ_status` NULL."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from store.db import Store
+
+JOB_FIELDS = ("environ_status", "job_rank", "job_local_rank", "job_world_size", "master_addr", "run_id", "slurm_job_id",
+              "slurm_step_id", "pod_uid", "pod_namespace", "pod_name", "cgroup")
+
+
+def job_label(row: dict) -> str | None:
+    """'rank 1 of 2 (local rank 1), torchrun run r42, Slurm job 4711 step 0, pod ml/trainer-1' from a
+    process row; what could not be read is said so; None when the process carries nothing."""
+    status = row.get("environ_status")
+    parts = []
+    if row.get("job_rank") is not None:
+        of = f" of {row['job_world_size']}" if row.get("job_world_size") is not None else ""
+        local = f" (local rank {row['job_local_rank']})" if row.get("job_local_rank") is not None else ""
+        parts.append(f"rank {row['job_rank']}{of}{local}")
+    elif row.get("job_local_rank") is not None:
+        parts.append(f"local rank {row['job_local_rank']}")
+    if row.get("run_id"):
+        parts.append(f"torchrun run {row['run_id']}")
+    if row.get("slurm_job_id"):
+        parts.append(f"Slurm job {row['slurm_job_id']}"
+                     + (f" step {row['slurm_step_id']}" if row.get("slurm_step_id") else ""))
+    if row.get("pod_name") or row.get("pod_uid"):
+        name = "/".join(x for x in (row.get("pod_namespace"), row.get("pod_name")) if x)
+        parts.append("pod " + (name or row["pod_uid"]) + (f" (uid {row['pod_uid']})" if name and row.get("pod_uid")
+                                                          else ""))
+    if status and status not in ("read", "empty"):
+        parts.append(f"environment {status}: rank and job not known")
+    return ", ".join(parts) or None
+
+
+def process_job(store: Store, process_id: int | None) -> dict:
+    """The job fields of one process row and their `label`; {} for none (or before v20)."""
+    if process_id is None:
+        return {}
+    try:
+        row = store.one(f"SELECT {', '.join(JOB_FIELDS)} FROM process WHERE id = ?", (process_id,))
+    except sqlite3.OperationalError:  # a recording older than v20, opened read-only
+        return {}
+    return {**row, "label": job_label(row)} if row else {}
+
+
+def processes(store: Store, session_id: int) -> list[dict]:
+    """Every process of a session with its command line and job identity, first seen first."""
+    cols = ", ".join(f"p.{c}" for c in JOB_FIELDS)
+    try:
+        rows = store.query(f"SELECT p.id AS process_id, p.pid, p.parent_pid, p.name, p.cmdline, p.first_ts,"
+                           f" p.exit_ts, {cols} FROM process p WHERE p.session_id = ? ORDER BY p.id", (session_id,))
+    except sqlite3.OperationalError:  # older than v20
+        rows = store.query("SELECT p.id AS process_id, p.pid, p.parent_pid, p.name, p.cmdline, p.first_ts,"
+                           " p.exit_ts FROM process p WHERE p.session_id = ? ORDER BY p.id", (session_id,))
+    return [{**r, "job": job_label(r)} for r in rows]
+
+
+def labels_by_pid(path: str, session_id: int) -> dict[int, str]:
+    """pid -> job label of a recording's session, for the processes that carry one (the last
+    process image of a pid wins); {} when the file cannot say (older than v20, unreadable)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return {}
+    try:
+        conn.row_factory = sqlite3.Row
+        rows = conn.execute(f"SELECT pid, {', '.join(JOB_FIELDS)} FROM process WHERE session_id = ? ORDER BY id",
+                            (session_id,)).fetchall()
+    except sqlite3.Error:
+        return {}
+    finally:
+        conn.close()
+    return {r["pid"]: label for r in rows if (label := job_label(dict(r)))}
