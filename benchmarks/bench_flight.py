@@ -130,7 +130,8 @@ def synthetic(args) -> dict:
     writer.table("offcpu_interval", ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id"))
     writer.table("cuda_call", ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "stream", "cgroup_id"))
     retention = Retention(event_tables(store.conn))
-    writer.execute(retention.setup)
+    for sql in retention.setup:
+        writer.execute(sql)
     writer.execute("PRAGMA journal_size_limit = 67108864")
     monitor = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     rate, calls = args.rate, args.rate // 4

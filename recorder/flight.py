@@ -174,7 +174,8 @@ class FlightRecorder:
         floors = {t: self._monitor.execute(f'SELECT coalesce(max(id), 0) FROM "{t}"').fetchone()[0]
                   for t in tables}
         self.retention = Retention(tables, floors=floors)
-        self.session.writer.execute(self.retention.setup)
+        for sql in self.retention.setup:
+            self.session.writer.execute(sql)
         self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
         self.session.writer.sync()
         for table, _, _ in WATCHED + (("step_mark", "", ""),):

@@ -47,30 +47,49 @@ def event_tables(conn: sqlite3.Connection) -> list[str]:
 
 class Retention:
     """The statements that keep a recording's last `keep_ns`: run by the session's Writer, after a
-    batch's rows and in its transaction, so deleting never races inserting."""
+    batch's rows and in its transaction, so deleting never races inserting.
+
+    `loss` is not pruned with the events: a loss row counts what was dropped in its second, so it
+    stays while any row kept began before that second ended (an interval that began before the
+    window is kept, and so are the losses of its time). Each mark also notes the earliest `ts` of
+    the rows written since the mark before (a rowid range, the last second's rows), so the start of
+    the oldest row kept is known without an index on `ts`.
+    """
 
     def __init__(self, event_tables: Sequence[str], batch_rows: int = PRUNE_BATCH_ROWS,
                  floors: dict[str, int] | None = None) -> None:
-        self.tables = list(event_tables)
+        self.tables = [t for t in event_tables if t != "loss"]
         self.batch_rows = batch_rows
         # rows at or below a table's floor are earlier sessions': a flight recording never deletes them
-        self.floors = {t: (floors or {}).get(t, 0) for t in self.tables}
+        self.floors = {t: (floors or {}).get(t, 0) for t in [*self.tables, "loss"]}
         self.setup = ("CREATE TEMP TABLE IF NOT EXISTS flight_mark "
-                      "(ts INTEGER NOT NULL, tbl TEXT NOT NULL, max_id INTEGER)")
-        self.mark = "INSERT INTO temp.flight_mark (ts, tbl, max_id) " + " UNION ALL ".join(
-            f"SELECT ?1, '{t}', (SELECT max(id) FROM \"{t}\")" for t in self.tables)
+                      "(ts INTEGER NOT NULL, tbl TEXT NOT NULL, max_id INTEGER, min_ts INTEGER)",
+                      "CREATE INDEX IF NOT EXISTS temp.flight_mark_tbl ON flight_mark (tbl, max_id)")
+        self.mark = "INSERT INTO temp.flight_mark (ts, tbl, max_id, min_ts) " + " UNION ALL ".join(
+            f"SELECT ?1, '{t}', (SELECT max(id) FROM \"{t}\"), (SELECT min(ts) FROM \"{t}\" WHERE id > "
+            f"coalesce((SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}'), {self.floors[t]}))"
+            for t in self.tables)
         self.prune = {t: (f'DELETE FROM "{t}" WHERE id > ?3 AND id <= min('
                           f"(SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}' AND ts <= ?1), "
                           f'(SELECT min(id) FROM "{t}" WHERE id > ?3) + ?2)') for t in self.tables}
-        # marks older than the newest one at or before the cutoff are of no more use
-        self.forget = "DELETE FROM temp.flight_mark WHERE ts < ?1"
+        # the start of the oldest row kept: the earliest start noted by a mark whose rows are not
+        # all deleted yet (rows linger past their mark while a tick's batch cannot take them all)
+        oldest = "min(" + ", ".join(
+            f"coalesce((SELECT min(min_ts) FROM temp.flight_mark WHERE tbl = '{t}' AND max_id >= "
+            f"(SELECT min(id) FROM \"{t}\" WHERE id > {self.floors[t]})), ?1)" for t in self.tables) + ", ?1)"
+        self.prune_loss = f"DELETE FROM loss WHERE id > ?2 AND ts + 1000000000 <= {oldest}"
+        # marks older than the cutoff whose rows are all gone are of no more use
+        self.forget = [(f"DELETE FROM temp.flight_mark WHERE tbl = '{t}' AND ts < ?1 AND max_id < coalesce("
+                        f"(SELECT min(id) FROM \"{t}\" WHERE id > {self.floors[t]}), 9223372036854775807)")
+                       for t in self.tables]
 
     def statements(self, now_ns: int, cutoff_ns: int) -> list[tuple[str, tuple]]:
         """This tick's statements: note the ids written by `now_ns`, delete what was written
-        before `cutoff_ns` (at most batch_rows per table)."""
+        before `cutoff_ns` (at most batch_rows per table), then the losses no row kept is of."""
         out: list[tuple[str, tuple]] = [(self.mark, (now_ns,))]
         out += [(sql, (cutoff_ns, self.batch_rows, self.floors[t])) for t, sql in self.prune.items()]
-        out.append((self.forget, (cutoff_ns - 10_000_000_000,)))
+        out.append((self.prune_loss, (cutoff_ns, self.floors["loss"])))
+        out += [(sql, (cutoff_ns - 10_000_000_000,)) for sql in self.forget]
         return out
 
 
@@ -124,7 +143,8 @@ def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, 
                      "status = 'complete' WHERE id = ?", (start, end, session_id))
         windowed = set(event_tables(conn))
         source_tables = set(tables(conn, "src"))
-        for name in tables(conn):
+        # losses last: those of every second a copied row is of come along
+        for name in sorted(tables(conn), key=lambda t: t == "loss"):
             if name in ("session", "incident") or name not in source_tables:
                 continue
             cols = columns(conn, name)
@@ -133,7 +153,12 @@ def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, 
                                 "recorded it")
             listed = ",".join(f'"{c}"' for c in cols)
             head = f'INSERT INTO main."{name}" ({listed}) SELECT {listed} FROM src."{name}"'
-            if name in windowed:
+            if name == "loss":
+                first = min([start, *(conn.execute(f'SELECT min(ts) FROM main."{t}"').fetchone()[0] or start
+                                      for t in windowed if t != "loss")])
+                cur = conn.execute(f"{head} WHERE session_id = :s AND ts <= :b AND ts + 1000000000 > :a",
+                                   {"s": session_id, "a": first, "b": end})
+            elif name in windowed:
                 overlap = "ts + dur >= :a" if "dur" in cols else "ts >= :a"
                 cur = conn.execute(f"{head} WHERE session_id = :s AND ts <= :b AND {overlap}",
                                    {"s": session_id, "a": start, "b": end})

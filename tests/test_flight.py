@@ -33,7 +33,8 @@ def _recording(path: Path) -> tuple:
     writer.table("offcpu_interval", OFFCPU)
     writer.table("loss", ("session_id", "ts", "probe", "dropped"))
     retention = Retention(event_tables(store.conn), batch_rows=50_000)
-    writer.execute(retention.setup)
+    for sql in retention.setup:
+        writer.execute(sql)
     writer.flush()
     return store, writer, retention, sid
 
@@ -229,3 +230,47 @@ def test_bad_flight_options_are_one_line_errors(tmp_path, args, message):
     assert res.returncode == 2
     assert res.stderr.strip() == f"recorder: {message}"
     assert not (tmp_path / "f.db").exists()
+
+
+def test_losses_stay_while_rows_of_their_second_are_kept(tmp_path):
+    """More rows a second than a tick deletes: the rows linger past their mark, and so must the
+    losses of their seconds (they used to go at once, and the kept rows read as complete)."""
+    store, writer, retention, sid = _recording(tmp_path / "l.db")
+    retention = Retention(retention.tables, batch_rows=20_000)
+    for t in range(1, 31):
+        _second(writer, retention, sid, t, keep=10 * S, per_second=40_000)
+    lo = store.conn.execute("SELECT min(ts) FROM offcpu_interval").fetchone()[0]
+    assert lo < 15 * S  # 40,000 rows a second, 20,000 deleted: far more than the window is kept
+    kept = [r[0] for r in store.conn.execute("SELECT ts FROM loss ORDER BY ts")]
+    assert kept == [s * S for s in range(lo // S, 30)], (lo / S, [k / S for k in kept])
+    store.close()
+
+
+def test_an_interval_that_began_before_the_window_keeps_the_losses_of_its_time(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "i.db")
+    for t in range(1, 23):
+        if t == 16:  # a wait from 5 s to 15 s, written when it ended
+            writer.add("offcpu_interval", (sid, 5 * S, 10 * S, 1, 0, 1, 7))
+        _second(writer, retention, sid, t, keep=10 * S, per_second=100)
+    # the rows written by 11 s are gone, the wait is kept and so is every second's loss it spans
+    assert store.conn.execute("SELECT min(ts) FROM offcpu_interval").fetchone()[0] == 5 * S
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval WHERE ts < 10 * ?", (S,)).fetchone()[0] == 1
+    kept = [r[0] // S for r in store.conn.execute("SELECT ts FROM loss ORDER BY ts")]
+    assert kept == list(range(5, 22)), kept
+    for t in range(23, 30):  # once the wait's own second is out of the window, its losses go too
+        _second(writer, retention, sid, t, keep=10 * S, per_second=100)
+    assert store.conn.execute("SELECT min(ts) FROM loss").fetchone()[0] >= 17 * S
+    store.close()
+
+
+def test_a_dump_takes_the_losses_of_every_second_its_rows_are_of(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "d.db")
+    writer.add("offcpu_interval", (sid, 2 * S, 6 * S, 1, 0, 1, 7))  # 2 s to 8 s
+    for t in range(1, 11):
+        writer.add("loss", (sid, (t - 1) * S, "sched:offcpu ring buffer", t))
+    writer.flush()
+    store.close()
+    row = save_window(tmp_path / "d.db", tmp_path / "out.db", sid, 5 * S, 9 * S, trigger="dump", detail="",
+                      ts=9 * S)
+    assert row["rows"] > 0
+    assert [r[0] // S for r in q(tmp_path / "out.db", "SELECT ts FROM loss ORDER BY ts")] == list(range(2, 10))
