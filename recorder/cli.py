@@ -102,8 +102,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         f.add_argument("--keep", metavar="DURATION",
                        help="record continuously but keep only the last DURATION (10m, 1h); incidents are "
                             "saved by themselves into DB.incidents/")
-        f.add_argument("--max-size", metavar="SIZE", help="with --keep: at most SIZE on disk (500MB, 2GB); "
-                                                          "the window kept shrinks to fit")
+        f.add_argument("--max-size", metavar="SIZE", help="with --keep: at most SIZE on disk, the database and "
+                                                          "its log (500MB, 2GB); the window kept shrinks to fit")
         f.add_argument("--before", metavar="DURATION", default="60s",
                        help="an incident recording starts this long before its trigger (default 60s)")
         f.add_argument("--after", metavar="DURATION", default="30s",
@@ -340,6 +340,9 @@ def cmd_status(args) -> int:
         print(f"  flight recorder: keeps the last {flight['keep_s']:g} s{cap} (now {flight['kept_s']:g} s; "
               f"{oldest}); incidents {flight['before_s']:g} s before to "
               f"{flight['after_s']:g} s after a trigger ({', '.join(flight['triggers']) or 'none'})")
+        if flight.get("short_by_size"):
+            print(f"  window shorter than --keep: {flight['max_bytes'] / 1e6:.0f} MB holds {flight['kept_s']:g} s "
+                  f"at this event rate (the shortest so far {flight['shortest_kept_s']:g} s)")
         for inc in flight["incidents"]:
             print(f"  incident {inc['file']} ({inc['bytes'] / 1e6:.1f} MB): {inc['detail']}")
         for p in flight["pending"]:

@@ -207,6 +207,7 @@ class Session:
             self.gpu.flush,
             self._store_capabilities,
             self._flush_exits,
+            self._keep_window,  # a flight recording's deletions go in the batch's transaction
             self.writer.flush,
         )
 
@@ -307,6 +308,10 @@ class Session:
     def _add_stacks(self) -> None:
         self.stacks.add(self.pystacks)
         self.pystacks.clear()
+
+    def _keep_window(self) -> None:
+        if self.flight:
+            self.flight.keep(now_ns())
 
     def _flush_exits(self) -> None:
         if self.identity.exited:

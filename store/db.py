@@ -404,7 +404,11 @@ class Writer:
         self._programs: dict[str, tuple[str, int, str]] = {}  # name -> (program, slots, INSERT)
         self._insert_packed = packed_inserter(store)
         self._statements: list[tuple[str, Sequence]] = []
+        self._first: list[tuple[str, Sequence]] = []
+        # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
+        self.txn_rows: int | None = None
         self.rows_written = 0
+        self.rows_handed = 0  # rows_handed - rows_written: handed to the writer thread, not yet committed
         self._error: BaseException | None = None
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -455,6 +459,11 @@ class Writer:
         """Queue a statement, run after this batch's rows in the same transaction."""
         self._statements.append((sql, params))
 
+    def execute_first(self, sql: str, params: Sequence = ()) -> None:
+        """Queue a statement run before this batch's rows, in the same transaction: deletions whose
+        pages the rows then reuse instead of growing the file."""
+        self._first.append((sql, params))
+
     def pending(self) -> int:
         return sum(len(rows) for rows in self._pending.values()) + sum(
             self._packed_rows(name, sum(map(len, chunks))) for name, chunks in self._packed.items())
@@ -476,11 +485,15 @@ class Writer:
                 count += self._packed_rows(name, len(packed))
         statements = self._statements
         self._statements = []
+        if self._first:
+            statements = [None, *self._first, None, *statements]  # None brackets the ones run first
+            self._first = []
         for name in self._pending:
             if self._pending[name]:
                 self._pending[name] = []
         if not batch and not statements:
             return 0
+        self.rows_handed += count
         if self._queue is None:
             self._write(batch, statements)
         else:
@@ -505,24 +518,46 @@ class Writer:
     def _write(self, batch: list, statements: list) -> None:
         conn = self.store.conn
         k = ROWS_PER_STATEMENT
+        first: list[tuple[str, Sequence]] = []
+        if statements and statements[0] is None:
+            end = statements.index(None, 1)
+            first, statements = statements[1:end], statements[end + 1:]
+        for sql, params in first:
+            conn.execute(sql, params)
         written = 0
-        for name, rows in batch:
+        for name, rows in self._pieces(batch):
             if isinstance(rows, bytes):  # packed (extend_packed); the GIL is released inside
                 program, slots, sql = self._programs[name]
                 written += self._insert_packed(conn, sql, program, slots, rows)
-                continue
-            written += len(rows)
-            full = len(rows) // k * k
-            if full:
-                chain = itertools.chain.from_iterable
-                conn.executemany(self._multi_sql[name],
-                                 [tuple(chain(rows[i:i + k])) for i in range(0, full, k)])
-            if full < len(rows):
-                conn.executemany(self._sql[name], rows[full:])
+            else:
+                written += len(rows)
+                full = len(rows) // k * k
+                if full:
+                    chain = itertools.chain.from_iterable
+                    conn.executemany(self._multi_sql[name],
+                                     [tuple(chain(rows[i:i + k])) for i in range(0, full, k)])
+                if full < len(rows):
+                    conn.executemany(self._sql[name], rows[full:])
+            if self.txn_rows and written >= self.txn_rows:
+                conn.commit()
+                self.rows_written += written
+                written = 0
         for sql, params in statements:
             conn.execute(sql, params)
         conn.commit()
         self.rows_written += written
+
+    def _pieces(self, batch: list) -> Iterable[tuple[str, list | bytes]]:
+        """The batch's rows, in order, in pieces of at most txn_rows rows when that is set."""
+        n = self.txn_rows
+        for name, rows in batch:
+            if not n:
+                yield name, rows
+                continue
+            size = (self._programs[name][1] + 1) * 8 if isinstance(rows, bytes) else 1
+            step = n * size
+            for i in range(0, len(rows), step):
+                yield name, rows[i:i + step]
 
     def _run(self) -> None:
         while True:

@@ -30,6 +30,9 @@ class Session(Part):
     target: str | None
     incident: str | None = Field(None, description="an incident recording: what saved it (the flight "
                                                     "recorder's trigger, or a dump), absent otherwise")
+    window_kept: str | None = Field(None, description="a flight recording whose window kept was shorter than "
+                                                       "--keep because of --max-size: when and how short, "
+                                                       "absent otherwise")
 
 
 class Window(Part):
