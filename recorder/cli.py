@@ -222,6 +222,8 @@ def _print_summary(summary: dict) -> None:
           f"{rows['cuda_call']} CUDA calls, {rows['offcpu_interval']} off-CPU intervals, "
           f"{rows['thread']} threads, {summary['dropped']} events dropped; "
           f"{summary['db']} ({summary['db_bytes'] / 1e6:.1f} MB)")
+    if summary.get("stop_reason"):
+        print(f"  recording stopped early: {summary['stop_reason']}")
 
 
 def cmd_doctor(args) -> int:

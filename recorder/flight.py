@@ -238,6 +238,15 @@ class FlightRecorder:
         if self._monitor:
             self._monitor.close()
 
+    def abandon(self) -> None:
+        """The disk took no more: incidents waiting are not saved (they would need room too)."""
+        if self._saver:
+            self._saver.join()
+        self.pending.clear()
+        if self._monitor:
+            self._monitor.close()
+            self._monitor = None
+
     def store_saved(self, store: Store) -> None:
         """List the incidents saved in the recording (after the writer is closed)."""
         self._collect_saved(direct=store)

@@ -13,7 +13,15 @@ from store.hangs import hang_facts
 from store.losses import losses, lossy_layers, wording
 from store.models import CallReport, Hang, StallReport, StepReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
-from store.session import LAYERS, STEP_LAYERS, has_steps, resolve_window, session_row, session_state
+from store.session import (
+    LAYERS,
+    STEP_LAYERS,
+    has_steps,
+    recording_end,
+    resolve_window,
+    session_row,
+    session_state,
+)
 from store.units import NS, ms, utc
 
 SLOW_LIMIT = 5  # slow calls listed in a report
@@ -186,7 +194,8 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
 
 def _session_notes(store: Store, sid: int) -> dict:
     """What the session line needs said: {'incident': what saved it} for an incident recording
-    (store/flight.py); {'window_kept': ...} for a flight recording whose window was shorter than
+    (store/flight.py); {'ended': ...} for a recording nobody stopped (a full disk, a recorder that
+    died); {'window_kept': ...} for a flight recording whose window was shorter than
     --keep because of --max-size."""
     out = {}
     off = store.one("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
@@ -196,6 +205,9 @@ def _session_notes(store: Store, sid: int) -> dict:
         out["incident"] = (f"saved by the flight recorder ({row['trigger']}, {utc(row['ts'] + off)}): {row['detail']}"
                            if row["trigger"] not in ("dump", "signal")
                            else f"saved on request ({row['trigger']}): {row['detail']}")
+    ended = recording_end(store, store.one("SELECT * FROM session WHERE id = ?", (sid,)))
+    if ended:
+        out["ended"] = ended
     short = store.one("SELECT * FROM flight_window WHERE session_id = ? AND shortest_ns IS NOT NULL", (sid,))
     if short is not None:
         out["window_kept"] = (

@@ -17,6 +17,7 @@ import sqlite3
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -383,6 +384,12 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
     conn.commit()
 
 
+def cannot_write(e: sqlite3.Error) -> bool:
+    """Whether an error means the file system took no more: full, or failing writes."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+
+
 class Writer:
     """Batches rows per table and writes them with executemany, one transaction per flush.
 
@@ -407,6 +414,11 @@ class Writer:
         self._first: list[tuple[str, Sequence]] = []
         # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
         self.txn_rows: int | None = None
+        # why the writer stopped writing (the disk was full, or would not take a write), and when
+        # (CLOCK_MONOTONIC ns) it last committed: later batches are counted in rows_not_written
+        self.stopped: str | None = None
+        self.last_commit_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        self.rows_not_written = 0
         self.rows_written = 0
         self.rows_handed = 0  # rows_handed - rows_written: handed to the writer thread, not yet committed
         self._error: BaseException | None = None
@@ -495,9 +507,9 @@ class Writer:
             return 0
         self.rows_handed += count
         if self._queue is None:
-            self._write(batch, statements)
+            self._write_unless_stopped(batch, statements, count)
         else:
-            self._queue.put((batch, statements))
+            self._queue.put((batch, statements, count))
         return count
 
     def sync(self) -> None:
@@ -540,12 +552,34 @@ class Writer:
                     conn.executemany(self._sql[name], rows[full:])
             if self.txn_rows and written >= self.txn_rows:
                 conn.commit()
-                self.rows_written += written
+                self._committed(written)
                 written = 0
         for sql, params in statements:
             conn.execute(sql, params)
         conn.commit()
-        self.rows_written += written
+        self._committed(written)
+
+    def _committed(self, rows: int) -> None:
+        self.rows_written += rows
+        self.last_commit_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+    def _write_unless_stopped(self, batch: list, statements: list, count: int) -> None:
+        """_write(), or count the rows once the disk stopped taking them: a full disk ends the
+        writing, not the recorder (it says why and when; what was committed stays readable)."""
+        if self.stopped is not None:
+            self.rows_not_written += count
+            return
+        try:
+            self._write(batch, statements)
+        except sqlite3.OperationalError as e:
+            if not cannot_write(e):
+                raise
+            try:
+                self.store.conn.rollback()
+            except sqlite3.Error:
+                pass
+            self.rows_not_written += count
+            self.stopped = f"disk full ({e})" if e.sqlite_errorcode == sqlite3.SQLITE_FULL else f"cannot write ({e})"
 
     def _pieces(self, batch: list) -> Iterable[tuple[str, list | bytes]]:
         """The batch's rows, in order, in pieces of at most txn_rows rows when that is set."""
@@ -566,7 +600,7 @@ class Writer:
                 if item is None:
                     return
                 if self._error is None:
-                    self._write(*item)
+                    self._write_unless_stopped(*item)
             except BaseException as e:  # surfaced to the recorder on its next flush or sync
                 self._error = e
                 try:
