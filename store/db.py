@@ -127,16 +127,22 @@ def lock_path(db: Path) -> Path:
 
 
 def lock_holder(db: Path) -> int | None:
-    """pid of the recorder holding the database's lock (-1 if unreadable), or None when none does."""
-    path = lock_path(db)
-    if not path.exists():
+    """pid of the recorder holding the database's lock (-1 if unreadable), or None when none does.
+
+    The lock file is opened for reading only (a shared lock needs no more), so a user who may read
+    a recording but not write the recorder's files (made as root) is told the same: any lock held
+    by the recorder, which holds it exclusively, refuses the shared one."""
+    try:
+        f = lock_path(db).open("rb")
+    except FileNotFoundError:
         return None
-    with path.open("a+") as f:
+    except OSError:  # a lock this user cannot read: the recording still can be, as it stands
+        return None
+    with f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            text = f.read().strip()
+            text = f.read().decode(errors="replace").strip()
             return int(text) if text.isdigit() else -1
         fcntl.flock(f, fcntl.LOCK_UN)
     return None
