@@ -22,7 +22,7 @@ from recorder.session import (
     log_path,
     status_path,
 )
-from store.db import lock_holder, open_store
+from store.db import check_regular, lock_holder, open_store
 from store.errors import StoreError
 
 
@@ -30,6 +30,7 @@ def check_db_path(db: Path) -> None:
     """Fail early, before forking, when the database's folder cannot take our files."""
     if db.is_dir():
         raise UserError(f"{db} is a directory: pass a database file path with --db")
+    check_regular(db)  # /dev/null, a FIFO: nothing is written beside it
     try:
         with open(log_path(db), "a"):
             pass

@@ -14,6 +14,7 @@ import os
 import queue
 import shutil
 import sqlite3
+import stat
 import sys
 import tempfile
 import threading
@@ -220,7 +221,7 @@ def _connect_readonly(path: Path) -> tuple[sqlite3.Connection, tempfile.Temporar
 
 def _check_file(path: Path) -> None:
     try:
-        path.stat()
+        mode = path.stat().st_mode
     except FileNotFoundError:
         return
     except OSError as e:
@@ -228,6 +229,7 @@ def _check_file(path: Path) -> None:
                          "folders, or pass another --db") from None
     if path.is_dir():
         raise StoreError(f"{path} is a directory: pass a database file path with --db")
+    check_regular(path, mode)
     if not path.exists():
         return
     try:
@@ -237,6 +239,20 @@ def _check_file(path: Path) -> None:
         raise StoreError(f"cannot read {path}: run as a user that can, or pass another --db") from None
     if head and head != SQLITE_MAGIC:
         raise StoreError(f"{path} is not a SQLite database: pass a recording made by 'recorder' with --db")
+
+
+def check_regular(path: Path, mode: int | None = None) -> None:
+    """A recording is a regular file: a device (/dev/null), a FIFO (opening it waits for a writer)
+    or a socket is refused before anything opens it or writes beside it."""
+    if mode is None:
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise StoreError(f"{path} is {kind}, not a recording: pass a database file path with --db")
 
 
 def _views_to(conn: sqlite3.Connection, temp: bool) -> None:
