@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shlex
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -559,6 +560,13 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except UserError as e:
         print(f"recorder: {e}", file=sys.stderr)
+        return 2
+    except sqlite3.DatabaseError as e:  # a page read while reporting that is damaged: said, not a traceback
+        from store.db import damaged, damaged_message
+
+        if not damaged(e):
+            raise
+        print(f"recorder: {damaged_message(getattr(args, 'db', None) or 'the recording', e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

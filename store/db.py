@@ -353,6 +353,8 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
             conn.close()
         if snapshot is not None:
             snapshot.cleanup()
+        if damaged(e):
+            raise StoreError(damaged_message(path, e)) from None
         raise StoreError(f"{path} is not a usable SQLite database ({e}): pass another --db") from None
     store = Store(path, conn, readonly, snapshot)
     if app_id != APPLICATION_ID and (tables or not create):
@@ -404,6 +406,18 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
     _drop_views(conn)
     _views_to(conn, temp=False)
     conn.commit()
+
+
+def damaged(e: sqlite3.Error) -> bool:
+    """Whether an error says a recording's pages are damaged (a file that is no database at all
+    is not: that is said as such)."""
+    code = (getattr(e, "sqlite_errorcode", None) or 0) & 0xFF
+    return code == sqlite3.SQLITE_CORRUPT or "database disk image is malformed" in str(e)
+
+
+def damaged_message(path: str | os.PathLike, e: sqlite3.Error) -> str:
+    return (f"{path} cannot be read ({e}): check it with 'sqlite3 {path} \"PRAGMA integrity_check\"'; "
+            f"'sqlite3 {path} .recover' saves the rows that are intact")
 
 
 def cannot_write(e: sqlite3.Error) -> bool:

@@ -213,3 +213,26 @@ def test_a_special_file_as_db_is_refused_and_nothing_is_written_beside_it(specia
     else:
         one_line_error(res, path, kind, "pass a database file path with --db")
     assert set(os.listdir(folder)) == before
+
+
+@pytest.mark.parametrize("where", [0.6, 0.8, 0.9, 0.97])
+def test_damaged_pages_are_a_one_line_error_for_every_reader(tmp_path, where):
+    """Three pages of a recording overwritten after it was written, at several places: every reader
+    answers or says the file is damaged and how to check it, in one line; the file is untouched."""
+    from recorder.demo import write_scenario
+
+    db = tmp_path / "damaged.db"
+    write_scenario("nvme-timeout-checkpoint", db)
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    first = int(len(data) // page * where)
+    for n in range(first, first + 3):
+        data[n * page:(n + 1) * page] = b"\x00\xff" * (page // 2)
+    db.write_bytes(bytes(data))
+    for args in (["explain"], ["steps"], ["top"], ["report", "--html", str(tmp_path / "p.html")],
+                 ["export", "--perfetto", str(tmp_path / "t.pftrace")]):
+        res = run_recorder(args[0], "--db", str(db), *args[1:], timeout=120)
+        assert "Traceback" not in res.stderr, (args, res.stderr)
+        if res.returncode != 0:
+            one_line_error(res, str(db), "cannot be read", "PRAGMA integrity_check")
+    assert db.read_bytes() == bytes(data)
