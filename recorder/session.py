@@ -456,9 +456,10 @@ class Session:
         except sqlite3.Error as e:
             self.store.conn.rollback()
             reason += f" (not marked in the recording: {e})"
+        summary = self._release()  # closing the last connection gives the log's space back: say it after
         _say(f"recorder: stopped recording into {self.db_path}: {reason}; the target keeps running; what "
              f"was written is readable: recorder explain --db {self.db_path}")
-        return self._release()
+        return summary
 
     def _release(self) -> dict:
         summary = session_summary(self.store, self.session_id)
