@@ -13,10 +13,16 @@ Two modes, each printing one row per sample:
   off-CPU rows and RATE/4 CUDA-call rows per simulated second and runs the Retention statements
   every simulated second, as the session does, for HOURS of simulated time. Every simulated
   SAMPLE seconds: the file's size, its free pages and the CPU seconds spent per simulated second.
+- `sized` (no root): `--max-size` in real time. A Writer inserts RATE events a second (four
+  off-CPU rows to one CUDA call) in 100 ms batches for SECONDS, and the flight recorder's own
+  window keeping (FlightRecorder.keep, at every batch as in a session) holds the database and its
+  log within MAX_SIZE. Every 100 ms: the database and its log on disk; the result is the largest
+  total seen, against the bound, and the window kept.
 
     sudo .venv/bin/python benchmarks/bench_flight.py live --minutes 12 --keep 2m
     .venv/bin/python benchmarks/bench_flight.py synthetic --hours 1 --keep 10m --rate 5000
     .venv/bin/python benchmarks/bench_flight.py synthetic --hours 1 --json
+    .venv/bin/python benchmarks/bench_flight.py sized --rate 100000 --max-size 16MB --seconds 60
 """
 
 from __future__ import annotations
@@ -130,7 +136,8 @@ def synthetic(args) -> dict:
     writer.table("offcpu_interval", ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id"))
     writer.table("cuda_call", ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "stream", "cgroup_id"))
     retention = Retention(event_tables(store.conn))
-    writer.execute(retention.setup)
+    for sql in retention.setup:
+        writer.execute(sql)
     writer.execute("PRAGMA journal_size_limit = 67108864")
     monitor = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     rate, calls = args.rate, args.rate // 4
@@ -165,19 +172,92 @@ def synthetic(args) -> dict:
             "loadavg": os.getloadavg()}
 
 
+def sized(args) -> dict:
+    from types import SimpleNamespace
+
+    from recorder.core.clock import now_ns
+    from recorder.flight import FlightOptions, FlightRecorder, parse_size
+    from store.db import Writer, open_store
+    from store.session import parse_duration
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-flight-"))
+    db = folder / "flight.db"
+    store = open_store(db, create=True)
+    started = now_ns()
+    sid = store.db["session"].insert({
+        "started_ts": started, "wall_offset_ns": 0, "status": "recording", "recorder_pid": os.getpid(),
+        "hostname": "b", "kernel_release": "k", "boot_id": "b", "cpu_count": 1, "target": "bench",
+        "command": "bench", "tool_version": "0"}).last_pk
+    store.conn.execute("INSERT INTO thread (id, session_id, tid, name, first_ts) VALUES (1, ?, 1, 'w', 0)", (sid,))
+    store.conn.execute("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES "
+                       "(0, 'cudaLaunchKernel', 'cudaLaunchKernel', 'runtime', 'launch_rt')")
+    store.conn.commit()
+    writer = Writer(store, background=True)
+    writer.table("offcpu_interval", ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id"))
+    writer.table("cuda_call", ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "stream", "cgroup_id"))
+    max_bytes = parse_size(args.max_size)
+    options = FlightOptions(keep_ns=parse_duration(args.keep), max_bytes=max_bytes, before_ns=S, after_ns=S)
+    session = SimpleNamespace(db_path=db, writer=writer, session_id=sid, started_ts=started)
+    flight = FlightRecorder(session, options)
+    flight.start()
+    per_batch = args.rate // 10
+    calls = per_batch // 5
+    peak, samples, late = 0, [], 0
+    cpu0, t0 = time.process_time(), time.monotonic()
+    for batch in range(args.seconds * 10):
+        due = t0 + batch / 10
+        if time.monotonic() < due:
+            time.sleep(due - time.monotonic())
+        else:
+            late += 1
+        now = now_ns()
+        step = 100_000_000 // per_batch
+        writer.extend("offcpu_interval", [(sid, now - 100_000_000 + i * step, 50_000, 1, i & 1, 1, 7)
+                                          for i in range(per_batch - calls)])
+        writer.extend("cuda_call", [(sid, now - 100_000_000 + i * step * 5, 20_000, 1, 0, 0, 0x51, 7)
+                                    for i in range(calls)])
+        flight.keep(now)
+        writer.flush()
+        main, wal = _db_bytes(db)
+        peak = max(peak, main + wal)
+        if batch % (args.sample * 10) == 0:
+            row = {"s": batch // 10, "db_mb": round(main / 1e6, 2), "wal_mb": round(wal / 1e6, 2),
+                   "kept_s": round(flight.keep_now / S, 2), "peak_mb": round(peak / 1e6, 2)}
+            samples.append(row)
+            if not args.json:
+                print(json.dumps(row), flush=True)
+    writer.sync()
+    rows = sum(flight._monitor.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+               for t in ("offcpu_interval", "cuda_call"))
+    flight.finish(now_ns())
+    writer.close()
+    store.close()
+    return {"mode": "sized", "rate": args.rate, "max_size": args.max_size, "max_bytes": max_bytes,
+            "seconds": args.seconds, "peak_bytes": peak, "peak_of_bound": round(peak / max_bytes, 3),
+            "kept_s_at_end": round(flight.keep_now / S, 2), "shortest_kept_s": round((flight.shortest or 0) / S, 2),
+            "rows_kept_at_end": rows, "late_batches": late,
+            "cpu_s_per_s": round((time.process_time() - cpu0) / args.seconds, 2), "samples": samples,
+            "loadavg": os.getloadavg()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("live", "synthetic"))
+    ap.add_argument("mode", choices=("live", "synthetic", "sized"))
     ap.add_argument("--keep", default=None, help="the window kept (live 2m, synthetic 10m)")
     ap.add_argument("--minutes", type=float, default=12, help="live: how long to record")
     ap.add_argument("--hours", type=float, default=1, help="synthetic: simulated time")
-    ap.add_argument("--rate", type=int, default=5000, help="synthetic: off-CPU rows per simulated second")
-    ap.add_argument("--sample", type=int, default=None, help="seconds between samples (live 30, synthetic 300)")
+    ap.add_argument("--rate", type=int, default=None,
+                    help="synthetic: off-CPU rows per simulated second (5000); sized: events a second (100000)")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="seconds between samples (live 30, synthetic 300, sized 5)")
+    ap.add_argument("--max-size", default="16MB", help="sized: the bound on the database and its log")
+    ap.add_argument("--seconds", type=int, default=60, help="sized: how long to write")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    args.keep = args.keep or ("2m" if args.mode == "live" else "10m")
-    args.sample = args.sample or (30 if args.mode == "live" else 300)
-    result = live(args) if args.mode == "live" else synthetic(args)
+    args.keep = args.keep or ("2m" if args.mode in ("live", "sized") else "10m")
+    args.rate = args.rate or (100_000 if args.mode == "sized" else 5000)
+    args.sample = args.sample or {"live": 30, "synthetic": 300, "sized": 5}[args.mode]
+    result = {"live": live, "synthetic": synthetic, "sized": sized}[args.mode](args)
     if args.json:
         print(json.dumps(result, indent=1))
     else:

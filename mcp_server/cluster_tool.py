@@ -8,6 +8,7 @@ else the database the server serves (several ranks recorded into one file).
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from mcp_server import untrusted
+from store.db import damaged
 from store.errors import UserError
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
@@ -44,3 +46,9 @@ def register_cluster_tool(server: Any, db: str | Path) -> None:
             return untrusted.mark(explain_paths(paths, step=step, worst=worst))
         except UserError as e:
             raise ToolError(str(e)) from None
+        except sqlite3.DatabaseError as e:  # a damaged page of one of the recordings
+            if not damaged(e):
+                raise
+            raise ToolError(f"a recording of the job cannot be read ({e}): check each with 'sqlite3 FILE "
+                            "\"PRAGMA integrity_check\"'; 'sqlite3 FILE .recover' saves the rows that are "
+                            "intact") from None

@@ -144,6 +144,59 @@ def check_tls(certfile: Path, keyfile: Path) -> None:
                         "-days 365 -subj /CN=localhost -keyout key.pem -out cert.pem'") from None
 
 
+HEADER_TIMEOUT_S = 10.0  # a request's headers are in within this of the connection (or of the last answer)
+MAX_WAITING = 64  # connections with no request in yet: past this the one waiting longest is closed
+
+
+def header_deadline_protocol() -> type:
+    """uvicorn's HTTP/1.1 protocol with a deadline on a request's headers: a connection that sends
+    them slowly (or not at all) is closed after HEADER_TIMEOUT_S, and at most MAX_WAITING connections
+    wait for theirs at once (the one waiting longest goes), so connections that never reach the
+    token check cannot take every file descriptor and starve a real client's handshake."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting: dict[Any, None] = {}  # insertion order: the one waiting longest first
+
+    class HeaderDeadline(H11Protocol):
+        _deadline: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._too_slow)
+            waiting[self] = None
+            while len(waiting) > MAX_WAITING:
+                next(iter(waiting))._too_slow()
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            waiting.pop(self, None)
+
+        def _too_slow(self) -> None:
+            self._disarm()
+            self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:  # a request's headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # the next request's headers, on a connection kept alive
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
 def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | None, token_file: Path | None,
                 extra_hosts: list[str] | None = None) -> None:
     import uvicorn
@@ -162,4 +215,4 @@ def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | N
     check_tls(certfile, keyfile)
     app = build_app(db, host, port, read_token(token_file), extra_hosts)
     uvicorn.run(app, host=host, port=port, ssl_certfile=str(certfile), ssl_keyfile=str(keyfile),
-                log_level="warning", timeout_graceful_shutdown=2)
+                log_level="warning", timeout_graceful_shutdown=2, http=header_deadline_protocol())

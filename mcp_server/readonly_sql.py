@@ -31,7 +31,7 @@ import anyio
 import pydantic_core
 
 from mcp_server import untrusted
-from store.db import Store, open_store
+from store.db import Store, damaged, open_store
 from store.errors import UserError
 
 DEFAULT_ROWS = 200
@@ -111,7 +111,7 @@ def sql_error_message(e: sqlite3.Error, time_limit_s: float) -> str:
         return "not authorized: run_sql only reads (no writes, ATTACH, PRAGMA writes, transactions or extensions)"
     if "one statement" in text:
         return "only one statement per call: send the others in separate calls"
-    if "malformed" in text or "not a database" in text:
+    if damaged(e):  # by its code, not its words: "malformed JSON" is the statement's error
         return (f"the recording cannot be read ({text}): check it with 'sqlite3 FILE \"PRAGMA integrity_check\"'; "
                 "'sqlite3 FILE .recover' saves the rows that are intact")
     return f"SQL error: {text}"

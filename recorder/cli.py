@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shlex
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -118,8 +119,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         f.add_argument("--keep", metavar="DURATION",
                        help="record continuously but keep only the last DURATION (10m, 1h); incidents are "
                             "saved by themselves into DB.incidents/")
-        f.add_argument("--max-size", metavar="SIZE", help="with --keep: at most SIZE on disk (500MB, 2GB); "
-                                                          "the window kept shrinks to fit")
+        f.add_argument("--max-size", metavar="SIZE", help="with --keep: at most SIZE on disk, the database and "
+                                                          "its log (500MB, 2GB); the window kept shrinks to fit")
         f.add_argument("--before", metavar="DURATION", default="60s",
                        help="an incident recording starts this long before its trigger (default 60s)")
         f.add_argument("--after", metavar="DURATION", default="30s",
@@ -238,6 +239,8 @@ def _print_summary(summary: dict) -> None:
           f"{rows['cuda_call']} CUDA calls, {rows['offcpu_interval']} off-CPU intervals, "
           f"{rows['thread']} threads, {summary['dropped']} events dropped; "
           f"{summary['db']} ({summary['db_bytes'] / 1e6:.1f} MB)")
+    if summary.get("stop_reason"):
+        print(f"  recording stopped early: {summary['stop_reason']}")
 
 
 def cmd_doctor(args) -> int:
@@ -364,6 +367,9 @@ def cmd_status(args) -> int:
         print(f"  flight recorder: keeps the last {flight['keep_s']:g} s{cap} (now {flight['kept_s']:g} s; "
               f"{oldest}); incidents {flight['before_s']:g} s before to "
               f"{flight['after_s']:g} s after a trigger ({', '.join(flight['triggers']) or 'none'})")
+        if flight.get("short_by_size"):
+            print(f"  window shorter than --keep: {flight['max_bytes'] / 1e6:.0f} MB holds {flight['kept_s']:g} s "
+                  f"at this event rate (the shortest so far {flight['shortest_kept_s']:g} s)")
         for inc in flight["incidents"]:
             print(f"  incident {inc['file']} ({inc['bytes'] / 1e6:.1f} MB): {inc['detail']}")
         for p in flight["pending"]:
@@ -578,6 +584,13 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except UserError as e:
         print(f"recorder: {e}", file=sys.stderr)
+        return 2
+    except sqlite3.DatabaseError as e:  # a page read while reporting that is damaged: said, not a traceback
+        from store.db import damaged, damaged_message
+
+        if not damaged(e):
+            raise
+        print(f"recorder: {damaged_message(getattr(args, 'db', None) or 'the recording', e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -21,13 +22,15 @@ from recorder.session import (
     log_path,
     status_path,
 )
-from store.db import lock_holder
+from store.db import check_regular, lock_holder, open_store
+from store.errors import StoreError
 
 
 def check_db_path(db: Path) -> None:
     """Fail early, before forking, when the database's folder cannot take our files."""
     if db.is_dir():
         raise UserError(f"{db} is a directory: pass a database file path with --db")
+    check_regular(db)  # /dev/null, a FIFO: nothing is written beside it
     try:
         with open(log_path(db), "a"):
             pass
@@ -73,7 +76,11 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
         os.write(write_fd, json.dumps(summary).encode())
         os.close(write_fd)
         session.run(lambda: False)
-        print(json.dumps(session.finish()), flush=True)
+        summary = session.finish()
+        try:
+            print(json.dumps(summary), flush=True)
+        except OSError:  # the log's disk is full: the recording says why it stopped
+            pass
     except UserError as e:
         _reply_error(write_fd, str(e))
         status = 2
@@ -96,11 +103,58 @@ def _reply_error(fd: int, message: str) -> None:
         pass
 
 
+def not_running(db: Path) -> UserError:
+    """Why no recorder is running on `db`, as an error: one that stopped by itself (a full disk)
+    or died (kill -9, a crash; its session is finalized here) is said, with what it left."""
+    from store.report import recording_end
+
+    base = f"no recorder is running on {db}"
+    if not db.exists():
+        return UserError(f"{base}: start one with 'recorder start --db {db}'")
+    try:
+        finalize_dead(db)
+    except (StoreError, sqlite3.Error):
+        pass  # no room to write it (a full disk): readers say the same from the row as it is
+    try:
+        with open_store(db, readonly=True) as store:
+            row = store.one("SELECT * FROM session ORDER BY id DESC LIMIT 1")
+            ended = recording_end(store, row) if row else None
+    except (StoreError, sqlite3.Error) as e:
+        return UserError(f"{base} ({e})")
+    if ended:
+        return UserError(f"{base}: session {row['id']} {ended}; what it wrote is readable with 'recorder explain "
+                         f"--db {db}'; start a new one with 'recorder start --db {db}'")
+    return UserError(f"{base}: start one with 'recorder start --db {db}'")
+
+
+def finalize_dead(db: Path) -> int | None:
+    """A session still 'recording' whose recorder holds no lock died without a stop: mark it
+    incomplete, ending at the last second it committed. Returns its id, or None (nothing to do,
+    or the file is not ours to write: readers then say the same from the row as it is)."""
+    if lock_holder(db) or not os.access(db, os.W_OK):
+        return None
+    with open_store(db, readonly=True) as store:  # opening for writing writes (views): only if needed
+        if store.one("SELECT 1 AS x FROM session WHERE status = 'recording'") is None:
+            return None
+    with open_store(db) as store:
+        row = store.one("SELECT id, recorder_pid FROM session WHERE status = 'recording' ORDER BY id DESC LIMIT 1")
+        if row is None:
+            return None
+        from store.report import session_end
+
+        end = session_end(store, store.one("SELECT * FROM session WHERE id = ?", (row["id"],)))
+        store.conn.execute("UPDATE session SET status = 'incomplete', stopped_ts = ?, stop_reason = ? "
+                           "WHERE id = ? AND status = 'recording'",
+                           (end, f"the recorder (pid {row['recorder_pid']}) died without a stop", row["id"]))
+        store.conn.commit()
+        return row["id"]
+
+
 def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
     """Signal the recorder on `db` to stop and wait until it has released the database."""
     holder = lock_holder(db)
     if not holder:
-        raise UserError(f"no recorder is running on {db}: start one with 'recorder start --db {db}'")
+        raise not_running(db)
     os.kill(holder, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while lock_holder(db):
@@ -108,7 +162,6 @@ def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
             raise UserError(f"recorder pid {holder} did not stop within {timeout_s:.0f} s: see {log_path(db)}")
         time.sleep(0.05)
     from recorder.session import session_summary
-    from store.db import open_store
 
     with open_store(db) as store:
         sid = store.one("SELECT max(id) AS id FROM session")["id"]
@@ -118,7 +171,7 @@ def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
 def read_status(db: Path) -> dict:
     holder = lock_holder(db)
     if not holder:
-        raise UserError(f"no recorder is running on {db}: start one with 'recorder start --db {db}'")
+        raise not_running(db)
     try:
         status = json.loads(status_path(db).read_text())
     except (OSError, ValueError):
@@ -178,5 +231,10 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
 
     session.run(child_done)
     summary = session.finish()
-    code = exit_status[0] if exit_status else 0
+    if not exit_status:  # the recording stopped before the command ended: it runs on, unrecorded
+        print(f"recorder: {argv[0]} (pid {child}) runs on unrecorded; waiting for it to exit", file=sys.stderr,
+              flush=True)
+        _, st = os.waitpid(child, 0)
+        exit_status.append(os.waitstatus_to_exitcode(st))
+    code = exit_status[0]
     return (128 - code if code < 0 else code), summary

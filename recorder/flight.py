@@ -29,11 +29,21 @@ from recorder.slow_calls import SlowCallWatch
 from recorder.steps_infer import infer_steps
 from store.db import Store, open_store, sqlite_uri
 from store.errors import UserError
-from store.flight import Retention, event_tables, file_bytes, incidents_dir, save_window, used_bytes
+from store.flight import (
+    Retention,
+    SizeBound,
+    event_tables,
+    file_bytes,
+    incidents_dir,
+    save_window,
+    used_bytes,
+    wal_bytes,
+)
 from store.rules import slow_call_rule, stall_rule
 
 NS = 1_000_000_000
 VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
+SIZED_INTERVAL_NS = NS // 10  # under --max-size the window is kept at every batch, not every second
 TRIGGERS = ("stall", "hung-call", "nvme", "io-error", "xid", "aer", "oom")
 # kernel-log and memory tables a trigger watches: (table, trigger, condition on its rows)
 WATCHED = (
@@ -101,16 +111,6 @@ def vacuum_statements(pages: int) -> list[str]:
     return ["PRAGMA incremental_vacuum(1)"] * pages
 
 
-def next_keep(keep_now: int, keep: int, used: int, max_bytes: int) -> int:
-    """The window to keep next second under --max-size: a tenth shorter while the pages in use pass
-    85% of it (headroom for the log and the pages being reused), back towards --keep under 70%."""
-    if used > max_bytes * 0.85:
-        return max(int(keep_now * 0.9), 5 * NS)
-    if used < max_bytes * 0.7 and keep_now < keep:
-        return min(int(keep_now * 1.05) + NS, keep)
-    return keep_now
-
-
 def incident_name(ts_unix_ns: int, trigger: str) -> str:
     when = dt.datetime.fromtimestamp(ts_unix_ns / NS, dt.timezone.utc)
     return f"{when:%Y%m%dT%H%M%S}.{when.microsecond // 1000:03d}Z-{trigger}.db"
@@ -150,6 +150,12 @@ class FlightRecorder:
         self.session = session
         self.options = options
         self.keep_now = options.keep_ns  # shrinks while the database is above --max-size
+        self.bound = SizeBound(options.max_bytes, options.keep_ns) if options.max_bytes else None
+        self._last_keep = 0
+        self._last_handed = 0
+        self._row_rate = 0.0  # rows a second handed to the writer, smoothed
+        self.short_since: int | None = None  # the window is shorter than --keep because of the size
+        self.shortest: int | None = None
         self.state = FlightState()
         self.pending: list[Pending] = []
         self.last_fired: dict[str, int] = {}
@@ -177,8 +183,20 @@ class FlightRecorder:
         floors = {t: self._monitor.execute(f'SELECT coalesce(max(id), 0) FROM "{t}"').fetchone()[0]
                   for t in tables}
         self.retention = Retention(tables, floors=floors)
-        self.session.writer.execute(self.retention.setup)
-        self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
+        for sql in self.retention.setup:
+            self.session.writer.execute(sql)
+        if self.bound:
+            page = self._monitor.execute("PRAGMA page_size").fetchone()[0]
+            for sql in self.bound.pragmas(page):
+                self.session.writer.execute(sql)
+            # a burst (the rings' backlog) in transactions the log's share holds (~100 bytes a row)
+            self.session.writer.txn_rows = max(self.bound.wal_bytes // 4 // 100, 1000)
+        else:
+            self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
+        self.session.writer.execute("INSERT OR REPLACE INTO flight_window (session_id, keep_ns, max_bytes) "
+                                    "VALUES (?, ?, ?)", (self.session.session_id, self.options.keep_ns,
+                                                         self.options.max_bytes))
+        self.session.writer.flush()  # the mark table exists before the first deletion runs
         self.session.writer.sync()
         for table, _, _ in WATCHED + (("step_mark", "", ""),):
             self._last_id[table] = self._monitor.execute(
@@ -194,7 +212,12 @@ class FlightRecorder:
         """Once a second: keep the window, watch the triggers, save what is due."""
         now = now_ns()
         self._collect_saved()
-        self._keep(now)
+        if self.bound is None:
+            self.keep(now)
+        elif self.short_since is not None:
+            self.session.writer.execute(
+                "UPDATE flight_window SET shortest_ns = ?1, first_short_ts = coalesce(first_short_ts, ?2), "
+                "last_short_ts = ?3 WHERE session_id = ?4", (self.shortest, self.short_since, now, self.sid))
         try:
             self._watch(now)
         except sqlite3.Error as e:  # a busy moment of the writer: look again next second
@@ -220,21 +243,58 @@ class FlightRecorder:
         if self._monitor:
             self._monitor.close()
 
+    def abandon(self) -> None:
+        """The disk took no more: incidents waiting are not saved (they would need room too)."""
+        if self._saver:
+            self._saver.join()
+        self.pending.clear()
+        if self._monitor:
+            self._monitor.close()
+            self._monitor = None
+
     def store_saved(self, store: Store) -> None:
         """List the incidents saved in the recording (after the writer is closed)."""
         self._collect_saved(direct=store)
 
     # -- the window -------------------------------------------------------------------------------
-    def _keep(self, now: int) -> None:
+    def keep(self, now: int) -> None:
+        """Delete what fell out of the window: once a second from tick(), and under --max-size at
+        every batch (the session's flush), so a high event rate cannot outrun the bound."""
+        if self._monitor is None:
+            return
         opts = self.options
-        if opts.max_bytes is not None and self._monitor is not None:
+        if self.bound is not None:
+            elapsed = now - self._last_keep
+            if elapsed < SIZED_INTERVAL_NS * 9 // 10:
+                return
             used, free = used_bytes(self._monitor)
-            self.keep_now = next_keep(self.keep_now, opts.keep_ns, used, opts.max_bytes)
+            wal = wal_bytes(self.session.db_path)
+            span = now - self.session.started_ts
+            writer = self.session.writer
+            handed = writer.rows_handed + writer.pending()
+            if self._last_keep:
+                rate = (handed - self._last_handed) * NS / max(elapsed, 1)
+                self._row_rate = rate if not self._row_rate else 0.7 * self._row_rate + 0.3 * rate
+            self._last_handed = handed
+            lag = int((handed - writer.rows_written) * NS / self._row_rate) if self._row_rate else 0
+            self.keep_now = self.bound.next_keep(self.keep_now, span, used, wal, min(elapsed, NS), min(lag, 10 * NS))
+            page = self._monitor.execute("PRAGMA page_size").fetchone()[0]
+            for sql in vacuum_statements(self.bound.pages_to_give_back(used, free, wal, page)):
+                self.session.writer.execute(sql)
+            if self.keep_now < opts.keep_ns:
+                self.short_since = self.short_since or now
+                self.shortest = min(self.shortest or self.keep_now, self.keep_now)
+            elif self.short_since is not None:
+                self.short_since = None
+        else:
+            used, free = used_bytes(self._monitor)
             if free > max(used // 4, 8 << 20):  # a burst left many pages free: give them back
                 for sql in vacuum_statements(VACUUM_PAGES_PER_TICK):
                     self.session.writer.execute(sql)
+        self._last_keep = now
+        # deleted before the batch's rows are inserted: they reuse the pages freed
         for sql, params in self.retention.statements(now, now - self.keep_now):
-            self.session.writer.execute(sql, params)
+            self.session.writer.execute_first(sql, params)
 
     def status(self) -> dict:
         window = None
@@ -250,6 +310,9 @@ class FlightRecorder:
         return {
             **self.options.describe(),
             "kept_s": round(self.keep_now / NS, 1),
+            # the window is shorter than --keep: --max-size holds no more at this event rate
+            "short_by_size": self.short_since is not None,
+            "shortest_kept_s": round(self.shortest / NS, 1) if self.shortest else None,
             "oldest_event_s": round((now - window) / NS, 1) if window else None,  # None: no event kept yet
             "db_file_bytes": file_bytes(self.session.db_path),
             "incidents_dir": str(self.folder),

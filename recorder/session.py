@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from recorder.layers.sched import SchedLayer
 from recorder.layers.task import TaskHooks, TaskLayer
 from recorder.layers.workload.layer import WorkloadLayer
 from recorder.steps_infer import infer_steps
-from store.db import Store, Writer, lock_path, open_store
+from store.db import Store, Writer, cannot_write, lock_path, open_store
 from store.flight import file_bytes
 
 VERSION = "0.1.0"
@@ -219,6 +220,7 @@ class Session:
             self.gpu.flush,
             self._store_capabilities,
             self._flush_exits,
+            self._keep_window,  # a flight recording's deletions go in the batch's transaction
             self.writer.flush,
         )
 
@@ -352,6 +354,8 @@ class Session:
             if now - last_house >= HOUSEKEEPING_INTERVAL_S:
                 self.housekeeping()
                 last_house = now
+            if self.writer.stopped is not None:  # the disk took no more: stop recording, not the target
+                return
 
     def flush(self) -> None:
         """Turn the raw records collected so far into rows and write them in one transaction."""
@@ -361,6 +365,10 @@ class Session:
     def _add_stacks(self) -> None:
         self.stacks.add(self.pystacks)
         self.pystacks.clear()
+
+    def _keep_window(self) -> None:
+        if self.flight:
+            self.flight.keep(now_ns())
 
     def _flush_exits(self) -> None:
         if self.identity.exited:
@@ -392,6 +400,8 @@ class Session:
         self._rescan_members("rescan")
         if self.flight:
             self.flight.tick()
+        # where a recording whose recorder dies ends: the last second committed
+        self.writer.execute("UPDATE session SET written_ts = ? WHERE id = ?", (ts, self.session_id))
         self._write_status()
 
     def _write_status(self) -> None:
@@ -412,8 +422,11 @@ class Session:
         if self.flight:
             status["flight"] = self.flight.status()
         tmp = status_path(self.db_path).with_suffix(".tmp")
-        tmp.write_text(json.dumps(status, indent=1))
-        tmp.replace(status_path(self.db_path))
+        try:
+            tmp.write_text(json.dumps(status, indent=1))
+            tmp.replace(status_path(self.db_path))
+        except OSError:  # a full disk: `recorder status` reads an older one, the recording goes on
+            tmp.unlink(missing_ok=True)
 
     def drain_in_flight(self, ts: int, final: bool = False) -> dict[str, int]:
         """Write every CUDA and NCCL call still in flight at `ts` as an open row (open = 1, ret
@@ -427,6 +440,8 @@ class Session:
     # -- stop -------------------------------------------------------------------------------------
     def finish(self) -> dict:
         """Drain the buffers, close open intervals, mark the session complete, build indexes."""
+        if self.writer.stopped is not None:
+            return self.finish_stopped()
         self.gpu.stop()  # its last samples go out with the flush below
         self.io.settle(now_ns())  # requests in flight at the end complete: rows, not losses
         self.probes.consume()
@@ -450,19 +465,58 @@ class Session:
             self.writer.sync()
             self.flight.finish(stop)
         self.writer.close()
+        if self.writer.stopped is not None:
+            return self.finish_stopped()
         self.stacks.amend_capabilities()  # 'attached' only where a process's stacks were read
         self.probes.cleanup()
-        self.store.conn.execute(
-            "UPDATE session SET status = 'complete', stopped_ts = ? WHERE id = ?",
-            (stop, self.session_id),
-        )
-        self.store.conn.commit()
+        try:
+            self.store.conn.execute(
+                "UPDATE session SET status = 'complete', stopped_ts = ? WHERE id = ?",
+                (stop, self.session_id),
+            )
+            self.store.conn.commit()
+            if self.flight:
+                self.flight.store_saved(self.store)
+            self.store.build_indexes()
+            infer_steps(self.store, self.session_id)  # steps of processes that called no recorder.step
+            self.store.store_baselines(self.session_id)
+            self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError as e:
+            if not cannot_write(e):
+                raise
+            self.store.conn.rollback()  # complete up to the stop; what a report would speed up is left out
+            _say(f"recorder: the disk took no more at the stop ({e}): the recording is complete, without "
+                 "its indexes and baselines (reports are slower)")
+        return self._release()
+
+    def finish_stopped(self) -> dict:
+        """The disk took no more: detach everything (the target runs on untouched), mark the session
+        with why and when it stopped writing, leave what was committed readable."""
+        w = self.writer
+        self.gpu.stop()
+        w.close()  # what is still queued is counted, not written
         if self.flight:
-            self.flight.store_saved(self.store)
-        self.store.build_indexes()
-        infer_steps(self.store, self.session_id)  # steps of processes that called no recorder.step
-        self.store.store_baselines(self.session_id)
-        self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self.flight.abandon()
+        self.probes.cleanup()
+        reason = f"{w.stopped}: {w.rows_not_written:,} rows not written"
+        try:  # the log's pages go into the file (or stay): the WAL's space, if any, frees the update's
+            self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass
+        try:
+            self.store.conn.execute(
+                "UPDATE session SET status = 'incomplete', stopped_ts = ?, stop_reason = ? WHERE id = ?",
+                (w.last_commit_ns, reason, self.session_id))
+            self.store.conn.commit()
+        except sqlite3.Error as e:
+            self.store.conn.rollback()
+            reason += f" (not marked in the recording: {e})"
+        summary = self._release()  # closing the last connection gives the log's space back: say it after
+        _say(f"recorder: stopped recording into {self.db_path}: {reason}; the target keeps running; what "
+             f"was written is readable: recorder explain --db {self.db_path}")
+        return summary
+
+    def _release(self) -> dict:
         summary = session_summary(self.store, self.session_id)
         self.store.close()
         status_path(self.db_path).unlink(missing_ok=True)
@@ -470,6 +524,14 @@ class Session:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
         return summary
+
+
+def _say(text: str) -> None:
+    """A line for the log (stdout of a background recorder): a full disk may refuse it too."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
 
 
 def session_summary(store: Store, session_id: int) -> dict:
@@ -481,7 +543,8 @@ def session_summary(store: Store, session_id: int) -> dict:
     lost = store.one("SELECT coalesce(sum(dropped), 0) AS n FROM loss WHERE session_id = ?",
                      (session_id,))["n"]
     dur = ((s["stopped_ts"] or s["started_ts"]) - s["started_ts"]) / 1e9
-    return {"session_id": session_id, "status": s["status"], "duration_s": round(dur, 3),
+    return {"session_id": session_id, "status": s["status"], "stop_reason": s["stop_reason"],
+            "duration_s": round(dur, 3),
             "rows": counts, "dropped": lost, "db": str(store.path),
             "db_bytes": file_bytes(store.path)}
 

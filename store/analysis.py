@@ -14,8 +14,16 @@ from store.jobs import process_job
 from store.losses import losses, lossy_layers, wording
 from store.models import CallReport, Hang, StallReport, StepReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
-from store.session import LAYERS, STEP_LAYERS, has_steps, resolve_window, session_row, session_state
-from store.units import ms, utc
+from store.session import (
+    LAYERS,
+    STEP_LAYERS,
+    has_steps,
+    recording_end,
+    resolve_window,
+    session_row,
+    session_state,
+)
+from store.units import NS, ms, utc
 
 SLOW_LIMIT = 5  # slow calls listed in a report
 CPU_SHARE_CAUSE = 0.2  # preempted share of a call above which CPU contention is the cause
@@ -185,15 +193,29 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
     return analyse(store, session_id, window, since, worst, step).to_json()
 
 
-def _incident(store: Store, sid: int) -> dict:
-    """{'incident': what saved it} for an incident recording (store/flight.py), else nothing."""
+def _session_notes(store: Store, sid: int) -> dict:
+    """What the session line needs said: {'incident': what saved it} for an incident recording
+    (store/flight.py); {'ended': ...} for a recording nobody stopped (a full disk, a recorder that
+    died); {'window_kept': ...} for a flight recording whose window was shorter than
+    --keep because of --max-size."""
+    out = {}
+    off = store.one("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
     row = store.one("SELECT trigger, detail, ts FROM incident WHERE session_id = ? AND own = 1 ORDER BY id LIMIT 1",
                     (sid,))
-    if row is None:
-        return {}
-    off = store.one("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
-    return {"incident": f"saved by the flight recorder ({row['trigger']}, {utc(row['ts'] + off)}): {row['detail']}"
-            if row["trigger"] not in ("dump", "signal") else f"saved on request ({row['trigger']}): {row['detail']}"}
+    if row is not None:
+        out["incident"] = (f"saved by the flight recorder ({row['trigger']}, {utc(row['ts'] + off)}): {row['detail']}"
+                           if row["trigger"] not in ("dump", "signal")
+                           else f"saved on request ({row['trigger']}): {row['detail']}")
+    ended = recording_end(store, store.one("SELECT * FROM session WHERE id = ?", (sid,)))
+    if ended:
+        out["ended"] = ended
+    short = store.one("SELECT * FROM flight_window WHERE session_id = ? AND shortest_ns IS NOT NULL", (sid,))
+    if short is not None:
+        out["window_kept"] = (
+            f"shorter than --keep {short['keep_ns'] / NS:g} s from {utc(short['first_short_ts'] + off)} to "
+            f"{utc(short['last_short_ts'] + off)} (down to {short['shortest_ns'] / NS:.1f} s): --max-size "
+            f"{short['max_bytes'] / 1e6:g} MB held no more at that event rate; what is older was deleted")
+    return out
 
 
 def _report(store: Store, session_id: int | None, window: str | None, since: str | None, worst: bool,
@@ -264,7 +286,7 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
     return CallReport(
         mode="call",
         session={"id": sid, "state": state, "host": session["hostname"],
-                 "kernel": session["kernel_release"], "target": session["target"], **_incident(store, sid)},
+                 "kernel": session["kernel_release"], "target": session["target"], **_session_notes(store, sid)},
         window={"start_ts": start, "end_ts": end, "start_utc": utc(start + off),
                 "end_utc": utc(end + off), "dur_ns": end - start},
         stall=primary is not None,
@@ -750,7 +772,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
     base = {
         "mode": "step",
         "session": {"id": sid, "state": state, "host": session["hostname"], "kernel": session["kernel_release"],
-                    "target": session["target"], **_incident(store, sid)},
+                    "target": session["target"], **_session_notes(store, sid)},
         "observed_layers": caps["observed"], "not_observed": caps["not_observed"],
     }
     if not rows:

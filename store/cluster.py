@@ -29,6 +29,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from store.db import damaged, damaged_message
 from store.errors import UserError
 from store.jobs import labels_by_pid
 
@@ -558,6 +559,8 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
         sessions = conn.execute("SELECT id, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id"
                                 " FROM session ORDER BY id").fetchall()
     except sqlite3.DatabaseError as e:
+        if damaged(e):
+            raise UserError(damaged_message(path, e)) from None
         raise UserError(f"{path} is not a stall-recorder recording ({e}): pass the nodes' recordings") from None
     out = []
     try:

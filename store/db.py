@@ -14,9 +14,11 @@ import os
 import queue
 import shutil
 import sqlite3
+import stat
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,16 +128,22 @@ def lock_path(db: Path) -> Path:
 
 
 def lock_holder(db: Path) -> int | None:
-    """pid of the recorder holding the database's lock (-1 if unreadable), or None when none does."""
-    path = lock_path(db)
-    if not path.exists():
+    """pid of the recorder holding the database's lock (-1 if unreadable), or None when none does.
+
+    The lock file is opened for reading only (a shared lock needs no more), so a user who may read
+    a recording but not write the recorder's files (made as root) is told the same: any lock held
+    by the recorder, which holds it exclusively, refuses the shared one."""
+    try:
+        f = lock_path(db).open("rb")
+    except FileNotFoundError:
         return None
-    with path.open("a+") as f:
+    except OSError:  # a lock this user cannot read: the recording still can be, as it stands
+        return None
+    with f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            text = f.read().strip()
+            text = f.read().decode(errors="replace").strip()
             return int(text) if text.isdigit() else -1
         fcntl.flock(f, fcntl.LOCK_UN)
     return None
@@ -213,7 +221,7 @@ def _connect_readonly(path: Path) -> tuple[sqlite3.Connection, tempfile.Temporar
 
 def _check_file(path: Path) -> None:
     try:
-        path.stat()
+        mode = path.stat().st_mode
     except FileNotFoundError:
         return
     except OSError as e:
@@ -221,6 +229,7 @@ def _check_file(path: Path) -> None:
                          "folders, or pass another --db") from None
     if path.is_dir():
         raise StoreError(f"{path} is a directory: pass a database file path with --db")
+    check_regular(path, mode)
     if not path.exists():
         return
     try:
@@ -230,6 +239,20 @@ def _check_file(path: Path) -> None:
         raise StoreError(f"cannot read {path}: run as a user that can, or pass another --db") from None
     if head and head != SQLITE_MAGIC:
         raise StoreError(f"{path} is not a SQLite database: pass a recording made by 'recorder' with --db")
+
+
+def check_regular(path: Path, mode: int | None = None) -> None:
+    """A recording is a regular file: a device (/dev/null), a FIFO (opening it waits for a writer)
+    or a socket is refused before anything opens it or writes beside it."""
+    if mode is None:
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise StoreError(f"{path} is {kind}, not a recording: pass a database file path with --db")
 
 
 def _views_to(conn: sqlite3.Connection, temp: bool) -> None:
@@ -330,6 +353,8 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
             conn.close()
         if snapshot is not None:
             snapshot.cleanup()
+        if damaged(e):
+            raise StoreError(damaged_message(path, e)) from None
         raise StoreError(f"{path} is not a usable SQLite database ({e}): pass another --db") from None
     store = Store(path, conn, readonly, snapshot)
     if app_id != APPLICATION_ID and (tables or not create):
@@ -383,6 +408,24 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
     conn.commit()
 
 
+def damaged(e: sqlite3.Error) -> bool:
+    """Whether an error says a recording's pages are damaged (a file that is no database at all
+    is not: that is said as such)."""
+    code = (getattr(e, "sqlite_errorcode", None) or 0) & 0xFF
+    return code == sqlite3.SQLITE_CORRUPT or "database disk image is malformed" in str(e)
+
+
+def damaged_message(path: str | os.PathLike, e: sqlite3.Error) -> str:
+    return (f"{path} cannot be read ({e}): check it with 'sqlite3 {path} \"PRAGMA integrity_check\"'; "
+            f"'sqlite3 {path} .recover' saves the rows that are intact")
+
+
+def cannot_write(e: sqlite3.Error) -> bool:
+    """Whether an error means the file system took no more: full, or failing writes."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+
+
 class Writer:
     """Batches rows per table and writes them with executemany, one transaction per flush.
 
@@ -404,7 +447,16 @@ class Writer:
         self._programs: dict[str, tuple[str, int, str]] = {}  # name -> (program, slots, INSERT)
         self._insert_packed = packed_inserter(store)
         self._statements: list[tuple[str, Sequence]] = []
+        self._first: list[tuple[str, Sequence]] = []
+        # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
+        self.txn_rows: int | None = None
+        # why the writer stopped writing (the disk was full, or would not take a write), and when
+        # (CLOCK_MONOTONIC ns) it last committed: later batches are counted in rows_not_written
+        self.stopped: str | None = None
+        self.last_commit_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        self.rows_not_written = 0
         self.rows_written = 0
+        self.rows_handed = 0  # rows_handed - rows_written: handed to the writer thread, not yet committed
         self._error: BaseException | None = None
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -455,6 +507,11 @@ class Writer:
         """Queue a statement, run after this batch's rows in the same transaction."""
         self._statements.append((sql, params))
 
+    def execute_first(self, sql: str, params: Sequence = ()) -> None:
+        """Queue a statement run before this batch's rows, in the same transaction: deletions whose
+        pages the rows then reuse instead of growing the file."""
+        self._first.append((sql, params))
+
     def pending(self) -> int:
         return sum(len(rows) for rows in self._pending.values()) + sum(
             self._packed_rows(name, sum(map(len, chunks))) for name, chunks in self._packed.items())
@@ -476,15 +533,19 @@ class Writer:
                 count += self._packed_rows(name, len(packed))
         statements = self._statements
         self._statements = []
+        if self._first:
+            statements = [None, *self._first, None, *statements]  # None brackets the ones run first
+            self._first = []
         for name in self._pending:
             if self._pending[name]:
                 self._pending[name] = []
         if not batch and not statements:
             return 0
+        self.rows_handed += count
         if self._queue is None:
-            self._write(batch, statements)
+            self._write_unless_stopped(batch, statements, count)
         else:
-            self._queue.put((batch, statements))
+            self._queue.put((batch, statements, count))
         return count
 
     def sync(self) -> None:
@@ -505,24 +566,68 @@ class Writer:
     def _write(self, batch: list, statements: list) -> None:
         conn = self.store.conn
         k = ROWS_PER_STATEMENT
+        first: list[tuple[str, Sequence]] = []
+        if statements and statements[0] is None:
+            end = statements.index(None, 1)
+            first, statements = statements[1:end], statements[end + 1:]
+        for sql, params in first:
+            conn.execute(sql, params)
         written = 0
-        for name, rows in batch:
+        for name, rows in self._pieces(batch):
             if isinstance(rows, bytes):  # packed (extend_packed); the GIL is released inside
                 program, slots, sql = self._programs[name]
                 written += self._insert_packed(conn, sql, program, slots, rows)
-                continue
-            written += len(rows)
-            full = len(rows) // k * k
-            if full:
-                chain = itertools.chain.from_iterable
-                conn.executemany(self._multi_sql[name],
-                                 [tuple(chain(rows[i:i + k])) for i in range(0, full, k)])
-            if full < len(rows):
-                conn.executemany(self._sql[name], rows[full:])
+            else:
+                written += len(rows)
+                full = len(rows) // k * k
+                if full:
+                    chain = itertools.chain.from_iterable
+                    conn.executemany(self._multi_sql[name],
+                                     [tuple(chain(rows[i:i + k])) for i in range(0, full, k)])
+                if full < len(rows):
+                    conn.executemany(self._sql[name], rows[full:])
+            if self.txn_rows and written >= self.txn_rows:
+                conn.commit()
+                self._committed(written)
+                written = 0
         for sql, params in statements:
             conn.execute(sql, params)
         conn.commit()
-        self.rows_written += written
+        self._committed(written)
+
+    def _committed(self, rows: int) -> None:
+        self.rows_written += rows
+        self.last_commit_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+    def _write_unless_stopped(self, batch: list, statements: list, count: int) -> None:
+        """_write(), or count the rows once the disk stopped taking them: a full disk ends the
+        writing, not the recorder (it says why and when; what was committed stays readable)."""
+        if self.stopped is not None:
+            self.rows_not_written += count
+            return
+        try:
+            self._write(batch, statements)
+        except sqlite3.OperationalError as e:
+            if not cannot_write(e):
+                raise
+            try:
+                self.store.conn.rollback()
+            except sqlite3.Error:
+                pass
+            self.rows_not_written += count
+            self.stopped = f"disk full ({e})" if e.sqlite_errorcode == sqlite3.SQLITE_FULL else f"cannot write ({e})"
+
+    def _pieces(self, batch: list) -> Iterable[tuple[str, list | bytes]]:
+        """The batch's rows, in order, in pieces of at most txn_rows rows when that is set."""
+        n = self.txn_rows
+        for name, rows in batch:
+            if not n:
+                yield name, rows
+                continue
+            size = (self._programs[name][1] + 1) * 8 if isinstance(rows, bytes) else 1
+            step = n * size
+            for i in range(0, len(rows), step):
+                yield name, rows[i:i + step]
 
     def _run(self) -> None:
         while True:
@@ -531,7 +636,7 @@ class Writer:
                 if item is None:
                     return
                 if self._error is None:
-                    self._write(*item)
+                    self._write_unless_stopped(*item)
             except BaseException as e:  # surfaced to the recorder on its next flush or sync
                 self._error = e
                 try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from store.db import Store, open_store, sqlite_uri
@@ -22,7 +23,7 @@ from store.errors import UserError
 # Event tables (id, session_id, ts) whose rows are kept whatever their age: decisions and
 # identities later rows refer to (capability rows, thread renames, checkpoint files), incidents.
 NEVER_PRUNED = frozenset({"capability", "checkpoint_file", "thread_name", "incident"})
-PRUNE_BATCH_ROWS = 20_000  # per table and tick: ~10 ms of SQLite work on a loaded host
+NS = 1_000_000_000
 
 
 def columns(conn: sqlite3.Connection, table: str, schema: str = "main") -> list[str]:
@@ -47,31 +48,100 @@ def event_tables(conn: sqlite3.Connection) -> list[str]:
 
 class Retention:
     """The statements that keep a recording's last `keep_ns`: run by the session's Writer, after a
-    batch's rows and in its transaction, so deleting never races inserting."""
+    batch's rows and in its transaction, so deleting never races inserting.
 
-    def __init__(self, event_tables: Sequence[str], batch_rows: int = PRUNE_BATCH_ROWS,
-                 floors: dict[str, int] | None = None) -> None:
-        self.tables = list(event_tables)
-        self.batch_rows = batch_rows
+    `loss` is not pruned with the events: a loss row counts what was dropped in its second, so it
+    stays while any row kept began before that second ended (an interval that began before the
+    window is kept, and so are the losses of its time). Each mark also notes the earliest `ts` of
+    the rows written since the mark before (a rowid range, the last second's rows), so the start of
+    the oldest row kept is known without an index on `ts`.
+    """
+
+    def __init__(self, event_tables: Sequence[str], floors: dict[str, int] | None = None) -> None:
+        self.tables = [t for t in event_tables if t != "loss"]
         # rows at or below a table's floor are earlier sessions': a flight recording never deletes them
-        self.floors = {t: (floors or {}).get(t, 0) for t in self.tables}
+        self.floors = {t: (floors or {}).get(t, 0) for t in [*self.tables, "loss"]}
         self.setup = ("CREATE TEMP TABLE IF NOT EXISTS flight_mark "
-                      "(ts INTEGER NOT NULL, tbl TEXT NOT NULL, max_id INTEGER)")
-        self.mark = "INSERT INTO temp.flight_mark (ts, tbl, max_id) " + " UNION ALL ".join(
-            f"SELECT ?1, '{t}', (SELECT max(id) FROM \"{t}\")" for t in self.tables)
-        self.prune = {t: (f'DELETE FROM "{t}" WHERE id > ?3 AND id <= min('
-                          f"(SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}' AND ts <= ?1), "
-                          f'(SELECT min(id) FROM "{t}" WHERE id > ?3) + ?2)') for t in self.tables}
-        # marks older than the newest one at or before the cutoff are of no more use
-        self.forget = "DELETE FROM temp.flight_mark WHERE ts < ?1"
+                      "(ts INTEGER NOT NULL, tbl TEXT NOT NULL, max_id INTEGER, min_ts INTEGER)",
+                      "CREATE INDEX IF NOT EXISTS temp.flight_mark_id ON flight_mark (tbl, max_id)",
+                      "CREATE INDEX IF NOT EXISTS temp.flight_mark_ts ON flight_mark (tbl, ts)")
+        self.mark = "INSERT INTO temp.flight_mark (ts, tbl, max_id, min_ts) " + " UNION ALL ".join(
+            f"SELECT ?1, '{t}', (SELECT max(id) FROM \"{t}\"), (SELECT min(ts) FROM \"{t}\" WHERE id > "
+            f"coalesce((SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}'), {self.floors[t]}))"
+            for t in self.tables)
+        # every row written by the newest mark at or before the cutoff, however many: a row budget
+        # let rows linger past the window, and the file past --max-size, above its rate
+        self.prune = {t: (f'DELETE FROM "{t}" WHERE id > ?2 AND id <= '
+                          f"(SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}' AND ts <= ?1)")
+                      for t in self.tables}
+        # the start of the oldest row kept: the earliest start noted by a mark whose rows are not
+        # all deleted yet
+        oldest = "min(" + ", ".join(
+            f"coalesce((SELECT min(min_ts) FROM temp.flight_mark WHERE tbl = '{t}' AND max_id >= "
+            f"(SELECT min(id) FROM \"{t}\" WHERE id > {self.floors[t]})), ?1)" for t in self.tables) + ", ?1)"
+        self.prune_loss = f"DELETE FROM loss WHERE id > ?2 AND ts + 1000000000 <= {oldest}"
+        # marks older than the cutoff whose rows are all gone are of no more use
+        self.forget = [(f"DELETE FROM temp.flight_mark WHERE tbl = '{t}' AND ts < ?1 AND max_id < coalesce("
+                        f"(SELECT min(id) FROM \"{t}\" WHERE id > {self.floors[t]}), 9223372036854775807)")
+                       for t in self.tables]
 
     def statements(self, now_ns: int, cutoff_ns: int) -> list[tuple[str, tuple]]:
         """This tick's statements: note the ids written by `now_ns`, delete what was written
-        before `cutoff_ns` (at most batch_rows per table)."""
+        before `cutoff_ns`, then the losses no row kept is of."""
         out: list[tuple[str, tuple]] = [(self.mark, (now_ns,))]
-        out += [(sql, (cutoff_ns, self.batch_rows, self.floors[t])) for t, sql in self.prune.items()]
-        out.append((self.forget, (cutoff_ns - 10_000_000_000,)))
+        out += [(sql, (cutoff_ns, self.floors[t])) for t, sql in self.prune.items()]
+        out.append((self.prune_loss, (cutoff_ns, self.floors["loss"])))
+        out += [(sql, (cutoff_ns - 10_000_000_000,)) for sql in self.forget]
         return out
+
+
+@dataclass(frozen=True)
+class SizeBound:
+    """--max-size: the database and its write-ahead log together stay within `max_bytes` whatever
+    the event rate. The log gets an eighth (checkpointed at half of it, truncated back to it); the
+    database the rest, and while its pages in use pass 85% of that the window kept is cut to what
+    fits (the window spanned now times the room over the pages used, less a quarter for headroom),
+    growing back towards --keep while they are under 60%. Free pages beyond a tenth of the room
+    are given back to the file system, a few at a time (moving pages writes them to the log)."""
+
+    max_bytes: int
+    keep_ns: int
+    min_keep_ns: int = NS // 2  # the window is never cut below half a second
+
+    @property
+    def wal_bytes(self) -> int:
+        return max(self.max_bytes // 8, 1 << 20)
+
+    def pragmas(self, page_size: int) -> list[str]:
+        return [f"PRAGMA journal_size_limit = {self.wal_bytes}",
+                f"PRAGMA wal_autocheckpoint = {max(self.wal_bytes // 2 // page_size, 16)}"]
+
+    def room(self, wal: int) -> int:
+        """Bytes the database may take next to a log of `wal` bytes (a reader holding the log
+        back makes it grow: the database then gets less)."""
+        return self.max_bytes - max(self.wal_bytes, wal)
+
+    def next_keep(self, keep_now: int, span_ns: int, used: int, wal: int, elapsed_ns: int,
+                  lag_ns: int = 0) -> int:
+        """The window to keep from now: `span_ns` is the time the rows kept span now (shorter than
+        keep_now while the window fills), `elapsed_ns` the time since the last call, `lag_ns` how
+        much recorded time is on its way to the database and not in `used` yet (the writer's
+        queue): at the rate of the rows kept it takes room too."""
+        room = self.room(wal)
+        span = max(min(keep_now, span_ns), 1)
+        coming = used * lag_ns // span
+        if used + coming > 0.85 * room:
+            return max(self.min_keep_ns, int(span * 0.75 * room / used) - lag_ns)
+        if used + coming < 0.6 * room and keep_now < self.keep_ns:
+            grow = keep_now * 0.05 * elapsed_ns / NS + elapsed_ns / 10  # 5% and 0.1 s a second
+            return min(self.keep_ns, int(keep_now + grow))
+        return keep_now
+
+    def pages_to_give_back(self, used: int, free: int, wal: int, page_size: int, most: int = 128) -> int:
+        over = used + free - int(0.9 * self.room(wal))
+        if free <= 0.1 * self.room(wal) and over <= 0:
+            return 0
+        return min(free // page_size, max(over // page_size, (free - self.room(wal) // 10) // page_size), most)
 
 
 def used_bytes(conn: sqlite3.Connection) -> tuple[int, int]:
@@ -80,6 +150,14 @@ def used_bytes(conn: sqlite3.Connection) -> tuple[int, int]:
     count = conn.execute("PRAGMA page_count").fetchone()[0]
     free = conn.execute("PRAGMA freelist_count").fetchone()[0]
     return (count - free) * page, free * page
+
+
+def wal_bytes(db: Path) -> int:
+    """The write-ahead log's size on disk (0 when there is none)."""
+    try:
+        return db.with_name(db.name + "-wal").stat().st_size
+    except OSError:
+        return 0
 
 
 def file_bytes(db: Path) -> int:
@@ -124,7 +202,8 @@ def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, 
                      "status = 'complete' WHERE id = ?", (start, end, session_id))
         windowed = set(event_tables(conn))
         source_tables = set(tables(conn, "src"))
-        for name in tables(conn):
+        # losses last: those of every second a copied row is of come along
+        for name in sorted(tables(conn), key=lambda t: t == "loss"):
             if name in ("session", "incident") or name not in source_tables:
                 continue
             cols = columns(conn, name)
@@ -133,7 +212,12 @@ def save_window(src: Path, out: Path, session_id: int, start: int, end: int, *, 
                                 "recorded it")
             listed = ",".join(f'"{c}"' for c in cols)
             head = f'INSERT INTO main."{name}" ({listed}) SELECT {listed} FROM src."{name}"'
-            if name in windowed:
+            if name == "loss":
+                first = min([start, *(conn.execute(f'SELECT min(ts) FROM main."{t}"').fetchone()[0] or start
+                                      for t in windowed if t != "loss")])
+                cur = conn.execute(f"{head} WHERE session_id = :s AND ts <= :b AND ts + 1000000000 > :a",
+                                   {"s": session_id, "a": first, "b": end})
+            elif name in windowed:
                 overlap = "ts + dur >= :a" if "dur" in cols else "ts >= :a"
                 cur = conn.execute(f"{head} WHERE session_id = :s AND ts <= :b AND {overlap}",
                                    {"s": session_id, "a": start, "b": end})

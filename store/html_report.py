@@ -40,7 +40,9 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "stall-recorder", "font.size": 9})
+    # names come from the traced machine (any user names a process 'p$^$'): text, never mathtext
+    plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "stall-recorder", "font.size": 9,
+                         "text.parse_math": False})
     return plt
 
 
@@ -243,7 +245,7 @@ def build_html(store: Store, session_id: int | None = None) -> tuple[str, dict]:
     plots["latency"] = svg is not None
     if svg:
         table = "".join(
-            f"<tr><td>{html.escape(str(r['device']))}</td><td>{r['op']}</td><td>{r['requests']}</td>"
+            f"<tr><td>{html.escape(str(r['device']))}</td><td>{html.escape(str(r['op']))}</td><td>{r['requests']}</td>"
             + "".join(f"<td>{ms(r[c])}</td>" for c in ("p50_dur", "p99_dur", "p999_dur", "max_dur")) + "</tr>"
             for r in lat)
         svg += ("<table><tr><th>device</th><th>op</th><th>requests</th><th>p50</th><th>p99</th><th>p99.9</th>"

@@ -30,6 +30,11 @@ class Session(Part):
     target: str | None
     incident: str | None = Field(None, description="an incident recording: what saved it (the flight "
                                                     "recorder's trigger, or a dump), absent otherwise")
+    ended: str | None = Field(None, description="a recording nobody stopped: why and from when nothing was "
+                                                 "recorded (a full disk, a recorder that died), absent otherwise")
+    window_kept: str | None = Field(None, description="a flight recording whose window kept was shorter than "
+                                                       "--keep because of --max-size: when and how short, "
+                                                       "absent otherwise")
 
 
 class Window(Part):

@@ -71,6 +71,8 @@ def render_text(report: Report, stack: bool = False) -> str:
         "Stall report",
         f"Session: {s.id} on {s.host} ({s.state}), target {s.target}",
         *([f"Incident: {s.incident}"] if s.incident else []),
+        *([f"Recording: {s.ended}"] if s.ended else []),
+        *([f"Window kept: {s.window_kept}"] if s.window_kept else []),
         *_hang_lines(r, stack),
         f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)",
         f"Symptom: {r.symptom}",
@@ -104,6 +106,10 @@ def render_step_text(report: Report, stack: bool = False) -> str:
     lines = ["Stall report", f"Session: {s.id} on {s.host} ({s.state}), target {s.target}"]
     if s.incident:
         lines.append(f"Incident: {s.incident}")
+    if s.ended:
+        lines.append(f"Recording: {s.ended}")
+    if s.window_kept:
+        lines.append(f"Window kept: {s.window_kept}")
     lines.extend(_hang_lines(r, stack))
     st = r.step
     if st:

@@ -26,6 +26,7 @@ from store.session import (
     STEP_LAYERS,
     has_steps,
     parse_duration,
+    recording_end,
     resolve_window,
     session_end,
     session_row,
@@ -36,6 +37,7 @@ from store.units import NS, ms, utc
 __all__ = [
     "LAYERS", "NS", "OTHER_STALLS", "SLOW_LIMIT", "STEP_LAYERS", "StallReport", "analyse", "analyse_step", "explain",
     "explain_steps",
-    "has_steps", "ms", "parse_duration", "render_step_text", "render_text", "resolve_window", "session_end",
+    "has_steps", "ms", "parse_duration", "recording_end", "render_step_text", "render_text", "resolve_window",
+    "session_end",
     "session_row", "session_state", "slow_calls", "utc",
 ]

@@ -8,7 +8,7 @@ import re
 
 from store.db import Store, lock_holder
 from store.errors import UserError
-from store.units import NS
+from store.units import NS, utc
 
 # Layers a session may observe, and the capability layer that says whether it did.
 LAYERS = {
@@ -51,7 +51,8 @@ def session_state(store: Store, session: dict) -> str:
 
 
 def session_end(store: Store, session: dict) -> int:
-    """Last ts of the session: its stop, or the last event of an incomplete one."""
+    """Last ts of the session: its stop, or for an incomplete one the last second its recorder
+    committed or its last event, whichever is later."""
     if session["stopped_ts"]:
         return session["stopped_ts"]
     row = store.one(
@@ -59,7 +60,21 @@ def session_end(store: Store, session: dict) -> int:
         " UNION ALL SELECT max(ts + dur) FROM offcpu_interval WHERE session_id = :s)",
         {"s": session["id"]},
     )
-    return max(row["e"] or session["started_ts"], session["started_ts"])
+    return max(row["e"] or session["started_ts"], session.get("written_ts") or 0, session["started_ts"])
+
+
+def recording_end(store: Store, session: dict) -> str | None:
+    """How a recording ended when nobody stopped it, in words: 'stopped recording at ...: disk full
+    (...)' or 'ended without a stop (...): nothing was recorded after ...'; None for one stopped
+    on request or still recording."""
+    off = session["wall_offset_ns"]
+    reason = session.get("stop_reason")
+    if reason and session["stopped_ts"]:
+        return f"stopped recording at {utc(session['stopped_ts'] + off)}: {reason}; nothing was recorded after"
+    if session_state(store, session) == "incomplete":
+        why = reason or f"the recorder, pid {session['recorder_pid']}, died"
+        return f"ended without a stop ({why}): nothing was recorded after {utc(session_end(store, session) + off)}"
+    return None
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")

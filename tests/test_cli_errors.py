@@ -222,3 +222,59 @@ def test_explain_an_incomplete_session(tmp_path):
     report = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
     assert report["session"]["state"] == "incomplete"
     assert report["primary_cause"]["kind"] == "memory_reclaim" and report["step"]["step"] == 80042
+
+
+@pytest.fixture(params=["device", "fifo", "socket"])
+def special_file(request, tmp_path):
+    import socket
+
+    if request.param == "device":
+        yield "/dev/null", "is a device"
+        return
+    path = tmp_path / f"{request.param}.db"
+    if request.param == "fifo":
+        os.mkfifo(path)
+        yield str(path), "is a FIFO"
+        return
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    yield str(path), "is a socket"
+    sock.close()
+
+
+@pytest.mark.parametrize("command", [["explain"], ["status"], ["dump"], ["mcp"], ["record", "--", "true"]])
+def test_a_special_file_as_db_is_refused_and_nothing_is_written_beside_it(special_file, command):
+    path, kind = special_file
+    folder = os.path.dirname(path)
+    before = set(os.listdir(folder))
+    if command[0] == "record" and os.geteuid() != 0:
+        pytest.skip("record checks its privileges first")
+    res = run_recorder(command[0], "--db", path, *command[1:], timeout=60)  # a FIFO used to hang here
+    if command[0] == "status":  # no recorder on it: said as such, in one line
+        one_line_error(res, "no recorder is running")
+    else:
+        one_line_error(res, path, kind, "pass a database file path with --db")
+    assert set(os.listdir(folder)) == before
+
+
+@pytest.mark.parametrize("where", [0.6, 0.8, 0.9, 0.97])
+def test_damaged_pages_are_a_one_line_error_for_every_reader(tmp_path, where):
+    """Three pages of a recording overwritten after it was written, at several places: every reader
+    answers or says the file is damaged and how to check it, in one line; the file is untouched."""
+    from recorder.demo import write_scenario
+
+    db = tmp_path / "damaged.db"
+    write_scenario("nvme-timeout-checkpoint", db)
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    first = int(len(data) // page * where)
+    for n in range(first, first + 3):
+        data[n * page:(n + 1) * page] = b"\x00\xff" * (page // 2)
+    db.write_bytes(bytes(data))
+    for args in (["explain"], ["steps"], ["top"], ["report", "--html", str(tmp_path / "p.html")],
+                 ["export", "--perfetto", str(tmp_path / "t.pftrace")]):
+        res = run_recorder(args[0], "--db", str(db), *args[1:], timeout=120)
+        assert "Traceback" not in res.stderr, (args, res.stderr)
+        if res.returncode != 0:
+            one_line_error(res, str(db), "cannot be read", "PRAGMA integrity_check")
+    assert db.read_bytes() == bytes(data)

@@ -296,3 +296,35 @@ def test_mcp_cluster_explain_over_stdio_reads_the_operators_recordings(job, tmp_
     assert not r.is_error, r.content
     got = untrusted.unmark(r.structured_content)
     assert_rank17(got, str(job / "node-02.db"))  # from the Parquet export, explained from the SQLite file
+
+
+@pytest.mark.parametrize("where", [0.6, 0.8, 0.9, 0.97])
+def test_a_damaged_recording_of_the_job_is_one_line(tmp_path, monkeypatch, where):
+    """Pages of one node's recording overwritten: `cluster explain` and the MCP tool say it cannot be
+    read and how to check it, in one line, never a traceback or an 'internal error'."""
+    from mcp import Client
+
+    from mcp_server.server import build_server
+
+    write_cluster(tmp_path, ClusterSpec(nodes=2, ranks_per_node=1, late_rank=1))
+    db = tmp_path / "node-01.db"
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    first = int(len(data) // page * where)
+    for n in range(first, first + 3):
+        data[n * page:(n + 1) * page] = b"\x00\xff" * (page // 2)
+    db.write_bytes(bytes(data))
+    res = run_recorder("cluster", "explain", str(tmp_path))
+    assert "Traceback" not in res.stderr, res.stderr
+    if res.returncode != 0:
+        assert res.stderr.count("\n") == 1 and "cannot be read" in res.stderr, res.stderr
+    monkeypatch.setenv("STALL_RECORDER_CLUSTER", str(tmp_path))
+
+    async def go():
+        async with Client(build_server(tmp_path / "node-00.db")) as c:
+            return await c.call_tool("cluster_explain", {"worst": True})
+    r = anyio.run(go)
+    text = " ".join(getattr(c, "text", "") for c in r.content)
+    assert "internal error" not in text
+    if r.is_error:
+        assert "cannot be read" in text, text

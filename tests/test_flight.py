@@ -13,7 +13,7 @@ from conftest import q, run_recorder
 from recorder.demo import write_scenario
 from recorder.flight import vacuum_statements
 from store.db import Writer, open_store
-from store.flight import Retention, event_tables, save_window
+from store.flight import Retention, SizeBound, event_tables, save_window
 
 S = 1_000_000_000
 OFFCPU = ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id")
@@ -32,8 +32,9 @@ def _recording(path: Path) -> tuple:
     writer = Writer(store)
     writer.table("offcpu_interval", OFFCPU)
     writer.table("loss", ("session_id", "ts", "probe", "dropped"))
-    retention = Retention(event_tables(store.conn), batch_rows=50_000)
-    writer.execute(retention.setup)
+    retention = Retention(event_tables(store.conn))
+    for sql in retention.setup:
+        writer.execute(sql)
     writer.flush()
     return store, writer, retention, sid
 
@@ -91,10 +92,9 @@ def test_free_pages_are_given_back_through_the_writer(tmp_path):
     store, writer, retention, sid = _recording(path)
     for t in range(1, 21):
         _second(writer, retention, sid, t, keep=100 * S, per_second=5000)
-    for _ in range(2):  # 50,000 rows a tick: two ticks delete the 100,000 written
-        for sql, params in retention.statements(21 * S, 21 * S):
-            writer.execute(sql, params)
-        writer.flush()
+    for sql, params in retention.statements(21 * S, 21 * S):  # all 100,000 rows in one tick
+        writer.execute(sql, params)
+    writer.flush()
     assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone() == (0,)
     free = store.conn.execute("PRAGMA freelist_count").fetchone()[0]
     assert free > 800
@@ -104,19 +104,6 @@ def test_free_pages_are_given_back_through_the_writer(tmp_path):
     assert store.conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
     store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert path.stat().st_size < free * 4096 / 2
-    store.close()
-
-
-def test_a_tick_deletes_at_most_its_batch(tmp_path):
-    store, writer, retention, sid = _recording(tmp_path / "b.db")
-    retention = Retention(retention.tables, batch_rows=500)
-    for t in range(1, 6):
-        _second(writer, retention, sid, t, keep=100 * S)  # nothing old enough yet
-    assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone()[0] == 5 * 2000
-    for sql, params in retention.statements(6 * S, 6 * S):  # everything is older than the cutoff
-        writer.execute(sql, params)
-    writer.flush()
-    assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone()[0] == 5 * 2000 - 501
     store.close()
 
 
@@ -135,19 +122,24 @@ def test_the_file_stays_flat_once_the_window_is_full(tmp_path):
     store.close()
 
 
-def test_max_size_shrinks_the_window_and_lets_it_grow_back():
-    from recorder.flight import next_keep
-
-    keep, cap = 600 * S, 100 << 20
-    now = keep
-    for _ in range(10):  # over the size: a tenth less each second
-        now = next_keep(now, keep, int(cap * 0.9), cap)
-    assert now == pytest.approx(keep * 0.9 ** 10, rel=1e-6)
-    assert next_keep(now, keep, int(cap * 0.8), cap) == now  # between 70% and 85%: held
-    for _ in range(200):  # well under: back to --keep, never beyond
-        now = next_keep(now, keep, cap // 2, cap)
+def test_max_size_cuts_the_window_to_what_fits_and_lets_it_grow_back():
+    keep, cap = 600 * S, 100_000_000
+    bound = SizeBound(cap, keep)
+    room = bound.room(0)
+    assert room == cap - cap // 8
+    # 30 s recorded, the pages in use at 95% of the room: the window is cut to what fits, at once
+    now = bound.next_keep(keep, 30 * S, int(room * 0.95), 0, S // 10)
+    assert now == pytest.approx(30 * S * 0.75 / 0.95, rel=1e-6)
+    assert bound.next_keep(now, 30 * S, int(room * 0.7), 0, S // 10) == now  # between 60% and 85%: held
+    for _ in range(2000):  # well under: back to --keep, never beyond
+        now = bound.next_keep(now, 30 * S, room // 2, 0, S // 10)
     assert now == keep
-    assert next_keep(5 * S, keep, cap, cap) == 5 * S  # never under 5 s
+    assert bound.next_keep(2 * S, 2 * S, cap * 4, 0, S // 10) == S // 2  # never under half a second
+    # a second of rows on its way to the database takes room too
+    assert bound.next_keep(keep, 30 * S, int(room * 0.8), 0, S // 10, lag_ns=2 * S) == pytest.approx(
+        30 * S * 0.75 / 0.8 - 2 * S, rel=1e-6)
+    # a log a reader held back takes its room from the database
+    assert bound.room(cap // 4) == cap - cap // 4
 
 
 @pytest.fixture()
@@ -229,3 +221,47 @@ def test_bad_flight_options_are_one_line_errors(tmp_path, args, message):
     assert res.returncode == 2
     assert res.stderr.strip() == f"recorder: {message}"
     assert not (tmp_path / "f.db").exists()
+
+
+def test_every_row_written_before_the_cutoff_goes_at_any_rate(tmp_path):
+    """120,000 rows a second (more than a row budget of the past took): the window is the window,
+    and the losses kept are those of every second a row kept is of."""
+    store, writer, retention, sid = _recording(tmp_path / "l.db")
+    for t in range(1, 21):
+        _second(writer, retention, sid, t, keep=5 * S, per_second=120_000)
+    lo, n = store.conn.execute("SELECT min(ts), count(*) FROM offcpu_interval").fetchone()
+    assert 14 * S <= lo <= 15 * S, lo / S
+    assert n == 120_000 * (20 - lo // S)
+    kept = [r[0] for r in store.conn.execute("SELECT ts FROM loss ORDER BY ts")]
+    assert kept == [s * S for s in range(lo // S, 20)], (lo / S, [k / S for k in kept])
+    store.close()
+
+
+def test_an_interval_that_began_before_the_window_keeps_the_losses_of_its_time(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "i.db")
+    for t in range(1, 23):
+        if t == 16:  # a wait from 5 s to 15 s, written when it ended
+            writer.add("offcpu_interval", (sid, 5 * S, 10 * S, 1, 0, 1, 7))
+        _second(writer, retention, sid, t, keep=10 * S, per_second=100)
+    # the rows written by 11 s are gone, the wait is kept and so is every second's loss it spans
+    assert store.conn.execute("SELECT min(ts) FROM offcpu_interval").fetchone()[0] == 5 * S
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval WHERE ts < 10 * ?", (S,)).fetchone()[0] == 1
+    kept = [r[0] // S for r in store.conn.execute("SELECT ts FROM loss ORDER BY ts")]
+    assert kept == list(range(5, 22)), kept
+    for t in range(23, 30):  # once the wait's own second is out of the window, its losses go too
+        _second(writer, retention, sid, t, keep=10 * S, per_second=100)
+    assert store.conn.execute("SELECT min(ts) FROM loss").fetchone()[0] >= 17 * S
+    store.close()
+
+
+def test_a_dump_takes_the_losses_of_every_second_its_rows_are_of(tmp_path):
+    store, writer, retention, sid = _recording(tmp_path / "d.db")
+    writer.add("offcpu_interval", (sid, 2 * S, 6 * S, 1, 0, 1, 7))  # 2 s to 8 s
+    for t in range(1, 11):
+        writer.add("loss", (sid, (t - 1) * S, "sched:offcpu ring buffer", t))
+    writer.flush()
+    store.close()
+    row = save_window(tmp_path / "d.db", tmp_path / "out.db", sid, 5 * S, 9 * S, trigger="dump", detail="",
+                      ts=9 * S)
+    assert row["rows"] > 0
+    assert [r[0] // S for r in q(tmp_path / "out.db", "SELECT ts FROM loss ORDER BY ts")] == list(range(2, 10))

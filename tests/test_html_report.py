@@ -163,3 +163,22 @@ def test_renders_offline_in_chromium(pages, tmp_path, name):
     assert count[BASE] > 500
     if name != "healthy":
         assert count[STALL] > 500
+
+
+def test_names_from_the_traced_machine_are_text_on_the_page(pages, tmp_path):
+    """A process named 'p$^$' (mathtext to matplotlib) and a request op with markup in it: the page
+    is written and shows both as text."""
+    db = tmp_path / "names.db"
+    db.write_bytes(pages["nvme-timeout-checkpoint"][0].read_bytes())
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE thread SET name = 'p$^$'")
+    conn.execute("UPDATE block_request SET op = '<i>w</i>' WHERE op = 'write'")
+    conn.commit()
+    conn.close()
+    page = tmp_path / "p.html"
+    res = run_recorder("report", "--db", str(db), "--html", str(page), "--json")
+    assert res.returncode == 0, res.stderr
+    text = page.read_text()
+    assert "p$^$" in text
+    assert "<i>w</i>" not in text and "&lt;i&gt;w&lt;/i&gt;" in text
+    assert external_refs(text) == []

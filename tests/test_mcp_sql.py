@@ -211,3 +211,23 @@ def test_integers_beyond_javascript_precision_also_come_back_as_text(db):
     r = tool_call(build_server(db), "run_sql", {"sql": "SELECT 9007199254740993 AS big, -9223372036854775808, 42"})
     assert r.structured_content["rows"] == [[{"integer": 9007199254740993, "text": "9007199254740993"},
                                              {"integer": -9223372036854775808, "text": "-9223372036854775808"}, 42]]
+
+
+def test_a_statement_error_with_malformed_in_it_is_not_a_damaged_recording(db):
+    with pytest.raises(RefusedQuery) as e:
+        run_sql(db, "SELECT json('{')")
+    assert str(e.value).startswith("SQL error: malformed JSON"), e.value
+    assert "cannot be read" not in str(e.value)
+
+
+def test_a_damaged_recording_is_said_to_be_one(db, tmp_path):
+    bad = tmp_path / "bad.db"
+    data = bytearray(Path(db).read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    start = len(data) // page // 2 * page
+    data[start:] = b"\xff" * (len(data) - start)  # the last half of the pages overwritten
+    bad.write_bytes(bytes(data))
+    with pytest.raises(RefusedQuery) as e:
+        for table in ("cuda_call", "offcpu_interval", "thread", "strings", "python_stack_frame"):
+            run_sql(bad, f"SELECT count(*), max(rowid) FROM {table}")
+    assert "cannot be read" in str(e.value) or "not a usable SQLite database" in str(e.value), e.value

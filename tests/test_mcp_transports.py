@@ -383,3 +383,40 @@ def test_claude_code_over_https_with_the_token_from_the_environment(tls, https_s
     untrusted_cert = statuses(claude("mcp", "list", env={"STALL_RECORDER_MCP_TOKEN": token}))
     assert untrusted_cert["stall-recorder-https"] == "✘ Failed to connect"
     assert token not in (tmp_path / "home" / ".claude.json").read_text()
+
+
+def test_slow_header_connections_are_capped_and_closed_and_a_real_client_gets_through(tls, https_server):
+    """Connections that finish the TLS handshake and then send their headers slowly never reach the
+    token check: at most MAX_WAITING wait at once (the one waiting longest is closed), each for at
+    most HEADER_TIMEOUT_S, and a real client is answered meanwhile."""
+    from mcp_server.https import HEADER_TIMEOUT_S, MAX_WAITING
+
+    port = int(https_server.rsplit(":", 1)[1].split("/")[0])
+    ctx = tls_context(tls)
+    slow = []
+    for _ in range(MAX_WAITING + 36):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        conn = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
+        slow.append(conn)
+    time.sleep(0.5)
+
+    def closed(conn) -> bool:
+        conn.settimeout(0.05)
+        try:
+            return conn.recv(1) == b""
+        except (TimeoutError, ssl.SSLWantReadError):
+            return False
+        except (ssl.SSLError, OSError):
+            return True
+
+    assert sum(map(closed, slow)) >= 36  # the oldest beyond the cap went at once
+    token = tls["token"].read_text().strip()
+    started = time.monotonic()
+    with httpx2.Client(verify=ctx, headers={**HEADERS, "Authorization": f"Bearer {token}"}, timeout=10) as http:
+        assert http.post(https_server, json=INIT).status_code == 200
+    assert time.monotonic() - started < 5
+    time.sleep(HEADER_TIMEOUT_S + 1)
+    assert all(map(closed, slow))
+    for conn in slow:
+        conn.close()

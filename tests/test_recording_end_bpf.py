@@ -1,0 +1,147 @@
+"""How a recording ends when nobody stops it, on real probes and real file systems: a disk that
+fills up (a small tmpfs) stops the writing, not the traced command, and the recording says why and
+when; a recorder killed with SIGKILL is found dead by the next stop or status, which finalizes its
+session with the last second written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import needs_bpf, q, run_recorder
+
+from store.db import lock_holder
+
+pytestmark = [needs_bpf, pytest.mark.bpf, pytest.mark.slow]
+
+S = 1_000_000_000
+# pipe ping-pong on many threads: tens of thousands of off-CPU intervals a second, a few MB a second
+PIPE_PAIRS = """
+import os, sys, threading, time
+pairs, seconds = int(sys.argv[1]), float(sys.argv[2])
+end = time.monotonic() + seconds
+
+def side(rd, wr, first):
+    if first:
+        os.write(wr, b"x")
+    while time.monotonic() < end:
+        os.read(rd, 1)
+        os.write(wr, b"x")
+
+for _ in range(pairs):
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    for args in ((a_r, b_w, True), (b_r, a_w, False)):
+        threading.Thread(target=side, args=args, daemon=True).start()
+time.sleep(seconds + 0.5)
+if len(sys.argv) > 3:
+    open(sys.argv[3], "w").write("done")
+sys.exit(3)
+"""
+
+
+@pytest.fixture()
+def small_fs(tmp_path):
+    """A 24 MiB tmpfs: filled in seconds by the load above."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}): needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_record_on_a_full_disk_stops_recording_and_waits_for_the_command(small_fs, tmp_path):
+    db = small_fs / "full.db"
+    done = tmp_path / "done"
+    res = run_recorder("record", "--db", str(db), "--", sys.executable, "-c", PIPE_PAIRS, "30", "40", str(done),
+                       timeout=400)
+    # the command ran to its end, untouched, and its exit status is record's
+    assert done.read_text() == "done"
+    assert res.returncode == 3, res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert "stopped recording into" in res.stdout and "disk full" in res.stdout, res.stdout
+    assert "runs on unrecorded; waiting for it to exit" in res.stderr
+    assert "recording stopped early: disk full" in res.stdout
+    (status, stopped, reason, started), = q(db, "SELECT status, stopped_ts, stop_reason, started_ts FROM session")
+    assert status == "incomplete" and stopped > started and reason.startswith("disk full (database or disk is full)")
+    assert q(db, "SELECT count(*) FROM offcpu_interval")[0][0] > 1000
+    # readable where it lies, and the report says from when nothing was recorded
+    report = run_recorder("explain", "--db", str(db))
+    assert report.returncode == 0, report.stderr
+    assert "Recording: stopped recording at " in report.stdout and ": disk full (" in report.stdout
+    status_now = run_recorder("status", "--db", str(db))
+    assert status_now.returncode != 0 and "Traceback" not in status_now.stderr
+    assert "session 1 stopped recording at " in status_now.stderr and "disk full" in status_now.stderr
+
+
+def test_a_flight_recorder_on_a_full_disk_stops_and_says_so(small_fs, tmp_path):
+    db = small_fs / "flight.db"
+    work = subprocess.Popen([sys.executable, "-c", PIPE_PAIRS, "30", "300"])
+    try:
+        res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--keep", "2m", "--before", "4s",
+                           "--after", "2s", "--triggers", "", "--json")
+        assert res.returncode == 0, res.stderr
+        deadline = time.monotonic() + 120
+        while lock_holder(db) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not lock_holder(db), "the recorder did not stop on a full disk"
+        assert work.poll() is None  # the traced process runs on
+        status = run_recorder("status", "--db", str(db))
+        assert status.returncode != 0 and "Traceback" not in status.stderr
+        assert "stopped recording at" in status.stderr and "disk full" in status.stderr, status.stderr
+        stop = run_recorder("stop", "--db", str(db))
+        assert "disk full" in stop.stderr and "Traceback" not in stop.stderr
+        report = run_recorder("explain", "--db", str(db))
+        assert report.returncode == 0, report.stderr
+        assert "Recording: stopped recording at " in report.stdout
+        dump = run_recorder("dump", "--db", str(db), "-o", str(tmp_path / "after.db"), "--json")
+        assert dump.returncode == 0, dump.stderr
+        assert json.loads(dump.stdout)["end_ts"] == q(db, "SELECT stopped_ts FROM session")[0][0]
+    finally:
+        work.kill()
+        work.wait()
+    log = Path(f"{db}.log").read_text()
+    assert "stopped recording into" in log and "disk full" in log, log
+
+
+def test_a_recorder_killed_is_found_dead_and_its_session_finalized(tmp_path):
+    db = tmp_path / "killed.db"
+    work = subprocess.Popen([sys.executable, "-c", PIPE_PAIRS, "2", "300"])
+    try:
+        res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--json")
+        assert res.returncode == 0, res.stderr
+        pid = json.loads(res.stdout)["recorder_pid"]
+        time.sleep(3)
+        killed_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while lock_holder(db) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        report = run_recorder("explain", "--db", str(db))  # a reader before anyone finalizes it
+        assert report.returncode == 0, report.stderr
+        assert f"Recording: ended without a stop (the recorder, pid {pid}, died): nothing was recorded after " \
+            in report.stdout
+        status = run_recorder("status", "--db", str(db))
+        assert status.returncode != 0 and "Traceback" not in status.stderr
+        assert f"the recorder (pid {pid}) died without a stop" in status.stderr, status.stderr
+        (state, started, stopped, written), = q(db, "SELECT status, started_ts, stopped_ts, written_ts FROM session")
+        assert state == "incomplete" and written is not None
+        # it ends at the last second committed, or at the last event if that is later
+        last_event = q(db, "SELECT max(ts + dur) FROM offcpu_interval")[0][0]
+        assert started < written <= stopped <= killed_at and stopped == max(written, last_event)
+        stop = run_recorder("stop", "--db", str(db))
+        assert stop.returncode != 0 and "died without a stop" in stop.stderr
+        report = run_recorder("explain", "--db", str(db))
+        assert "Recording: stopped recording at " in report.stdout and "died without a stop" in report.stdout
+        assert "(incomplete)" in report.stdout
+    finally:
+        work.kill()
+        work.wait()
