@@ -176,13 +176,18 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
     write_scenario("cpu-contention", path)
     conn = sqlite3.connect(path)
     for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule",
-                  "thread_name", "incident", "user_code_rule", "wait_chain_rule", "python_gil"):
+                  "thread_name", "incident", "user_code_rule", "wait_chain_rule", "python_gil", "flight_window"):
         conn.execute(f"DROP TABLE {table}")  # and what later versions added
     store_db._drop_views(conn)
     for table, column in (("offcpu_interval", "waker_context"), ("offcpu_interval", "futex_addr"),
                           ("offcpu_interval", "end_seen"), ("python_stack", "failure"), ("python_stack", "reread"),
                           ("tcp_retransmit", "process_id"), ("tcp_retransmit", "peer_process_id"),
-                          ("cuda_call", "open"), ("nccl_call", "open")):
+                          ("cuda_call", "open"), ("nccl_call", "open"), ("cuda_call", "driver_api_id"),
+                          ("session", "stop_reason"), ("session", "written_ts"),
+                          *(("process", c) for c in ("environ_status", "job_rank", "job_local_rank",
+                                                     "job_world_size", "master_addr", "run_id", "slurm_job_id",
+                                                     "slurm_step_id", "pod_uid", "pod_namespace", "pod_name",
+                                                     "cgroup"))):
         conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
