@@ -32,14 +32,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_training_job import _bpf_programs, _cpu_seconds  # noqa: E402
+from bench_training_job import run_watched  # noqa: E402
 
 JOB = ROOT / "benchmarks" / "gpu_job.py"
 RECORDER = [sys.executable, "-m", "recorder"]
@@ -88,28 +86,9 @@ def run_job(traced: bool, workdir: Path, label: str, steps: int, graphs: int, cp
               ["--cpu", "--layers", "2", "--workers", "2"] if cpu else [])
     db = workdir / f"{label}.db"
     cmd = RECORDER + ["record", "--db", str(db), "--"] + job if traced else job
-    seen: dict = {}
-
-    def watch() -> None:
-        while proc.poll() is None and not started.exists():
-            time.sleep(0.01)
-        try:
-            seen.update(cpu0=_cpu_seconds(proc.pid), t0=time.monotonic_ns(), bpf0=_bpf_programs(proc.pid))
-            while proc.poll() is None and not done.exists():
-                time.sleep(0.01)
-            seen.update(cpu1=_cpu_seconds(proc.pid), t1=time.monotonic_ns(), bpf1=_bpf_programs(proc.pid))
-        except OSError:
-            pass
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    watcher = threading.Thread(target=watch, daemon=True)
-    if traced:
-        watcher.start()
-    _, err = proc.communicate()
-    if traced:
-        watcher.join()
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"{label} failed ({proc.returncode}): {err.strip()[-3000:]}")
+    returncode, _, err, seen = run_watched(cmd, traced, started, done)
+    if returncode != 0 or not out.exists():
+        raise RuntimeError(f"{label} failed ({returncode}): {err.strip()[-3000:]}")
     truth = json.loads(out.read_text())
     result = {"label": label, "traced": traced, "median_ms": truth["median_ms"], "p95_ms": truth["p95_ms"],
               "graph_replays": (truth.get("graphs") or {}).get("replays", 0)}

@@ -33,15 +33,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "native"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_training_job import _bpf_programs, _cpu_seconds  # noqa: E402
+from bench_training_job import run_watched  # noqa: E402
 
 JOB = ROOT / "tests" / "workloads" / "standin_gpu_job.py"
 RECORDER = [sys.executable, "-m", "recorder"]
@@ -59,28 +57,9 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     cmd = RECORDER + ["record", "--db", str(db), "--"] + job if traced else job
-    seen: dict = {}
-
-    def watch() -> None:
-        while proc.poll() is None and not ready.exists():
-            time.sleep(0.01)
-        try:
-            seen["cpu0"], seen["t0"], seen["bpf0"] = _cpu_seconds(proc.pid), time.monotonic(), _bpf_programs(proc.pid)
-            while proc.poll() is None and not out.exists():
-                time.sleep(0.01)
-            seen["cpu1"], seen["t1"], seen["bpf1"] = _cpu_seconds(proc.pid), time.monotonic(), _bpf_programs(proc.pid)
-        except OSError:
-            pass
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    watcher = threading.Thread(target=watch, daemon=True)
-    if traced:
-        watcher.start()
-    _, err = proc.communicate()
-    if traced:
-        watcher.join()
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"{label} failed ({proc.returncode}): {err.strip()[-2000:]}")
+    returncode, _, err, seen = run_watched(cmd, traced, ready, out)
+    if returncode != 0 or not out.exists():
+        raise RuntimeError(f"{label} failed ({returncode}): {err.strip()[-2000:]}")
     job = json.loads(out.read_text())
     # the calls the job made, one row each: the driver calls the stand-in runtime makes inside its
     # own (cuLaunchKernel, cuStreamSynchronize) are part of those calls' rows
@@ -91,7 +70,7 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
         return result
     if "bpf1" not in seen:
         raise RuntimeError(f"{label}: the recorder ended before the job did")
-    wall = seen["t1"] - seen["t0"]
+    wall = (seen["t1"] - seen["t0"]) / 1e9
     result["recorder_core_share"] = (seen["cpu1"] - seen["cpu0"]) / wall
     bpf_ns = runs = 0
     per_program = {}

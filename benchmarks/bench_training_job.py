@@ -93,6 +93,34 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_watched(cmd: list[str], traced: bool, started: Path, done: Path) -> tuple[int, str, str, dict]:
+    """Run `cmd` (the recorder around a job, or the job alone) to its end: its exit status, its
+    stdout and stderr and, when traced, its pid and the recorder's CPU seconds, CLOCK_MONOTONIC ns and BPF programs at the
+    moments the job writes `started` and then `done` (cpu0, t0, bpf0, cpu1, t1, bpf1)."""
+    seen: dict = {}
+
+    def watch() -> None:
+        while proc.poll() is None and not started.exists():
+            time.sleep(0.01)
+        try:
+            seen.update(cpu0=_cpu_seconds(proc.pid), t0=time.monotonic_ns(), bpf0=_bpf_programs(proc.pid))
+            while proc.poll() is None and not done.exists():
+                time.sleep(0.01)
+            seen.update(cpu1=_cpu_seconds(proc.pid), t1=time.monotonic_ns(), bpf1=_bpf_programs(proc.pid))
+        except OSError:  # it ended first: the caller finds the figures missing
+            pass
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    seen["pid"] = proc.pid
+    watcher = threading.Thread(target=watch, daemon=True)
+    if traced:
+        watcher.start()
+    out, err = proc.communicate()
+    if traced:
+        watcher.join()
+    return proc.returncode, out, err, seen
+
+
 def _db_figures(db: Path, recorder_pid: int) -> dict:
     """Rows per table, drops, and how much the recorder process contended with the job's threads."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -131,30 +159,9 @@ def run_job(mode: str, libdir: Path, steps: int, workdir: Path) -> dict:
     traced = mode != "untraced"
     cmd = (RECORDER + ["record", "--db", str(db), "--cuda-lib", str(libdir / "libcudart.so.12"), "--"] + job
            if traced else job)
-    seen: dict = {}
-
-    def watch() -> None:
-        """The recorder's CPU time over the training loop, and its BPF programs' statistics at its end."""
-        while proc.poll() is None and not started.exists():
-            time.sleep(0.02)
-        try:
-            seen["cpu0"], seen["t0"] = _cpu_seconds(proc.pid), time.monotonic()
-            while proc.poll() is None and not done.exists():
-                time.sleep(0.02)
-            seen["cpu1"], seen["t1"] = _cpu_seconds(proc.pid), time.monotonic()
-            seen["bpf"] = _bpf_programs(proc.pid)
-        except OSError:  # it ended first: reported as missing figures
-            pass
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    watcher = threading.Thread(target=watch, daemon=True)
-    if traced:
-        watcher.start()
-    out, err = proc.communicate()
-    if traced:
-        watcher.join()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{mode} run failed ({proc.returncode}): {err.strip()[-2000:]}")
+    returncode, out, err, seen = run_watched(cmd, traced, started, done)
+    if returncode != 0:
+        raise RuntimeError(f"{mode} run failed ({returncode}): {err.strip()[-2000:]}")
     job_line = [line for line in out.splitlines() if line.startswith('{"step_ns"')]
     if not job_line:
         raise RuntimeError(f"{mode} run printed no result: {out[-2000:]} {err[-2000:]}")
@@ -167,14 +174,14 @@ def run_job(mode: str, libdir: Path, steps: int, workdir: Path) -> dict:
     result["p95_step_ms"] = _percentile(steps_ns, 0.95) / 1e6
     result["ctx_switches_per_s"] = job_result["ctx_switches"] / job_result["wall_s"]
     if traced:
-        if "bpf" not in seen:
+        if "bpf1" not in seen:
             raise RuntimeError(f"{mode}: the recorder ended before the training loop did")
-        result["bpf"] = seen["bpf"]
+        result["bpf"] = seen["bpf1"]
         # the recorder's own process (its threads; the job is a child and not in its /proc stat)
-        result["recorder_core_share"] = (seen["cpu1"] - seen["cpu0"]) / (seen["t1"] - seen["t0"])
+        result["recorder_core_share"] = (seen["cpu1"] - seen["cpu0"]) / ((seen["t1"] - seen["t0"]) / 1e9)
         result["db_bytes"] = sum(Path(f"{db}{s}").stat().st_size for s in ("", "-wal", "-shm")
                                  if Path(f"{db}{s}").exists())
-        result.update(_db_figures(db, proc.pid))
+        result.update(_db_figures(db, seen["pid"]))
     return result
 
 
