@@ -95,8 +95,9 @@ def _cpu_seconds(pid: int) -> float:
 
 def run_watched(cmd: list[str], traced: bool, started: Path, done: Path) -> tuple[int, str, str, dict]:
     """Run `cmd` (the recorder around a job, or the job alone) to its end: its exit status, its
-    stdout and stderr and, when traced, its pid and the recorder's CPU seconds, CLOCK_MONOTONIC ns and BPF programs at the
-    moments the job writes `started` and then `done` (cpu0, t0, bpf0, cpu1, t1, bpf1)."""
+    stdout and stderr, and its pid and, when traced, the recorder's CPU seconds, CLOCK_MONOTONIC ns
+    and BPF programs at the moments the job writes `started` and then `done` (cpu0, t0, bpf0,
+    cpu1, t1, bpf1)."""
     seen: dict = {}
 
     def watch() -> None:
