@@ -70,19 +70,22 @@ def _record(db: Path, *target: str, during=None) -> None:
 def _recorded_like_pid(db: Path, pid: int, found_by: str) -> None:
     """What `-p PID` records of the training loop: its CUDA calls each with its Python line, its
     steps, the library found, and one capability row saying what was attached to it."""
+    # the probes attach one after the other while the job runs: what follows is checked from the
+    # moment the last CUDA probe was attached (a loaded machine takes seconds to attach them all)
+    attached = q(db, "SELECT max(ts) FROM capability WHERE layer = 'cuda' AND status = 'attached'")[0][0]
     # kernel launches take their stack only when slow or sampled: every other call has its line
     calls = q(db, "SELECT c.python_status, c.python_file, count(*) FROM cuda_call_python c"
                   " JOIN thread t ON t.id = c.thread_id JOIN process p ON p.id = t.process_id"
                   " JOIN cuda_api a ON a.id = c.api_id WHERE p.pid = ? AND a.name != 'cudaLaunchKernel'"
-                  " GROUP BY 1, 2", (pid,))
+                  " AND c.ts > ? GROUP BY 1, 2", (pid, attached))
     assert [(status, Path(f).name) for status, f, _ in calls] == [("ok", "train_steps.py")], calls
     steps, first, last = q(db, "SELECT count(*), min(s.ts), max(s.ts) FROM step s JOIN process p"
-                               " ON p.id = s.process_id WHERE p.pid = ?", (pid,))[0]
+                               " ON p.id = s.process_id WHERE p.pid = ? AND s.ts > ?", (pid, attached))[0]
     # every step between the first and the last marker made its 6 calls (malloc, 3 launches, sync,
-    # free): none was missed (the probes attach one after the other, so the edges are left out)
+    # free): none was missed
     in_steps = q(db, "SELECT count(*) FROM cuda_call c JOIN thread t ON t.id = c.thread_id JOIN process p"
                      " ON p.id = t.process_id WHERE p.pid = ? AND c.ts >= ? AND c.ts < ?", (pid, first, last))[0][0]
-    assert steps >= 50 and in_steps == 6 * (steps - 1), (in_steps, steps)
+    assert steps >= 30 and in_steps == 6 * (steps - 1), (in_steps, steps)
     lines = {line for line, in q(db, "SELECT python_line FROM python_lines")}
     assert any(line.startswith("main() at train_steps.py:") for line in lines), lines
     assert ("runtime", found_by) in q(db, "SELECT kind, found_by FROM library")
