@@ -16,6 +16,7 @@ from recorder.core.libraries import exported_functions
 from recorder.layers.cuda.apis import (
     API_INDEX,
     APIS,
+    FIRST_DRIVER_API,
     LAUNCH_LAYOUTS,
     Api,
     bpf_programs,
@@ -77,6 +78,12 @@ _NO_API = events.CONSTANTS["CUDA_NO_API"]
 
 # `loss.probe` of a call in flight at stop that could not be stored (its thread had ended)
 OPEN_LOST = "cuda call in flight, thread gone"
+# where kernel launches are probed (LaunchRoute)
+LAUNCHES_AT_DRIVER = "launches are probed at the driver: every runtime launch went through it"
+ROUTE_EVIDENCE = 1000  # runtime launches seen through the driver before the runtime's probes go
+ROUTE_CHECK_NS = 1_000_000_000
+# `loss.probe` of a runtime launch in flight when the runtime's launch probes were detached
+ROUTE_LOST = "cuda launch in flight when the runtime's launch probes were detached"
 _OPEN_INSERT = f"INSERT INTO cuda_call ({','.join(CUDA_COLUMNS)}, open) VALUES ({','.join('?' * len(CUDA_COLUMNS))}, 1)"
 _RET = CUDA_COLUMNS.index("ret")
 
@@ -104,7 +111,7 @@ class CudaLayer(BaseLayer):
     name = "cuda"
     sources = SOURCES
     tables = ("cuda_api", "cuda_call", "library")
-    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP") + (OPEN_LOST,)
+    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP") + (OPEN_LOST, ROUTE_LOST)
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -323,9 +330,6 @@ def _signed(value: int) -> int:
 
 
 # -- where kernel launches are probed ------------------------------------------------------------------
-LAUNCHES_AT_DRIVER = "launches are probed at the driver: every runtime launch went through it"
-ROUTE_EVIDENCE = 1000  # runtime launches seen through the driver before the runtime's probes go
-ROUTE_CHECK_NS = 1_000_000_000
 
 
 class LaunchRoute:
@@ -378,6 +382,21 @@ class LaunchRoute:
                 except Exception:  # already gone with its library
                     pass
             self.state = "driver"
+            # a runtime launch still in flight now (a second after its entry probe went) will not
+            # be seen return: its record would make its thread's driver launches look nested in it
+            stale = 0
+            for call in in_flight(probes.bpf, "cuda_inflight", delete=False):
+                r = call.record
+                if r.ts and r.api < FIRST_DRIVER_API and APIS[r.api].layout in LAUNCH_LAYOUTS:
+                    r.ts = 0
+                    try:
+                        probes.bpf["cuda_inflight"][ctypes.c_uint64(call.tid << 32 | call.api)] = r
+                    except Exception:  # the thread ended meanwhile
+                        continue
+                    stale += 1
+            if stale:
+                self.context.writer.add("loss", (self.context.session_id, now - now % 1_000_000_000,
+                                                 ROUTE_LOST, stale))
             return
         if not self.runtime or not self.driver_launches or probes.settings.keep_runtime_launches:
             return
