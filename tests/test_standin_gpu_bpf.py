@@ -106,14 +106,17 @@ def test_every_call_kept_at_fifty_thousand_launches_a_second(tmp_path: Path, nat
                  " AND detail LIKE '%not walked%'") == [(0,)]
 
 
-def test_a_slow_launch_has_its_stack_and_its_line(tmp_path: Path, native) -> None:
+def test_slow_launches_and_graph_replays_have_their_lines(tmp_path: Path, native) -> None:
     """Step 20's launches each take 400 us in the runtime: all of them get their stacks at their
-    return (not a sample), with the op's line; the report finds the step and the calls. The
+    return (not a sample), with the op's line, and the report finds the step and the calls. The
     runtime's launch probes are kept (STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1): the time is the
-    runtime's own, before it calls the driver, which the driver's probes alone do not cover."""
+    runtime's own, before it calls the driver, which the driver's probes alone do not cover.
+    A graph is replayed in every step: each replay is linked to the graph and its instantiation's
+    line (cuda_graph_launch), each step's synchronisation to the replay it waited for
+    (cuda_sync_graph), and step 40's slow replay's report names the graph and that line."""
     db, job = record_job(tmp_path, native, "--rate", "20000", "--seconds", "3", "--markers",
-                         "--slow-launch-step", "20", "--launches-per-step", "200",
-                         env={"STALL_RECORDER_KEEP_RUNTIME_LAUNCHES": "1"})
+                         "--slow-launch-step", "20", "--launches-per-step", "200", "--graph-every-step",
+                         "--slow-graph-step", "40", env={"STALL_RECORDER_KEEP_RUNTIME_LAUNCHES": "1"})
     assert "cuLaunchKernel" not in rows_by_api(db)
     assert losses_beyond_skips(db) == {}
     slow = q(db, "SELECT c.dur, p.python_lineno, p.python_file FROM cuda_call c"
@@ -128,14 +131,6 @@ def test_a_slow_launch_has_its_stack_and_its_line(tmp_path: Path, native) -> Non
     text = json.dumps(report)
     assert "cudaLaunchKernel" in text and "standin_gpu_job.py" in text
 
-
-def test_graph_replays_are_named_by_their_graph(tmp_path: Path, native) -> None:
-    """A graph replayed in every step: each replay is linked to the graph and its instantiation's
-    line (cuda_graph_launch), each step's synchronisation to the replay it waited for
-    (cuda_sync_graph), and a slow replay's report names the graph and that line."""
-    db, job = record_job(tmp_path, native, "--rate", "20000", "--seconds", "3", "--markers",
-                         "--launches-per-step", "200", "--graph-every-step", "--slow-graph-step", "40")
-    assert losses_beyond_skips(db) == {}
     exec_handle, line = job["graph_exec"], job["graph_line"]
     where = f"capture_graph() at standin_gpu_job.py:{line}"
     assert q(db, "SELECT graph_exec, replays, instantiated_at FROM cuda_graph") == [
