@@ -43,6 +43,7 @@ from store.rules import slow_call_rule, stall_rule
 
 NS = 1_000_000_000
 VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
+ROW_BYTES = 160  # what a row takes in the database, at most, for the backstop's estimate of a piece
 SIZED_INTERVAL_NS = NS // 10  # under --max-size the window is kept at every batch, not every second
 TRIGGERS = ("stall", "hung-call", "nvme", "io-error", "xid", "aer", "oom")
 # kernel-log and memory tables a trigger watches: (table, trigger, condition on its rows)
@@ -152,6 +153,9 @@ class FlightRecorder:
         self.keep_now = options.keep_ns  # shrinks while the database is above --max-size
         self.bound = SizeBound(options.max_bytes, options.keep_ns) if options.max_bytes else None
         self._last_keep = 0
+        self._cut: int | None = None  # the cutoff the writer's backstop last applied (ns), until keep() reads it
+        self._pages: tuple[int, int] | None = None  # (bytes in use, bytes free) as the writer last saw them
+        self._page_size = 4096
         self._last_handed = 0
         self._row_rate = 0.0  # rows a second handed to the writer, smoothed
         self.short_since: int | None = None  # the window is shorter than --keep because of the size
@@ -186,11 +190,12 @@ class FlightRecorder:
         for sql in self.retention.setup:
             self.session.writer.execute(sql)
         if self.bound:
-            page = self._monitor.execute("PRAGMA page_size").fetchone()[0]
+            page = self._page_size = self._monitor.execute("PRAGMA page_size").fetchone()[0]
             for sql in self.bound.pragmas(page):
                 self.session.writer.execute(sql)
             # a burst (the rings' backlog) in transactions the log's share holds (~100 bytes a row)
-            self.session.writer.txn_rows = max(self.bound.wal_bytes // 4 // 100, 1000)
+            self.session.writer.txn_rows = max(self.bound.wal_bytes // 4 // ROW_BYTES, 500)
+            self.session.writer.wal_limit = self.bound.wal_bytes
         else:
             self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
         self.session.writer.execute("INSERT OR REPLACE INTO flight_window (session_id, keep_ns, max_bytes) "
@@ -198,6 +203,8 @@ class FlightRecorder:
                                                          self.options.max_bytes))
         self.session.writer.flush()  # the mark table exists before the first deletion runs
         self.session.writer.sync()
+        if self.bound:
+            self.session.writer.make_room = self._make_room
         for table, _, _ in WATCHED + (("step_mark", "", ""),):
             self._last_id[table] = self._monitor.execute(
                 f"SELECT coalesce(max(id), 0) FROM {table}").fetchone()[0]
@@ -267,7 +274,9 @@ class FlightRecorder:
             elapsed = now - self._last_keep
             if elapsed < SIZED_INTERVAL_NS * 9 // 10:
                 return
-            used, free = used_bytes(self._monitor)
+            # the pages as the writer saw them before its last insert (no read of the file here: a
+            # reader ten times a second holds the log back from its checkpoints)
+            used, free = self._pages or used_bytes(self._monitor)
             wal = wal_bytes(self.session.db_path)
             span = now - self.session.started_ts
             writer = self.session.writer
@@ -277,9 +286,11 @@ class FlightRecorder:
                 self._row_rate = rate if not self._row_rate else 0.7 * self._row_rate + 0.3 * rate
             self._last_handed = handed
             lag = int((handed - writer.rows_written) * NS / self._row_rate) if self._row_rate else 0
+            cut, self._cut = self._cut, None
+            if cut is not None:  # the backstop deleted rows the window still held: it is that short now
+                self.keep_now = min(self.keep_now, max(self.bound.min_keep_ns, now - cut))
             self.keep_now = self.bound.next_keep(self.keep_now, span, used, wal, min(elapsed, NS), min(lag, 10 * NS))
-            page = self._monitor.execute("PRAGMA page_size").fetchone()[0]
-            for sql in vacuum_statements(self.bound.pages_to_give_back(used, free, wal, page)):
+            for sql in vacuum_statements(self.bound.pages_to_give_back(used, free, wal, self._page_size)):
                 self.session.writer.execute(sql)
             if self.keep_now < opts.keep_ns:
                 self.short_since = self.short_since or now
@@ -295,6 +306,14 @@ class FlightRecorder:
         # deleted before the batch's rows are inserted: they reuse the pages freed
         for sql, params in self.retention.statements(now, now - self.keep_now):
             self.session.writer.execute_first(sql, params)
+
+    def _make_room(self, conn: sqlite3.Connection, rows: int) -> None:
+        """The writer's backstop under --max-size (Retention.make_room), before each piece it inserts."""
+        room = int(self.bound.room(wal_bytes(self.session.db_path)) * 0.95)
+        cut = self.retention.make_room(conn, room, rows * ROW_BYTES)
+        if cut is not None:
+            self._cut = cut if self._cut is None else max(self._cut, cut)
+        self._pages = used_bytes(conn)
 
     def status(self) -> dict:
         window = None

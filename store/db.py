@@ -450,6 +450,12 @@ class Writer:
         self._first: list[tuple[str, Sequence]] = []
         # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
         self.txn_rows: int | None = None
+        # called (with the writer's connection and the piece's row count) before each piece of a
+        # batch is inserted: where a size bound deletes old rows to make room (store/flight.py)
+        self.make_room: Callable[[sqlite3.Connection, int], None] | None = None
+        # the write-ahead log's size past which a commit checkpoints it and truncates it at once
+        # (a reader that held it back from the automatic checkpoints lets it grow), None: never
+        self.wal_limit: int | None = None
         # why the writer stopped writing (the disk was full, or would not take a write), and when
         # (CLOCK_MONOTONIC ns) it last committed: later batches are counted in rows_not_written
         self.stopped: str | None = None
@@ -574,6 +580,8 @@ class Writer:
             conn.execute(sql, params)
         written = 0
         for name, rows in self._pieces(batch):
+            if self.make_room is not None:
+                self.make_room(conn, self._packed_rows(name, len(rows)) if isinstance(rows, bytes) else len(rows))
             if isinstance(rows, bytes):  # packed (extend_packed); the GIL is released inside
                 program, slots, sql = self._programs[name]
                 written += self._insert_packed(conn, sql, program, slots, rows)
@@ -598,6 +606,21 @@ class Writer:
     def _committed(self, rows: int) -> None:
         self.rows_written += rows
         self.last_commit_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        if self.wal_limit is not None:
+            try:
+                over = os.stat(f"{self.store.path}-wal").st_size > self.wal_limit
+            except OSError:
+                over = False
+            if over:  # readers reading an older snapshot are waited for, briefly; the next commit tries again
+                conn = self.store.conn
+                conn.execute("PRAGMA busy_timeout = 200")
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                except sqlite3.OperationalError as e:
+                    if cannot_write(e):
+                        raise
+                finally:
+                    conn.execute("PRAGMA busy_timeout = 5000")
 
     def _write_unless_stopped(self, batch: list, statements: list, count: int) -> None:
         """_write(), or count the rows once the disk stopped taking them: a full disk ends the

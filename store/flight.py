@@ -85,6 +85,42 @@ class Retention:
                         f"(SELECT min(id) FROM \"{t}\" WHERE id > {self.floors[t]}), 9223372036854775807)")
                        for t in self.tables]
 
+    def make_room(self, conn: sqlite3.Connection, room: int, incoming: int) -> int | None:
+        """The size bound's backstop, run by the writer before it inserts a piece of a batch: while
+        the pages in use and the `incoming` bytes would pass `room`, delete the oldest rows, a
+        mark's worth at a time (the rows of its tenth of a second), then, where one mark holds more
+        than the room (a burst since the last mark), the older half of each table's rows. The
+        feedback of SizeBound.next_keep keeps the window short enough that this rarely runs; a
+        burst faster than it can react (the rings' backlog at a start on a loaded machine, a writer
+        far behind) is still bounded. Returns the cutoff applied (ns; the newest mark's time for a
+        cut by halves), None when nothing had to go."""
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+
+        def over() -> bool:
+            used = (conn.execute("PRAGMA page_count").fetchone()[0]
+                    - conn.execute("PRAGMA freelist_count").fetchone()[0]) * page
+            return used + incoming > room
+
+        if not over():
+            return None
+        cutoff = None
+        for (ts,) in conn.execute("SELECT DISTINCT ts FROM temp.flight_mark ORDER BY ts").fetchall():
+            for t, sql in self.prune.items():
+                conn.execute(sql, (ts, self.floors[t]))
+            cutoff = ts
+            if not over():
+                break
+        for _ in range(8):
+            if not over():
+                break
+            for t in self.tables:
+                conn.execute(f'DELETE FROM "{t}" WHERE id > ?1 AND id <= (SELECT (min(id) + max(id)) / 2 '
+                             f'FROM "{t}" WHERE id > ?1)', (self.floors[t],))
+            cutoff = conn.execute("SELECT max(ts) FROM temp.flight_mark").fetchone()[0] or cutoff
+        if cutoff is not None:
+            conn.execute(self.prune_loss, (cutoff, self.floors["loss"]))
+        return cutoff if cutoff is not None else 0
+
     def statements(self, now_ns: int, cutoff_ns: int) -> list[tuple[str, tuple]]:
         """This tick's statements: note the ids written by `now_ns`, delete what was written
         before `cutoff_ns`, then the losses no row kept is of."""
@@ -98,11 +134,13 @@ class Retention:
 @dataclass(frozen=True)
 class SizeBound:
     """--max-size: the database and its write-ahead log together stay within `max_bytes` whatever
-    the event rate. The log gets an eighth (checkpointed at half of it, truncated back to it); the
-    database the rest, and while its pages in use pass 85% of that the window kept is cut to what
-    fits (the window spanned now times the room over the pages used, less a quarter for headroom),
-    growing back towards --keep while they are under 60%. Free pages beyond a tenth of the room
-    are given back to the file system, a few at a time (moving pages writes them to the log)."""
+    the event rate. The log gets an eighth (checkpointed at half of it, truncated back to it) and as
+    much again for what runs over it; the database the rest, and while its pages in use pass 85% of
+    that the window kept is cut to what fits (the window spanned now times the room over the pages
+    used, less a quarter for headroom), growing back towards --keep while they are under 60%. Where
+    a burst comes faster than that, the writer deletes the oldest rows before it inserts
+    (Retention.make_room). Free pages beyond a tenth of the room are given back to the file system,
+    a few at a time (moving pages writes them to the log)."""
 
     max_bytes: int
     keep_ns: int
@@ -117,9 +155,10 @@ class SizeBound:
                 f"PRAGMA wal_autocheckpoint = {max(self.wal_bytes // 2 // page_size, 16)}"]
 
     def room(self, wal: int) -> int:
-        """Bytes the database may take next to a log of `wal` bytes (a reader holding the log
-        back makes it grow: the database then gets less)."""
-        return self.max_bytes - max(self.wal_bytes, wal)
+        """Bytes the database may take next to a log of `wal` bytes: the log's share is twice its
+        size limit (a transaction on top of a log not yet checkpointed, a checkpoint held back
+        by a reader), and where the log is larger still the database gets less."""
+        return self.max_bytes - max(2 * self.wal_bytes, wal)
 
     def next_keep(self, keep_now: int, span_ns: int, used: int, wal: int, elapsed_ns: int,
                   lag_ns: int = 0) -> int:

@@ -126,7 +126,7 @@ def test_max_size_cuts_the_window_to_what_fits_and_lets_it_grow_back():
     keep, cap = 600 * S, 100_000_000
     bound = SizeBound(cap, keep)
     room = bound.room(0)
-    assert room == cap - cap // 8
+    assert room == cap - cap // 4  # the log's limit, and as much again for what runs over it
     # 30 s recorded, the pages in use at 95% of the room: the window is cut to what fits, at once
     now = bound.next_keep(keep, 30 * S, int(room * 0.95), 0, S // 10)
     assert now == pytest.approx(30 * S * 0.75 / 0.95, rel=1e-6)
@@ -138,8 +138,44 @@ def test_max_size_cuts_the_window_to_what_fits_and_lets_it_grow_back():
     # a second of rows on its way to the database takes room too
     assert bound.next_keep(keep, 30 * S, int(room * 0.8), 0, S // 10, lag_ns=2 * S) == pytest.approx(
         30 * S * 0.75 / 0.8 - 2 * S, rel=1e-6)
-    # a log a reader held back takes its room from the database
-    assert bound.room(cap // 4) == cap - cap // 4
+    # a log a reader held back beyond that takes its room from the database
+    assert bound.room(cap // 3) == cap - cap // 3
+
+
+def test_the_writer_makes_room_before_a_burst_it_cannot_hold(tmp_path):
+    """The backstop of --max-size: whatever the window, the rows a piece brings never take the
+    pages in use past the room; the oldest marks' rows go first, then halves of a burst newer
+    than every mark; the losses of rows kept stay."""
+    path = tmp_path / "burst.db"
+    store, writer, retention, sid = _recording(path)
+    for t in range(1, 11):  # ten seconds, a mark each, nothing out of the two minutes kept
+        _second(writer, retention, sid, t, keep=120 * S, per_second=5000)
+    page = store.conn.execute("PRAGMA page_size").fetchone()[0]
+
+    def used() -> int:
+        return (store.conn.execute("PRAGMA page_count").fetchone()[0]
+                - store.conn.execute("PRAGMA freelist_count").fetchone()[0]) * page
+
+    before = used()
+    assert retention.make_room(store.conn, before * 2, 0) is None  # room enough: nothing goes
+    room = before // 2
+    cut = retention.make_room(store.conn, room, 100 * 160)
+    assert cut is not None and used() + 100 * 160 <= room
+    lo, hi = store.conn.execute("SELECT min(ts), max(ts) FROM offcpu_interval").fetchone()
+    assert cut == lo and 4 * S <= lo <= 8 * S and hi == 10 * S - S // 5000  # the oldest marks went
+    assert store.conn.execute("SELECT min(ts) FROM loss").fetchone()[0] >= lo - S
+    # a burst newer than every mark: halves of it go, its newest rows stay
+    writer.extend("offcpu_interval", [(sid, 11 * S + i, 1000, 1, 0, 1, 7) for i in range(100_000)])
+    writer.flush()
+    assert retention.make_room(store.conn, room, 0) is not None and used() <= room
+    assert store.conn.execute("SELECT max(ts) FROM offcpu_interval").fetchone()[0] == 11 * S + 99_999
+    # through the writer, before each piece it inserts
+    writer.make_room = lambda conn, rows: retention.make_room(conn, room, rows * 160)
+    writer.txn_rows = 2000
+    writer.extend("offcpu_interval", [(sid, 12 * S + i, 1000, 1, 0, 1, 7) for i in range(100_000)])
+    writer.flush()
+    assert used() <= room
+    store.close()
 
 
 @pytest.fixture()

@@ -119,7 +119,11 @@ def test_a_recorder_killed_is_found_dead_and_its_session_finalized(tmp_path):
         res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--json")
         assert res.returncode == 0, res.stderr
         pid = json.loads(res.stdout)["recorder_pid"]
-        time.sleep(3)
+        # killed once it has committed a second (on a loaded machine the first can take a while)
+        deadline = time.monotonic() + 60
+        while q(db, "SELECT written_ts FROM session")[0][0] is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
         killed_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10

@@ -82,9 +82,11 @@ def test_swapped_out_code_objects_are_read_back_and_counted(tmp_path: Path, swap
 
     # no read of the process failed for good (a capture in the interpreter's first moments, before
     # the recorder configured it, is 'not configured'; one during an import, at start-up, may find a
-    # module's code object freed when user space reads it, and says so), and none went missing
+    # module's code object freed when user space reads it, and says so; one while the interpreter
+    # shuts down, after its thread state is cleared, has no Python thread state), and none went missing
     statuses = set(q(db, "SELECT DISTINCT status, failure FROM python_stack WHERE session_id = 1"))
     assert statuses <= {("ok", None), ("ok", "code object page swapped out"), ("not configured", None),
+                        ("no python thread state", None),
                         ("unresolved", "code object freed or replaced before it was resolved")}, statuses
     unresolved = q(db, "SELECT st.id, (SELECT group_concat(c.qualname) FROM python_stack_frame f JOIN python_code c"
                        " ON c.id = f.code_id WHERE f.stack_id = st.id) FROM python_stack st"
