@@ -153,6 +153,52 @@ def test_a_slow_call_of_a_job_without_markers_saves_a_stall_incident(tmp_path, n
     assert "Symptom: cudaMalloc took 40" in text and "Primary cause:" in text, text
 
 
+def test_a_stalled_step_of_a_job_without_markers_saves_an_incident_that_names_it(tmp_path, native):
+    """Two unmodified training loops (no recorder.step) under one `start -p A,B` flight recorder:
+    their steps are inferred live from their cudaStreamSynchronize calls. The step of A slowed by
+    1.2 s saves a stall incident whose detail names that inferred step (its start and thread) and
+    whose report explains it; B, steady, saves none (neither by its steps nor by its calls)."""
+    db, go = tmp_path / "inf.db", tmp_path / "go"
+    loop = [sys.executable, TRAIN, "--libdir", str(native["dir"]), "--steps", "100000", "--sync-sleep-us", "40000",
+            "--step-sleep-us", "50000", "--host-work-us", "2000"]
+    stalled = subprocess.Popen([*loop, "--slow-when", str(go), "--slow-ms", "1200"], stdout=subprocess.PIPE, text=True)
+    steady = subprocess.Popen(loop, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not all("libcudart" in Path(f"/proc/{p.pid}/maps").read_text() for p in (stalled, steady)):
+            assert time.monotonic() < deadline, "the loops did not start"
+            time.sleep(0.1)
+        res = run_recorder("start", "--db", str(db), "-p", f"{stalled.pid},{steady.pid}", "--keep", "20s", *SHORT,
+                           "--triggers", "stall", "--cooldown", "0s", timeout=300)
+        assert res.returncode == 0, res.stderr
+        time.sleep(3)  # some 30 steps: the pattern found, 10 steps of baseline
+        go.touch()
+        time.sleep(5)  # the slow step, the next one that ends it, the incident's after part
+        stop = run_recorder("stop", "--db", str(db), timeout=300)
+        assert stop.returncode == 0, stop.stderr
+    finally:
+        for p in (stalled, steady):
+            p.send_signal(signal.SIGINT)
+    (ran,) = [json.loads(p.communicate(timeout=30)[0]) for p in (stalled,)]
+    steady.communicate(timeout=30)
+    assert q(db, "SELECT count(*) FROM step_mark WHERE inferred = 0") == [(0,)]
+    details = [d for d, in q(db, "SELECT detail FROM incident")]
+    assert not any(f"thread {steady.pid} " in d for d in details), details
+    ours = [p for p in _incidents(db) if f"on thread {stalled.pid} took" in _explain(p)["session"]["incident"]]
+    assert len(ours) == 1 and ours[0].name.endswith("-stall.db"), details
+    report = _explain(ours[0])
+    step = report["step"]
+    assert report["stall"] is True and step["inferred"] is True and step["thread"]["tid"] == stalled.pid, step
+    # the step stalled: it began inside the script's slowed step, in the incident as in the trigger
+    slow = ran["slow_step"]
+    (ts,), = q(ours[0], "SELECT ts FROM step_mark WHERE id = ?", (step["step_mark_id"],))
+    assert ran["step_start_ns"][slow] < ts < ran["step_start_ns"][slow + 1], slow
+    assert step["dur_ns"] >= 1.2e9
+    incident = report["session"]["incident"]
+    assert f"stall: inferred step at {step['utc']} on thread {stalled.pid} took 1" in incident, incident
+    assert "one begins at every cudaStreamSynchronize of the thread" in incident
+
+
 KMSG = """
 import os, time
 time.sleep(2)
