@@ -29,9 +29,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from store import jobs
 from store.db import damaged, damaged_message
 from store.errors import UserError
-from store import jobs
 
 NS = 1_000_000_000
 NEIGHBOURS = 10  # steps on each side for a cluster step's baseline, as for one recording
