@@ -163,12 +163,14 @@ def _divides_longer_cycle(lengths: list[int]) -> bool:
 
 # -- the database -----------------------------------------------------------------------------------
 # Each thread's synchronising calls; {cuda_range} and {nccl_range} narrow the rows read (the flight
-# recorder reads only those written since its last look)
+# recorder reads only those written since its last look). The API ids are looked up once, not
+# joined per call: most calls are launches, and only the synchronising ones reach the join.
 _SYNC_CALLS = (
     "SELECT c.thread_id, c.ts, c.dur, a.family || coalesce('@' || c.python_stack_id, '')"
     " FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id"
-    " WHERE c.session_id = ? AND c.ret = 0 AND (a.family IN ({families})"
-    "  OR (a.family = 'cudaMemcpy' AND coalesce(c.memcpy_kind, 4) IN ({kinds}))){cuda_range}"
+    " WHERE c.session_id = ? AND c.ret = 0 AND (c.api_id IN (SELECT id FROM cuda_api WHERE family IN ({families}))"
+    "  OR (c.api_id IN (SELECT id FROM cuda_api WHERE family = 'cudaMemcpy')"
+    "      AND coalesce(c.memcpy_kind, 4) IN ({kinds}))){cuda_range}"
     " UNION ALL"
     " SELECT n.thread_id, n.ts, n.dur, a.name FROM nccl_call n JOIN nccl_api a ON a.id = n.api_id"
     " WHERE n.session_id = ? AND a.kind IN ('collective', 'p2p'){nccl_range}"
