@@ -2,9 +2,10 @@
 
 `recorder start --keep 10m` runs a normal session whose Writer also deletes what fell out of the
 window (store/flight.py); once a second `FlightRecorder.tick()` looks for a trigger in what was
-just written (a stalled step by the report's stall rule, on a thread that marks no steps a CUDA
-call slow against its own baseline (recorder/slow_calls.py), a kernel-log device error or OOM kill) and
-in the BPF maps of calls in flight (a CUDA or NCCL call in flight longer than --hang). A trigger
+just written (a stalled step by the report's stall rule, marked or, for a process that marks none,
+inferred live as the report infers them (recorder/steps_live.py); on a thread with no steps either
+way a CUDA call slow against its own baseline (recorder/slow_calls.py); a kernel-log device error or
+OOM kill) and in the BPF maps of calls in flight (a CUDA or NCCL call in flight longer than --hang). A trigger
 saves [its time - before, its time + after] into <db>.incidents/<UTC time>-<trigger>.db once the
 after part has been recorded; the copy runs in a thread of its own so the ring buffers keep being
 drained. SIGUSR1 saves the kept window at once (trigger 'signal').
@@ -27,6 +28,7 @@ from pathlib import Path
 from recorder.core.clock import now_ns
 from recorder.slow_calls import SlowCallWatch
 from recorder.steps_infer import infer_steps
+from recorder.steps_live import InferredStepWatch
 from store.db import Store, open_store, sqlite_uri
 from store.errors import UserError
 from store.flight import (
@@ -173,7 +175,8 @@ class FlightRecorder:
         self._last_id: dict[str, int] = {}
         self._steps: dict[int, tuple[int, int, deque[int]]] = {}
         self._rule = None
-        self._calls: SlowCallWatch | None = None  # the stall trigger of threads that mark no steps
+        self._calls: SlowCallWatch | None = None  # the stall trigger of threads with no steps
+        self._inferred: InferredStepWatch | None = None  # and of processes whose steps are inferred
         self.folder = incidents_dir(session.db_path)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -214,6 +217,7 @@ class FlightRecorder:
         self.sid = sid = self.session.session_id
         self.wall_offset = self._monitor.execute("SELECT wall_offset_ns FROM session WHERE id = ?",
                                                  (sid,)).fetchone()[0]
+        self._inferred = InferredStepWatch(self._monitor, sid, self._rule, self.wall_offset)
 
     def tick(self) -> None:
         """Once a second: keep the window, watch the triggers, save what is due."""
@@ -363,8 +367,12 @@ class FlightRecorder:
             self._last_id["step_mark"] = marks[-1][0]
         for _, thread_id, ts, step in marks:
             self._step(thread_id, ts, step)
-        if "stall" in trig and self._calls:
-            for ts, detail in self._calls.check(self._steps):
+        if "stall" in trig and self._calls and self._inferred:
+            # a process that marks no steps: its steps inferred as the report infers them; a
+            # thread with neither marked nor inferred steps: its calls slow against their baseline
+            for ts, detail in self._inferred.check(now, self._steps):
+                self._fire("stall", ts, detail)
+            for ts, detail in self._calls.check(self._steps.keys() | self._inferred.stepping()):
                 self._fire("stall", ts, detail)
         if "hung-call" in trig:
             for table, api, tid, ts in self.in_flight():
@@ -388,7 +396,7 @@ class FlightRecorder:
             dur = ts - prev_ts
             if len(durs) >= max(rule.neighbours, rule.min_baseline_steps) and "stall" in self.options.triggers:
                 median = statistics.median(durs)
-                if dur >= rule.ratio * median and dur - median >= rule.min_excess_dur:
+                if rule.stalled(dur, median):
                     self._fire("stall", ts, f"step {prev_step} took {dur / 1e6:.0f} ms, {dur / median:.1f}x the "
                                             f"median of the {len(durs)} steps before ({median / 1e6:.0f} ms; a stall "
                                             f"is {rule.text()})")

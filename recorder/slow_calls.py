@@ -1,8 +1,9 @@
-"""The flight recorder's `stall` trigger for threads that mark no steps: a CUDA call slow against
-its own baseline, by the report's rule for slow calls (slow_call_rule: at least `ratio` x the
-baseline, over a baseline of at least `min_baseline_calls` calls) and at least the stall rule's
-`min_excess_dur` (1 ms) more: a call 200 us over twice its baseline is evidence in a report, a
-GPU's ordinary jitter, not an incident worth saving.
+"""The flight recorder's `stall` trigger for threads with no steps (none marked, none inferred by
+recorder/steps_live.py): a CUDA call slow against its own baseline, by the report's rule for slow
+calls (slow_call_rule: at least `ratio` x the baseline, over a baseline of at least
+`min_baseline_calls` calls) and at least the stall rule's `min_excess_dur` (1 ms) more: a call
+200 us over twice its baseline is evidence in a report, a GPU's ordinary jitter, not an incident
+worth saving.
 
 The report's baseline of a call is the median over the session of the calls of the same API family
 and size class (view cuda_baseline). Live, the baseline can only be the calls before: here the
@@ -56,13 +57,13 @@ class SlowCallWatch:
         # (family, size class) -> the last seconds' (median, calls)
         self.history: dict[tuple[str, int], deque[tuple[int, int]]] = {}
 
-    def check(self, marked_threads: Iterable[int]) -> list[tuple[int, str]]:
-        """(ts, detail) of each slow call since the last look, of threads not in `marked_threads`
-        (a thread that marks steps is watched by its steps)."""
+    def check(self, stepping_threads: Iterable[int]) -> list[tuple[int, str]]:
+        """(ts, detail) of each slow call since the last look, of threads not in `stepping_threads`
+        (a thread with steps, marked or inferred, is watched by its steps)."""
         top = self.monitor.execute("SELECT coalesce(max(id), 0) FROM cuda_call").fetchone()[0]
         if top <= self.last_id:
             return []
-        marked = ",".join(str(int(t)) for t in marked_threads)
+        marked = ",".join(str(int(t)) for t in stepping_threads)
         skip = f"AND c.thread_id NOT IN ({marked})" if marked else ""
         rows = self.monitor.execute(_BATCH.format(skip=skip), (self.last_id, top, self.session_id)).fetchall()
         self.last_id = top

@@ -162,22 +162,38 @@ def _divides_longer_cycle(lengths: list[int]) -> bool:
 
 
 # -- the database -----------------------------------------------------------------------------------
+# Each thread's synchronising calls; {cuda_range} and {nccl_range} narrow the rows read (the flight
+# recorder reads only those written since its last look). The API ids are looked up once, not
+# joined per call: most calls are launches, and only the synchronising ones reach the join.
+_SYNC_CALLS = (
+    "SELECT c.thread_id, c.ts, c.dur, a.family || coalesce('@' || c.python_stack_id, '')"
+    " FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id"
+    " WHERE c.session_id = ? AND c.ret = 0 AND (c.api_id IN (SELECT id FROM cuda_api WHERE family IN ({families}))"
+    "  OR (c.api_id IN (SELECT id FROM cuda_api WHERE family = 'cudaMemcpy')"
+    "      AND coalesce(c.memcpy_kind, 4) IN ({kinds}))){cuda_range}"
+    " UNION ALL"
+    " SELECT n.thread_id, n.ts, n.dur, a.name FROM nccl_call n JOIN nccl_api a ON a.id = n.api_id"
+    " WHERE n.session_id = ? AND a.kind IN ('collective', 'p2p'){nccl_range}"
+    " ORDER BY 1, 2")
+
+
+def sync_call_rows(conn, session_id: int, cuda_ids: tuple[int, int] | None = None,
+                   nccl_ids: tuple[int, int] | None = None) -> list[tuple[int, int, int, str]]:
+    """(thread_id, ts, dur, key) of the session's synchronising calls, by thread and time; with
+    cuda_ids / nccl_ids (lo, hi) only the calls whose row id is in (lo, hi] of that table, and no
+    call still open (a call in flight is written as an open row only for an incident's copy)."""
+    sql = _SYNC_CALLS.format(
+        families=",".join("?" * len(SYNC_FAMILIES)), kinds=",".join("?" * len(MEMCPY_TO_HOST)),
+        cuda_range=" AND c.id > ? AND c.id <= ? AND c.open = 0" if cuda_ids else "",
+        nccl_range=" AND n.id > ? AND n.id <= ? AND n.open = 0" if nccl_ids else "")
+    params = (session_id, *SYNC_FAMILIES, *MEMCPY_TO_HOST, *(cuda_ids or ()), session_id, *(nccl_ids or ()))
+    return conn.execute(sql, params).fetchall()
+
+
 def sync_calls(store: Store, session_id: int) -> dict[int, list[SyncCall]]:
     """Each thread's synchronising CUDA and NCCL calls in the session, in time order."""
-    families = ",".join("?" * len(SYNC_FAMILIES))
-    kinds = ",".join("?" * len(MEMCPY_TO_HOST))
-    rows = store.conn.execute(
-        f"SELECT c.thread_id, c.ts, c.dur, a.family || coalesce('@' || c.python_stack_id, '')"
-        f" FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id"
-        f" WHERE c.session_id = ? AND c.ret = 0 AND (a.family IN ({families})"
-        f"  OR (a.family = 'cudaMemcpy' AND coalesce(c.memcpy_kind, 4) IN ({kinds})))"
-        f" UNION ALL"
-        f" SELECT n.thread_id, n.ts, n.dur, a.name FROM nccl_call n JOIN nccl_api a ON a.id = n.api_id"
-        f" WHERE n.session_id = ? AND a.kind IN ('collective', 'p2p')"
-        f" ORDER BY 1, 2",
-        (session_id, *SYNC_FAMILIES, *MEMCPY_TO_HOST, session_id)).fetchall()
     out: dict[int, list[SyncCall]] = defaultdict(list)
-    for thread_id, ts, dur, key in rows:
+    for thread_id, ts, dur, key in sync_call_rows(store.conn, session_id):
         out[thread_id].append(SyncCall(ts, dur, key))
     return dict(out)
 

@@ -29,9 +29,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from store import jobs
 from store.db import damaged, damaged_message
 from store.errors import UserError
-from store.jobs import labels_by_pid
 
 NS = 1_000_000_000
 NEIGHBOURS = 10  # steps on each side for a cluster step's baseline, as for one recording
@@ -166,6 +166,7 @@ class Cluster:
         self.recordings: list[Recording] = []
         self.notes: list[str] = []
         self._labels: dict[tuple[int, int], str] | None = None
+        self._parquet_labels: dict[tuple[int, int], str] = {}  # (rec, pid) -> label, from exports' process tables
         dbs, exports = find_inputs(paths)
         for name, cols in RELATIONS.items():
             self.con.execute(f"CREATE TABLE {name} ({cols})")
@@ -229,6 +230,29 @@ class Cluster:
             f"INSERT INTO comm SELECT k.rec, x.process_id, p.pid, x.handle, x.comm_hash, x.rank, x.nranks"
             f" FROM {scan('nccl_comm')} x {j} JOIN {scan('process')} p ON p.node = x.node AND p.session = x.session"
             f" AND p.id = x.process_id")
+        job_columns = {r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM {scan('process')}").fetchall()}
+        if {"job_rank", "job_world_size"} <= job_columns:
+            # as comm_from_environment for SQLite: a process with one communicator whose init was not recorded
+            self.con.execute(
+                f"INSERT INTO comm SELECT k.rec, x.process_id, p.pid, min(x.handle), {ENV_COMM_HASH}, p.job_rank,"
+                f" p.job_world_size"
+                f" FROM (SELECT DISTINCT c.node, c.session, t.process_id, c.handle FROM {scan('nccl_call')} c"
+                f"       JOIN {scan('thread')} t ON t.node = c.node AND t.session = c.session AND t.id = c.thread_id) x"
+                f" {j} JOIN {scan('process')} p ON p.node = x.node AND p.session = x.session AND p.id = x.process_id"
+                f" WHERE p.job_rank IS NOT NULL AND p.job_world_size IS NOT NULL AND NOT EXISTS"
+                f" (SELECT 1 FROM {scan('nccl_comm')} n WHERE n.node = x.node AND n.session = x.session"
+                f"  AND n.process_id = x.process_id)"
+                f" GROUP BY k.rec, x.process_id, p.pid, p.job_rank, p.job_world_size HAVING count(*) = 1")
+        fields = [f for f in jobs.JOB_FIELDS if f in job_columns]
+        if fields:
+            # the ranks' names from the export itself: its source recording need not be readable here
+            rows = self.con.execute(
+                f"SELECT k.rec, p.pid, {', '.join(f'p.{f}' for f in fields)} FROM {scan('process')} p"
+                f" JOIN _keys k ON k.node = CAST(p.node AS VARCHAR) AND k.session = p.session ORDER BY k.rec, p.id")
+            for rec, pid, *values in rows.fetchall():
+                label = jobs.job_label(dict(zip(fields, values, strict=True)))
+                if label:  # the last process image of a pid wins, as labels_by_pid has it
+                    self._parquet_labels[(rec, pid)] = label
         self.con.execute(
             f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle, a.name, x.ts, x.dur, x.stream"
             f" FROM {scan('nccl_call')} x {j}"
@@ -412,8 +436,10 @@ class Cluster:
         """The job identity a rank's process carried (its environment and cgroup, read by its
         recorder): known for SQLite recordings of schema v20 and later."""
         if self._labels is None:
-            self._labels = {(r.rec, pid): label for r in self.recordings if r.db
-                            for pid, label in labels_by_pid(r.db, r.session_id).items()}
+            from_parquet = {rec for rec, _ in self._parquet_labels}
+            self._labels = {(r.rec, pid): label for r in self.recordings if r.db and r.rec not in from_parquet
+                            for pid, label in jobs.labels_by_pid(r.db, r.session_id).items()}
+            self._labels.update(self._parquet_labels)
         return self._labels.get((rec, pid))
 
     def rank_job(self, rec: int, rank: int | None) -> str | None:

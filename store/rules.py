@@ -20,6 +20,10 @@ class StallRule:
     min_baseline_steps: int  # a baseline over fewer steps decides nothing
     neighbours: int          # steps on each side of the rolling baseline
 
+    def stalled(self, dur: int, baseline: float) -> bool:
+        """dur (ns) is a stall against a baseline (ns) taken over enough steps."""
+        return dur >= self.ratio * baseline and dur - baseline >= self.min_excess_dur
+
     def text(self) -> str:
         """'1.5x the rolling median and 1 ms more', as a report quotes it."""
         return f"{self.ratio:g}x the rolling median and {self.min_excess_dur / 1e6:g} ms more"

@@ -267,6 +267,46 @@ def test_parquet_export_whose_source_is_elsewhere_says_where_to_look(job, tmp_pa
     assert f"recorder explain --step {STEP} --session 1' on node-02" in late["explanation"]["summary"]
 
 
+def test_parquet_export_names_ranks_by_their_job_identity_as_the_recordings_do(job, tmp_path):
+    """Ranks that carry their job identity (RANK, WORLD_SIZE, ...) and a communicator whose init was
+    not recorded (an attach to a running job): an export whose recordings are gone here names every
+    rank, and takes the communicator's ranks from the environment, exactly as the SQLite files do."""
+    import sqlite3
+
+    from store.parquet_export import export_parquet
+
+    nodes, out = tmp_path / "nodes", tmp_path / "pq"
+    nodes.mkdir()
+    for db in sorted(job.glob("*.db")):
+        shutil.copy(db, nodes / db.name)
+        conn = sqlite3.connect(nodes / db.name)
+        conn.execute("UPDATE process SET environ_status = 'read', job_world_size = 32, run_id = 'run42',"
+                     " slurm_job_id = '4711', slurm_step_id = '0', pod_namespace = 'ml',"
+                     " job_rank = (SELECT k.rank FROM nccl_comm k WHERE k.process_id = process.id),"
+                     " job_local_rank = (SELECT k.rank % 8 FROM nccl_comm k WHERE k.process_id = process.id),"
+                     " pod_name = (SELECT 'trainer-' || (k.rank / 8) FROM nccl_comm k WHERE k.process_id = process.id)")
+        conn.execute("DELETE FROM nccl_comm")
+        conn.commit()
+        conn.close()
+    from_sqlite = Cluster([nodes]).steps()
+    for db in sorted(nodes.glob("*.db")):
+        export_parquet(db, out)
+        db.unlink()
+    from_parquet = Cluster([out]).steps()
+
+    def named(steps: dict) -> dict:
+        return {p["rank"]: (r["node"], p["pid"], p["job"]) for r in steps["recordings"] for p in r["processes"]}
+
+    assert named(from_parquet) == named(from_sqlite)
+    assert {rank: job for rank, (_, _, job) in named(from_parquet).items()} == {
+        r: f"rank {r} of 32 (local rank {r % 8}), torchrun run run42, Slurm job 4711 step 0, pod ml/trainer-{r // 8}"
+        for r in range(32)}
+    (stall,) = [s for s in from_parquet["steps"] if s["slow"]]
+    assert (stall["step"], stall["late_rank"], stall["late_node"]) == (STEP, LATE, "node-02")
+    assert stall["late_job"].startswith(f"rank {LATE} of 32 (local rank 1)")
+    assert any("taken from their environment" in n for n in from_parquet["notes"])
+
+
 def test_one_recording_of_several_ranks_is_explained_without_alignment(tmp_path):
     """One recorder following every rank of a node: one file, one clock."""
     write_cluster(tmp_path, ClusterSpec(nodes=1, late_rank=5))

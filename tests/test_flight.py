@@ -301,3 +301,56 @@ def test_a_dump_takes_the_losses_of_every_second_its_rows_are_of(tmp_path):
                       ts=9 * S)
     assert row["rows"] > 0
     assert [r[0] // S for r in q(tmp_path / "out.db", "SELECT ts FROM loss ORDER BY ts")] == list(range(2, 10))
+
+
+def test_the_stall_trigger_infers_the_steps_of_a_process_that_marks_none(tmp_path, monkeypatch):
+    """The live trigger on steps inferred from synchronising calls (recorder/steps_live.py), fed a
+    second of rows at a time: the stalled step of a process that marks none is named once, by its
+    start and thread, when the next step begins; a steady process and one that marks its steps (its
+    marks are watched instead) fire nothing; the pattern is searched a few times, not every second."""
+    from recorder import steps_live
+    from recorder.steps_live import InferredStepWatch
+    from store.rules import stall_rule
+    from store.units import utc
+
+    store, writer, _, sid = _recording(tmp_path / "inf.db")
+    conn = store.conn
+    conn.execute("UPDATE session SET wall_offset_ns = ?", (1_700_000_000 * S,))
+    conn.executemany("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES (?, ?, ?, 'runtime', '')",
+                     [(1, "cudaStreamSynchronize", "cudaStreamSynchronize"), (2, "cudaMalloc", "cudaMalloc")])
+    for pid in (10, 20, 30):  # 10 stalls once, 20 is steady, 30 stalls too but marks its steps
+        conn.execute("INSERT INTO process (id, session_id, pid, first_ts) VALUES (?, ?, ?, 0)", (pid, sid, pid))
+        conn.execute("INSERT INTO thread (id, session_id, tid, process_id, first_ts) VALUES (?, ?, ?, ?, 0)",
+                     (pid, sid, pid, pid))
+    conn.commit()
+    searches = []
+    real = steps_live.find_pattern
+    monkeypatch.setattr(steps_live, "find_pattern", lambda calls: searches.append(len(calls)) or real(calls))
+    watch = InferredStepWatch(conn, sid, stall_rule(store), 1_700_000_000 * S)
+    ms = 1_000_000
+    clock = {10: 0, 20: 0, 30: 0}
+    starts: dict[int, list[int]] = {10: [], 20: [], 30: []}
+    fired = []
+    for second in range(1, 16):
+        rows = []
+        for thread in clock:
+            while clock[thread] < second * S:
+                step = len(starts[thread])
+                ts = clock[thread]
+                starts[thread].append(ts)
+                rows.append((sid, ts, 2 * ms, thread, 2, 0, 7))  # cudaMalloc
+                rows.append((sid, ts + 3 * ms, 40 * ms, thread, 1, 0, 7))  # the step's synchronisation
+                clock[thread] += (100 + (step * 7) % 5) * ms + (500 * ms if step == 60 and thread != 20 else 0)
+        conn.executemany("INSERT INTO cuda_call (session_id, ts, dur, thread_id, api_id, ret, cgroup_id)"
+                         " VALUES (?, ?, ?, ?, ?, ?, ?)", sorted(rows, key=lambda r: r[1]))
+        conn.commit()
+        fired += watch.check(second * S, marked_threads=[30] if second > 2 else [])
+    assert len(fired) == 1, fired
+    ts, detail = fired[0]
+    assert ts == starts[10][61] + 3 * ms  # judged when the next step began
+    start = utc(starts[10][60] + 3 * ms + 1_700_000_000 * S)
+    assert detail.startswith(f"inferred step at {start} on thread 10 took 60"), detail
+    assert "x the median of the 10 steps before (10" in detail and "a stall is 1.5x the rolling median" in detail
+    assert detail.endswith("the process marks no steps: one begins at every cudaStreamSynchronize of the thread)")
+    assert watch.stepping() == {10, 20}
+    assert len(searches) <= 6, searches  # found once per thread, checked again every 30 s at most

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -151,6 +153,84 @@ def test_a_slow_call_of_a_job_without_markers_saves_a_stall_incident(tmp_path, n
     assert incident.startswith("saved by the flight recorder (stall,") and "the thread marks no steps" in incident
     text = run_recorder("explain", "--db", str(ours[0]), check=True).stdout
     assert "Symptom: cudaMalloc took 40" in text and "Primary cause:" in text, text
+
+
+def _named(details: list[str]) -> dict[int, set[str]]:
+    """thread -> the UTC starts of the inferred steps the incidents' details name on it."""
+    out: dict[int, set[str]] = {}
+    for when, tid in re.findall(r"inferred step at (\S+) on thread (\d+) took", " ".join(details)):
+        out.setdefault(int(tid), set()).add(when)
+    return out
+
+
+def _stalls_by_rule(db: Path, tid: int) -> set[str]:
+    """The UTC starts of the inferred steps of a thread that the live rule calls stalls, computed on
+    the recorded steps (those the stop inferred): each against the median of the steps before it."""
+    from store.db import open_store
+    from store.rules import stall_rule
+    from store.units import utc
+
+    with open_store(db, readonly=True) as store:
+        rule = stall_rule(store)
+        (off,), = store.conn.execute("SELECT wall_offset_ns FROM session")
+        ts = [t for t, in store.conn.execute("SELECT m.ts FROM step_mark m JOIN thread t ON t.id = m.thread_id"
+                                             " WHERE m.inferred = 1 AND t.tid = ? ORDER BY m.ts", (tid,))]
+    n = max(rule.neighbours, rule.min_baseline_steps)
+    durs = [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    return {utc(ts[i] + off) for i in range(n, len(durs)) if rule.stalled(durs[i], statistics.median(durs[i - n:i]))}
+
+
+def test_a_stalled_step_of_a_job_without_markers_saves_an_incident_that_names_it(tmp_path, native):
+    """Two unmodified training loops (no recorder.step) under one `start -p A,B` flight recorder:
+    their steps are inferred live from their cudaStreamSynchronize calls. The step of A slowed by
+    1.2 s saves a stall incident whose detail names that inferred step (its start and thread) and
+    whose report explains it. B, steady, saves none: every step the trigger names is a stall by the
+    rule on the recorded steps (on a quiet host none of B's is; a host loaded enough to delay a
+    95 ms step by 48 ms makes one, and the trigger must then name exactly such steps)."""
+    db, go = tmp_path / "inf.db", tmp_path / "go"
+    # the calls take microseconds (sleeps, no CPU work): no load makes one slow by the slow-call rule
+    loop = [sys.executable, TRAIN, "--libdir", str(native["dir"]), "--steps", "100000", "--sync-sleep-us", "40000",
+            "--step-sleep-us", "50000", "--host-work-us", "2000", "--malloc-work-us", "0", "--launch-work-us", "0"]
+    stalled = subprocess.Popen([*loop, "--slow-when", str(go), "--slow-ms", "1200"], stdout=subprocess.PIPE, text=True)
+    steady = subprocess.Popen(loop, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not all("libcudart" in Path(f"/proc/{p.pid}/maps").read_text() for p in (stalled, steady)):
+            assert time.monotonic() < deadline, "the loops did not start"
+            time.sleep(0.1)
+        res = run_recorder("start", "--db", str(db), "-p", f"{stalled.pid},{steady.pid}", "--keep", "20s", *SHORT,
+                           "--triggers", "stall", "--cooldown", "0s", timeout=300)
+        assert res.returncode == 0, res.stderr
+        time.sleep(3)  # some 30 steps: the pattern found, 10 steps of baseline
+        go.touch()
+        time.sleep(5)  # the slow step, the next one that ends it, the incident's after part
+        stop = run_recorder("stop", "--db", str(db), timeout=300)
+        assert stop.returncode == 0, stop.stderr
+    finally:
+        for p in (stalled, steady):
+            p.send_signal(signal.SIGINT)
+    ran = json.loads(stalled.communicate(timeout=30)[0])
+    steady.communicate(timeout=30)
+    assert q(db, "SELECT count(*) FROM step_mark WHERE inferred = 0") == [(0,)]
+    details = [d for d, in q(db, "SELECT detail FROM incident")]
+    named = _named(details)
+    assert named.get(steady.pid, set()) <= _stalls_by_rule(db, steady.pid), details
+    assert f"on thread {steady.pid}," not in " ".join(details)  # nor a slow call of B
+    assert named[stalled.pid] <= _stalls_by_rule(db, stalled.pid), details
+    ours = [p for p in _incidents(db)
+            if re.search(rf"on thread {stalled.pid} took 1\d{{3}} ms", _explain(p)["session"]["incident"])]
+    assert len(ours) == 1 and ours[0].name.endswith("-stall.db"), details
+    report = _explain(ours[0])
+    step = report["step"]
+    assert report["stall"] is True and step["inferred"] is True and step["thread"]["tid"] == stalled.pid, step
+    # the step stalled: it began inside the script's slowed step, in the incident as in the trigger
+    slow = ran["slow_step"]
+    (ts,), = q(ours[0], "SELECT ts FROM step_mark WHERE id = ?", (step["step_mark_id"],))
+    assert ran["step_start_ns"][slow] < ts < ran["step_start_ns"][slow + 1], slow
+    assert step["dur_ns"] >= 1.2e9
+    incident = report["session"]["incident"]
+    assert f"stall: inferred step at {step['utc']} on thread {stalled.pid} took 1" in incident, incident
+    assert "one begins at every cudaStreamSynchronize of the thread" in incident
 
 
 KMSG = """

@@ -1,10 +1,11 @@
 """A stand-in training loop: each step allocates, launches kernels, synchronises and frees, through
 the stand-in CUDA runtime. Pinned to one CPU so a hog pinned there contends with it. With
---markers it calls recorder.step(n) at the top of each step; --slow-step makes one step longer and
---jitter varies the host work per step. Prints the CLOCK_MONOTONIC ns each step began.
+--markers it calls recorder.step(n) at the top of each step; --slow-step (or --slow-when: the first
+step to begin once a file exists) makes one step longer and --jitter varies the host work per step.
+SIGINT ends the loop after the step running. Prints the CLOCK_MONOTONIC ns each step began.
 
     python train_steps.py --libdir build/native [--steps 200] [--cpu 1] [--malloc-work-us 600]
-                          [--markers] [--slow-step 40 --slow-ms 300] [--jitter 0.3]
+                          [--markers] [--slow-step 40 --slow-ms 300] [--slow-when FILE] [--jitter 0.3]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import json
 import os
 import random
+import signal
 import sys
 import time
 
@@ -37,6 +39,8 @@ def main() -> None:
     ap.add_argument("--quiet", action="store_true", help="print no JSON at the end (the demo)")
     ap.add_argument("--slow-step", type=int, default=-1, help="this step sleeps --slow-ms longer")
     ap.add_argument("--slow-ms", type=int, default=300)
+    ap.add_argument("--slow-when", default=None, help="the first step to begin once this file exists sleeps "
+                                                      "--slow-ms longer")
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="host work varies per step by up to this fraction, either way")
     args = ap.parse_args()
@@ -62,8 +66,15 @@ def main() -> None:
     stream = ctypes.c_void_p(0x5151)
     kernel = ctypes.c_void_p(0x4000AA)
     step_times, step_starts = [], []
+    slow_step = args.slow_step
+    stopping = []
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     for step in range(args.steps):
+        if stopping:
+            break
         step_starts.append(time.monotonic_ns())
+        if args.slow_when and slow_step < 0 and os.path.exists(args.slow_when):
+            slow_step = step
         if step_marker:
             step_marker(step)
         t0 = time.monotonic()
@@ -77,11 +88,11 @@ def main() -> None:
         until = time.thread_time() + host_s
         while time.thread_time() < until:
             sum(range(200))
-        time.sleep(args.step_sleep_us / 1e6 + (args.slow_ms / 1000 if step == args.slow_step else 0))
+        time.sleep(args.step_sleep_us / 1e6 + (args.slow_ms / 1000 if step == slow_step else 0))
         step_times.append(time.monotonic() - t0)
     if args.quiet:
         return
-    print(json.dumps({"pid": os.getpid(), "steps": len(step_times),
+    print(json.dumps({"pid": os.getpid(), "steps": len(step_times), "slow_step": slow_step,
                       "max_step_s": round(max(step_times), 4), "step_start_ns": step_starts}), flush=True)
 
 
