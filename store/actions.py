@@ -79,9 +79,20 @@ STEP_ACTIONS: dict[str, list[Action]] = {
         "See the process's threads and where they ran: ps -L -o tid,psr,pcpu,comm -p {contender_pid}",
         "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
     ],
+    # a process the job started that is not a copy of the training process (a helper: a compiler,
+    # an evaluation script, a shell command)
     "cpu_contention_job": [
-        "The training thread waited behind {contender_name} (pid {contender_pid}), a process of the recorded "
-        "job itself (a data-loader worker or a helper it started), not a foreign task",
+        "The training thread waited behind {contender_name} (pid {contender_pid}), a helper process the "
+        "recorded job started itself, not a foreign task",
+        "Run {contender_name} on CPUs other than the training threads' (taskset -cp <other cpus> "
+        "{contender_pid}), at a lower priority (nice -n 10), or outside the training loop",
+        "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
+    ],
+    # a process of the job with the training process's own name (a forked worker) or a DataLoader
+    # worker's (pt_data_worker)
+    "cpu_contention_job_worker": [
+        "The training thread waited behind {contender_name} (pid {contender_pid}), a worker process of the "
+        "recorded job itself (a forked copy of the training process: a data-loader worker), not a foreign task",
         "Give the job's processes fewer CPUs than they compete for: fewer DataLoader workers (num_workers), "
         "or pin the workers to CPUs other than the training threads' (taskset -cp <other cpus> "
         "{contender_pid}; worker_init_fn)",

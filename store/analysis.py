@@ -15,11 +15,11 @@ from store.losses import losses, lossy_layers, wording
 from store.models import CallReport, Hang, StallReport, StepReport
 from store.rules import cause_rule, slow_call_rule, stall_rule
 from store.session import (
-    LAYERS,
     STEP_LAYERS,
     has_steps,
     recording_end,
     resolve_window,
+    session_end,
     session_row,
     session_state,
 )
@@ -29,6 +29,12 @@ SLOW_LIMIT = 5  # slow calls listed in a report
 CPU_SHARE_CAUSE = 0.2  # preempted share of a call above which CPU contention is the cause
 BLOCKED_SHARE_CAUSE = 0.2
 OTHER_STALLS = 5
+# a process of the job by these names is a data-loader worker (PyTorch names its workers' main thread
+# so); one by the training process's own name is a forked copy of it, which a worker also is
+WORKER_NAMES = ("pt_data_worker",)
+# a request is called slow at or above this fraction of its device's requests (op): the p99 the
+# report's latency tables and block_request_percentile print
+SLOW_REQUEST_FRACTION = 0.99
 
 
 # -- findings -------------------------------------------------------------------------------------
@@ -112,17 +118,22 @@ def _call_text(call: dict) -> str:
     return text
 
 
-def _capabilities(store: Store, session_id: int, layers: dict[str, str] = LAYERS) -> dict:
-    """Which of `layers` the session observed, and for the others why not."""
+def _capabilities(store: Store, session_id: int, layers: dict[str, str] = STEP_LAYERS,
+                  outside: str | None = None) -> dict:
+    """Which of `layers` the session observed, and for the others why not; none when the window
+    lies outside the recording (`outside` says so)."""
     rows = store.query(
         "SELECT layer, status, count(*) AS n FROM capability WHERE session_id = ? GROUP BY layer, status",
         (session_id,),
     )
-    attached = {r["layer"] for r in rows if r["status"] == "attached"}
+    attached = {r["layer"] for r in rows if r["status"] == "attached"} if outside is None else set()
     observed = [k for k in layers if k in attached]
     not_observed = []
     for layer, label in layers.items():
         if layer in attached:
+            continue
+        if outside is not None:
+            not_observed.append({"layer": layer, "what": label, "why": outside})
             continue
         reasons = store.query(
             "SELECT DISTINCT status || ': ' || probe"
@@ -231,17 +242,55 @@ def _report(store: Store, session_id: int | None, window: str | None, since: str
     calls = slow_calls(store, sid, start, end, limit)
     if worst and calls:
         start, end = calls[0]["ts"], calls[0]["ts"] + calls[0]["dur"]
-    caps = _capabilities(store, sid)
-    lost, lossy = _loss(store, sid, start, end, off, LAYERS)
+    caps = _capabilities(store, sid, outside=_outside(store, session, start, end))
+    lost, lossy = _loss(store, sid, start, end, off, STEP_LAYERS)
     checked = [layer for layer in caps["observed"] if layer not in lossy]
     primary = calls[0] if calls else None
     cause = primary["cause"] if primary else None
     findings = _call_findings(calls, off)
     negatives = []
-    if "cuda" in checked and not calls:
+    # said only of calls that were made: a script that made none has no CUDA call to clear
+    if "cuda" in checked and not calls and _cuda_calls(store, sid, start, end):
         negatives.append(f"no CUDA call took more than {slow_call_rule(store).times()} its baseline")
     return _call_report(store, session, state, sid, start, end, off, calls, primary, cause, findings, negatives,
                         caps, lost, checked)
+
+
+def _outside(store: Store, session: dict, start: int, end: int) -> str | None:
+    """Why nothing was observed in [start, end) when it lies outside the recording, else None."""
+    first, last = session["started_ts"], session_end(store, session)
+    if start < last and end > first:
+        return None
+    off = session["wall_offset_ns"]
+    return f"the window lies outside the recording ({utc(first + off)} -> {utc(last + off)})"
+
+
+def _cuda_calls(store: Store, sid: int, start: int, end: int) -> int:
+    return store.one("SELECT count(*) AS n FROM cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?",
+                     (sid, start, end))["n"]
+
+
+WAIT_LINES = 5  # lines listed in a report's longest waits
+
+
+def longest_waits(store: Store, sid: int, start: int, end: int, limit: int = WAIT_LINES) -> list[dict]:
+    """The traced threads' off-CPU waits in [start, end) (not preemptions: those are CPU waits) by
+    Python line, the line with the most time first: where a script without steps or CUDA calls
+    stalled."""
+    rows = store.query(
+        "SELECT s.text AS python, count(*) AS intervals, sum(o.dur - o.runq_dur) AS dur,"
+        " max(o.dur - o.runq_dur) AS longest_dur,"
+        " o.reason,"  # the longest's (the one max() picks: SQLite's bare column)
+        " group_concat(DISTINCT o.syscall_name) AS syscalls,"
+        " group_concat(DISTINCT i.thread_name || ' (tid ' || i.tid || ')') AS threads"
+        " FROM offcpu o JOIN offcpu_interval oi ON oi.id = o.id"
+        " JOIN thread_info i ON i.thread_id = o.thread_id"
+        " LEFT JOIN python_call_site s ON s.stack_id = oi.python_stack_id"
+        " WHERE o.session_id = ? AND o.ts >= ? AND o.ts < ? AND o.reason NOT IN ('preempted', 'yield')"
+        " AND i.traced GROUP BY s.text ORDER BY dur DESC LIMIT ?", (sid, start, end, limit))
+    for r in rows:
+        r["syscalls"], r["threads"] = (x.replace(",", ", ") if x else x for x in (r["syscalls"], r["threads"]))
+    return rows
 
 
 def _call_findings(calls: list[dict], off: int) -> list[dict]:
@@ -265,6 +314,31 @@ def _call_findings(calls: list[dict], off: int) -> list[dict]:
     } for c in calls]
 
 
+def _machine_negatives(store: Store, sid: int, start: int, end: int, observed: list[str]) -> list[str]:
+    """Explicit negatives of the memory, network and DMA layers for the window of a session without
+    steps (`observed`: the layers observed without a loss in it)."""
+    span = {"s": sid, "a": start, "b": end}
+
+    def none(*tables: str, where: str = "") -> bool:
+        return not any(store.one(f"SELECT count(*) AS n FROM {t} WHERE session_id = :s AND ts >= :a AND ts < :b"
+                                 + where, span)["n"] for t in tables)
+
+    out = []
+    if "mm" in observed:
+        if none("oom_kill", "oom_victim"):
+            out.append("no OOM kill")
+        if none("reclaim_interval"):
+            out.append("no direct reclaim by the traced threads")
+    if "net" in observed and none("tcp_retransmit"):
+        out.append("no TCP retransmits")
+    if "dma" in observed:
+        if none("swiotlb_event") and none("dma_event", where=" AND kind = 'swiotlb_bounce'"):
+            out.append("no SWIOTLB bounce detected")
+        if none("iommu_fault") and none("dma_event", where=" AND kind = 'iommu_fault'"):
+            out.append("no IOMMU fault")
+    return out
+
+
 def _call_report(store: Store, session: dict, state: str, sid: int, start: int, end: int, off: int,
                  calls: list[dict], primary: dict | None, cause: dict | None, findings: list[dict],
                  negatives: list[str], caps: dict, lost: dict, checked: list[str]) -> CallReport:
@@ -283,6 +357,24 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
     if "sched" in checked and wait < 0.05 * (end - start):
         negatives.append(f"traced threads waited only {ms(wait)} for a CPU in the window")
     negatives += _io_negatives(store, sid, start, end, checked)
+    negatives += _machine_negatives(store, sid, start, end, checked)
+    # waits found are evidence whatever was lost besides them
+    waits = longest_waits(store, sid, start, end) if "sched" in caps["observed"] else []
+    outside = next((n["why"] for n in caps["not_observed"] if not caps["observed"]
+                    and n["why"].startswith("the window lies outside")), None)
+    if outside:
+        symptom = f"nothing recorded: {outside}"
+    elif primary:
+        symptom = (f"{primary['api']} took {ms(primary['dur'])}, expected ~{ms(primary['expected_dur'])}"
+                   f" (median of {primary['baseline_calls']} {primary['family']} calls of that size)")
+    elif "cuda" in checked and totals["calls"]:
+        symptom = "no CUDA call stalled in this window"
+    else:
+        symptom = "no CUDA calls recorded in this window"
+    if not primary and waits and waits[0]["python"]:
+        w = waits[0]
+        symptom += (f"; the traced threads' longest wait: {ms(w['longest_dur'])} ({w['reason']}) at {w['python']}"
+                    f" ({ms(w['dur'])} there in all)")
     return CallReport(
         mode="call",
         session={"id": sid, "state": state, "host": session["hostname"],
@@ -290,9 +382,7 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
         window={"start_ts": start, "end_ts": end, "start_utc": utc(start + off),
                 "end_utc": utc(end + off), "dur_ns": end - start},
         stall=primary is not None,
-        symptom=(f"{primary['api']} took {ms(primary['dur'])}, expected ~{ms(primary['expected_dur'])}"
-                 f" (median of {primary['baseline_calls']} {primary['family']} calls of that size)"
-                 if primary else "no CUDA call stalled in this window"),
+        symptom=symptom,
         primary_cause=None if primary is None else {
             **cause, "cuda_call_id": primary["id"], "text": primary["text"],
             "thread": f"{primary['thread_name']} (tid {primary['tid']}) of "
@@ -303,6 +393,9 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
         offcpu=[{"reason": r["reason"], "intervals": r["intervals"], "dur_ns": r["dur"]}
                 for r in offcpu],
         cpu_wait_dur_ns=wait,
+        waits=[{"python": w["python"], "dur_ns": w["dur"], "longest_dur_ns": w["longest_dur"],
+                "intervals": w["intervals"], "reason": w["reason"], "syscalls": w["syscalls"],
+                "threads": w["threads"]} for w in waits],
         negatives=negatives,
         observed_layers=caps["observed"],
         not_observed=caps["not_observed"],
@@ -462,8 +555,14 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
             if pct.get("requests"):
                 where = (f" (slower than {100 * (pct['rank'] - 1) / pct['requests']:.1f}% of its {pct['requests']} "
                          f"{request['op']}s; median {ms(pct['median_dur_ns'])})")
-            facts["summary"] = (f"slow {request['op']} on {disk}: one request took {ms(request['device_dur'])} on "
-                                f"the device{where}; the thread waited {ms(dur)} for I/O")
+            if not pct.get("requests") or pct["fraction"] >= SLOW_REQUEST_FRACTION:
+                facts["summary"] = (f"slow {request['op']} on {disk}: one request took {ms(request['device_dur'])}"
+                                    f" on the device{where}; the thread waited {ms(dur)} for I/O")
+            else:  # an ordinary request of its device: the wait is the I/O's, not a slow device's
+                facts["summary"] = (f"waiting for I/O on {disk}: the longest request took {ms(request['device_dur'])}"
+                                    f" on the device, at p{100 * pct['fraction']:.0f} of its {pct['requests']} "
+                                    f"{request['op']}s (median {ms(pct['median_dur_ns'])}), not above its device's "
+                                    f"p{100 * SLOW_REQUEST_FRACTION:g}; the thread waited {ms(dur)} for I/O")
         elif kind in ("io_queued", "io_throttled"):
             what = "blk-throttle (a cgroup I/O limit)" if kind == "io_throttled" else "the block layer's queue"
             facts["summary"] = (f"I/O queued in {what} for {ms(request.get('queued_dur'))} before reaching {disk}; "
@@ -604,6 +703,9 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
     # CPU contention from the job's own threads and processes, or from the recorder, is fixed elsewhere
     # than contention from another task
     actions_of = f"{kind}_{facts['contender_relation']}" if facts.get("contender_relation") else kind
+    workers = (*WORKER_NAMES, names.get("process_name"))
+    if actions_of == "cpu_contention_job" and facts.get("contender_name") in workers:
+        actions_of = "cpu_contention_job_worker"
     facts["next_actions"] = fill(STEP_ACTIONS, actions_of if actions_of in STEP_ACTIONS else kind, context)
     facts["kernel_path"] = path
     return facts
@@ -689,13 +791,21 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
     if chosen is not None:
         facts = _cause_facts(store, chosen, step)
         at = causes.evidence_ts(chosen, step)
-        stack = causes.evidence_stack(chosen) or causes.nearest_stack(store, step["thread_id"], at, step["ts"])
+        lines = causes.lost_lines(store, step, chosen)
+        # a cause without a stack of its own is at the line where its time went, the others at their
+        # evidence's line (the request's submitter, the call, the longest wait)
+        top = lines[0]["python_stack_id"] if lines and lines[0]["python"] else None
+        own = None if chosen["kind"] in causes.OWN_STACK_KINDS else causes.evidence_stack(chosen)
+        stack = own or top or causes.nearest_stack(store, step["thread_id"], at, step["ts"])
         if chosen["kind"] == "wait_chain":  # the line where the chain ends: the wait that explains it
             stack = chosen["chain"][-1]["python_stack_id"] or stack
         site, frames = causes.python_site(store, stack)
         request = chosen.get("request") or {}
         facts.update(
             python=site, python_stack=frames,
+            python_lines=[{k: r[k] for k in ("python", "dur_ns", "intervals", "how")}
+                          for r in lines[:causes.LINES_LISTED]
+                          if r["dur_ns"] >= causes.LINE_SHARE_LISTED * sum(x["dur_ns"] for x in lines)],
             lineage=causes.lineage_at(store, sid, step["thread_id"], at, request.get("io_tag")),
             share_of_stall=round(min(chosen["excess_dur_ns"] / max(excess, 1), 1.0), 3),
             evidence={k: chosen[k].get(i) for k, i in (("request", "block_request_id"), ("wait", "offcpu_id"),
@@ -767,7 +877,8 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
 
         stalls = find_stalls(store, sid, start, end)
         rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []
-    caps = _capabilities(store, sid, STEP_LAYERS)
+    outside = _outside(store, session, start, end) if step is None else None
+    caps = _capabilities(store, sid, STEP_LAYERS, outside=outside)
     observed = set(caps["observed"])
     base = {
         "mode": "step",
@@ -784,7 +895,8 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         lost, lossy = _loss(store, sid, start, end, off, STEP_LAYERS)
         return StepReport(
             **base, loss=lost, window=_window(start, end, off), stall=False, step=None,
-            symptom=f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
+            symptom=f"nothing recorded: {outside}" if outside else
+                    f"no step stalled: {summary['n']} steps, median {ms(typical)}, slowest {ms(summary['hi'])}"
                     f" (a stall is {stall_rule(store).text()})",
             primary_cause=None, findings=[], secondary=[], other_stalls=[],
             negatives=_step_negatives(store, sid, start, end, observed - lossy, None, []),

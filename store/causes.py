@@ -148,14 +148,12 @@ def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
         elif cause == "reclaim":
             kills = store.query("SELECT * FROM step_machine_event WHERE step_mark_id = ? AND kind = 'oom_kill'"
                                 " ORDER BY ts", (sid,))
-            # the allocation's line: the stack of a wait inside a reclaim (the thread blocked while
-            # reclaiming for its allocation), else of the first wait after the reclaim began
+            # a wait of the thread inside a reclaim (it blocked while reclaiming for its allocation);
+            # the line is where the reclaim time went (lost_lines)
             wait = store.one("SELECT o.* FROM step_offcpu o JOIN step_reclaim r ON r.step_mark_id = o.step_mark_id"
                              " JOIN reclaim_interval x ON x.id = r.reclaim_id"
                              " WHERE o.step_mark_id = ? AND o.python_stack_id IS NOT NULL"
-                             " AND o.ts >= x.ts AND o.ts < x.ts + x.dur ORDER BY o.ts LIMIT 1", (sid,)) or store.one(
-                "SELECT * FROM step_offcpu WHERE step_mark_id = ? AND python_stack_id IS NOT NULL"
-                " AND ts >= (SELECT min(ts) FROM step_reclaim WHERE step_mark_id = ?) ORDER BY ts LIMIT 1", (sid, sid))
+                             " AND o.ts >= x.ts AND o.ts < x.ts + x.dur ORDER BY o.ts LIMIT 1", (sid,))
             out.append({**base, "kind": "memory_reclaim", "scope": detail, "oom_kills": kills, "wait": wait})
         elif cause == "dirty_throttle":
             out.append({**base, "kind": "dirty_throttle", "bdi": detail})
@@ -280,6 +278,44 @@ def nearest_stack(store: Store, thread_id: int, ts: int, since: int) -> int | No
         if row and (best is None or row["ts"] > best["ts"]):
             best = row
     return best["python_stack_id"] if best else None
+
+
+# the step_lost_line rows (store/views/0011_lost_lines.sql) of each cause kind whose evidence is the
+# thread's own time; a kind not here has no time of its own to weigh (a call, a collective)
+LOST_TIME_OF = {
+    "cpu_contention": ("cpu_wait", None), "memory_reclaim": ("reclaim", None),
+    "gil_wait": ("blocked", ("futex",)), "blocked_io": ("blocked", IO_REASONS), "slow_io": ("blocked", IO_REASONS),
+    "io_queued": ("blocked", IO_REASONS), "io_throttled": ("blocked", IO_REASONS),
+    "nvme_timeout": ("blocked", IO_REASONS), "io_error": ("blocked", IO_REASONS),
+    "iommu_fault": ("blocked", IO_REASONS), "pcie_aer": ("blocked", IO_REASONS),
+    "dma_bounce": ("blocked", IO_REASONS),
+}
+OWN_STACK_KINDS = ("cpu_contention", "memory_reclaim")  # their evidence rows carry no stack of their own
+LINES_LISTED = 5
+LINE_SHARE_LISTED = 0.01  # lines with less of the cause's time are left out of the list
+
+
+def lost_lines(store: Store, step: dict, cand: dict) -> list[dict]:
+    """The Python lines where the cause's time in the step went, most time first (step_lost_line):
+    [{'python', 'dur_ns', 'intervals', 'how', 'python_stack_id'}]."""
+    cause, details = LOST_TIME_OF.get(cand["kind"], ("blocked", None))
+    if cand["kind"] not in LOST_TIME_OF:
+        if cand.get("reason") is None:
+            return []
+        details = (cand["reason"],)
+    sql = "SELECT * FROM step_lost_line WHERE step_mark_id = ? AND cause = ?"
+    args: list = [step["step_mark_id"], cause]
+    if details:
+        sql += f" AND detail IN ({','.join('?' * len(details))})"
+        args += details
+    rows = store.query(sql + " ORDER BY dur DESC", args)
+    merged: dict[str | None, dict] = {}
+    for r in rows:  # one row per line across the details (io and uninterruptible)
+        have = merged.setdefault(r["python_line"], {"python": r["python_line"], "dur_ns": 0, "intervals": 0,
+                                                    "how": r["how"], "python_stack_id": r["python_stack_id"]})
+        have["dur_ns"] += r["dur"]
+        have["intervals"] += r["intervals"]
+    return sorted(merged.values(), key=lambda r: (r["python"] is None, -r["dur_ns"]))
 
 
 def python_site(store: Store, stack_id: int | None) -> tuple[str | None, list[str]]:

@@ -162,6 +162,18 @@ class OffCpu(Part):
     dur_ns: int | None
 
 
+class LongWait(Part):
+    """The traced threads' off-CPU waits at one Python line (not preemptions), in a report without steps."""
+
+    python: str | None = Field(description="'qualname() at file:line'; null: waits without a Python stack")
+    dur_ns: int = Field(description="ns blocked at that line in the window, all waits")
+    longest_dur_ns: int = Field(description="ns of the longest of them")
+    intervals: int
+    reason: str | None = Field(description="offcpu.reason of one of them: 'sleep', 'io', 'futex', ...")
+    syscalls: str | None = Field(description="the syscalls they blocked in, comma-separated")
+    threads: str | None = Field(description="the threads that waited there: 'name (tid N)', comma-separated")
+
+
 class CallReport(Part):
     """The report of a session without steps: its slow CUDA calls."""
 
@@ -175,6 +187,7 @@ class CallReport(Part):
     cuda: CudaTotals
     offcpu: list[OffCpu]
     cpu_wait_dur_ns: int
+    waits: list[LongWait] = Field(default=[], description="the longest off-CPU waits by Python line (up to 5)")
     negatives: list[str]
     observed_layers: list[str]
     not_observed: list[NotObserved]
@@ -310,6 +323,17 @@ class GilHolder(Part):
     timed_out_waits: int | None = Field(None, description="of which waits that timed out while it ran")
 
 
+class PythonLine(Part):
+    """Where part of a cause's time in the step went (step_lost_line)."""
+
+    python: str | None = Field(description="'qualname() at file:line'; null: the intervals' line is not known")
+    dur_ns: int = Field(description="ns of the cause's time at that line")
+    intervals: int = Field(description="intervals (off-CPU or reclaim) summed")
+    how: str | None = Field(description="how their line was found: 'own' (the interval's stack), 'in_call' (the "
+                                        "CUDA or NCCL call in progress), 'before' (the thread's latest stack "
+                                        "before it); comma-separated when several")
+
+
 class PrimaryCause(Part):
     """A step's root cause (store/causes.py kinds, rows of cause_kind): what it is, how much of the
     stall it explains, its evidence and next actions, and the facts of its kind."""
@@ -322,6 +346,8 @@ class PrimaryCause(Part):
     kernel_path: list[str]
     python: str | None = None
     python_stack: list[str] = []
+    python_lines: list[PythonLine] = Field(
+        default=[], description="where the cause's time in the step went, by Python line, most first (up to 5)")
     lineage: Lineage | None = None
     share_of_stall: Num | None = None
     evidence: dict[str, int | None] = Field(

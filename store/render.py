@@ -5,7 +5,7 @@ always carry the same content."""
 from __future__ import annotations
 
 from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
-from store.session import LAYERS, STEP_LAYERS
+from store.session import STEP_LAYERS
 from store.units import NS, ms
 
 Report = StallReport | StepReport | CallReport | dict
@@ -32,11 +32,15 @@ def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, laye
     lossy = {x.layer for x in loss.in_window}
     lines = ["Observed: " + (", ".join(layers[k] + (" (records lost in this window)" if k in lossy else "")
                                        for k in observed) or "nothing")]
-    lines += [f"Not observed: {n.what} ({n.why})" for n in not_observed]
+    if not observed and len({n.why for n in not_observed}) == 1 and len(not_observed) > 1:
+        lines.append(f"Not observed: any layer ({not_observed[0].why})")
+    else:
+        lines += [f"Not observed: {n.what} ({n.why})" for n in not_observed]
     lines += [f"Lost in this window: {x.text}" for x in loss.in_window]
-    lines.append("Data loss: " + ("none" if not loss.dropped_events else
-                                  f"{loss.dropped_events} events dropped "
-                                  + ", ".join(f"{k}: {v}" for k, v in loss.by_probe.items())))
+    n = loss.dropped_events
+    lines.append("Data loss: " + ("none" if not n else
+                                  f"{n} event{'s' if n != 1 else ''} dropped in the session; by probe: "
+                                  + "; ".join(f"{k}: {v}" for k, v in loss.by_probe.items())))
     return lines
 
 
@@ -92,9 +96,15 @@ def render_text(report: Report, stack: bool = False) -> str:
     if r.offcpu:
         parts = [f"{o.reason} {ms(o.dur_ns)} ({o.intervals})" for o in r.offcpu[:5]]
         lines.append("Off-CPU time of traced threads: " + ", ".join(parts))
+    if r.waits:
+        lines.append("Longest waits by Python line:")
+        for x in r.waits:
+            n = f"{x.intervals} waits, longest {ms(x.longest_dur_ns)}" if x.intervals > 1 else "1 wait"
+            lines.append(f"  {ms(x.dur_ns)} {x.reason}{f' in {x.syscalls}' if x.syscalls else ''} ({n})"
+                         f" at {x.python or 'no Python line'}, {x.threads}")
     if r.negatives:
         lines.append("Checked and clean: " + "; ".join(r.negatives))
-    lines += _tail(r.observed_layers, r.not_observed, r.loss, LAYERS)
+    lines += _tail(r.observed_layers, r.not_observed, r.loss, STEP_LAYERS)
     lines += _actions(r.next_actions)
     return "\n".join(lines)
 
@@ -132,6 +142,9 @@ def render_step_text(report: Report, stack: bool = False) -> str:
             lines.append(f"Python: {p.python}")
             if stack:
                 lines += [f"    {f}" for f in p.python_stack or []]
+        if len(p.python_lines) > 1 or (p.python_lines and p.python_lines[0].python != p.python):
+            lines.append("  Time by line: " + "; ".join(f"{x.python or 'line not known'} {ms(x.dur_ns)}"
+                                                         for x in p.python_lines))
         if p.kernel_path:
             lines.append("Kernel path: " + " -> ".join(p.kernel_path))
         lines.append(f"Share of the stall: {100 * p.share_of_stall:.0f}% ({ms(p.excess_dur_ns)} above the "

@@ -126,10 +126,13 @@ class Identity:
         (self.threads if traced else self.others)[tid] = tid_id
         return tid_id
 
-    def thread_forked(self, tid: int, pid: int, ts: int) -> int:
-        """A new thread (fork or clone): a new identity, whatever thread had its tid before."""
+    def thread_forked(self, tid: int, pid: int, ts: int, parent_comm: bytes | None = None) -> int:
+        """A new thread (fork or clone): a new identity, whatever thread had its tid before. Named by
+        its comm when /proc still has it, else by its parent's (what it started with: a thread
+        that never set a name of its own, and exited before it was read, keeps it)."""
         self.departed.pop(tid, None)
-        return self.thread(tid, pid, None, ts)
+        stat = read_proc_stat(tid)
+        return self.thread(tid, pid, stat[0] if stat else parent_comm, ts)
 
     def thread_exited(self, tid: int, pid: int, ts: int) -> None:
         tid_id = self.threads.pop(tid, None) or self.others.pop(tid, None)

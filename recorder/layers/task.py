@@ -132,7 +132,7 @@ class TaskLayer(BaseLayer):
             child_pid = read_tgid(child) or pid
             if child_pid != pid and not self.hooks.known(child_pid):
                 self.hooks.scan(child_pid, "fork", ts)
-            ident.thread_forked(child, child_pid, ts)
+            ident.thread_forked(child, child_pid, ts, comm)  # a new task starts with its parent's name
         elif kind == _C["TASK_EXEC"]:
             ident.process_exec(pid, ts)
             ident.thread(tid, pid, comm, ts)

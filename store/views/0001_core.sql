@@ -10,7 +10,7 @@ SELECT
     t.session_id,
     t.tid,                              -- kernel task id
     p.pid,                              -- process id (NULL if unknown)
-    t.name AS thread_name,              -- comm of the thread
+    coalesce(t.name, p.name) AS thread_name, -- comm of the thread (its process's when it was never read)
     coalesce(p.name, t.name) AS process_name, -- comm of the process's main thread
     p.cmdline,                          -- command line of the process
     t.traced                            -- 1 for threads of the targets

@@ -8,7 +8,7 @@
 CREATE VIEW block_request_named AS
 SELECT r.*,
        t.tid AS tid,                                       -- submitting thread id
-       t.name AS thread_name,                              -- its name
+       coalesce(t.name, p.name) AS thread_name,            -- its name (its process's when never read)
        p.pid AS pid,                                       -- its process id
        p.name AS process_name,                             -- its process name
        (r.ts - s.started_ts) / 1000000000 AS window_s      -- whole seconds since the session start

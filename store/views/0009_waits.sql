@@ -89,7 +89,7 @@ SELECT
     coalesce(o.wakeup_ts, o.ts + o.dur) - o.ts AS blocked_dur, -- ns asleep, before it was woken
     o.reason, o.syscall_name, o.state_letter, o.open,
     t.tid, p.pid, t.process_id,
-    t.name AS thread_name,              -- the thread's (latest) name
+    coalesce(t.name, p.name) AS thread_name, -- the thread's (latest) name, its process's when never read
     coalesce(p.name, t.name) AS process_name,
     o.waker_tid, o.waker_pid, o.waker_name, o.wakeup_ts, oi.waker_thread_id,
     oi.python_stack_id,
@@ -100,7 +100,7 @@ SELECT
         SELECT 1 FROM python_gil g WHERE g.session_id = o.session_id AND g.pid = p.pid
                                      AND oi.futex_addr >= g.lo AND oi.futex_addr < g.hi) THEN 1 ELSE 0 END AS gil,
     ht.id AS gil_holder_thread_id,      -- the thread that held the GIL (gil_holder), NULL when not told
-    ht.tid AS gil_holder_tid, ht.name AS gil_holder_name,
+    ht.tid AS gil_holder_tid, coalesce(ht.name, p.name) AS gil_holder_name, -- a thread of the same process
     CASE WHEN ht.id IS NULL THEN NULL WHEN ht.id = oi.waker_thread_id THEN 'handed_over' ELSE 'awake' END
       AS gil_holder_how,                -- 'handed_over' (it woke the wait) or 'awake' (the wait timed out)
     (SELECT s.awake_dur FROM gil_wait_sibling s WHERE s.offcpu_id = o.id AND s.sibling_thread_id = ht.id)

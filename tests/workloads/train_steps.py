@@ -6,6 +6,7 @@ SIGINT ends the loop after the step running. Prints the CLOCK_MONOTONIC ns each 
 
     python train_steps.py --libdir build/native [--steps 200] [--cpu 1] [--malloc-work-us 600]
                           [--markers] [--slow-step 40 --slow-ms 300] [--slow-when FILE] [--jitter 0.3]
+                          [--hog-step 30 --hog "busy_loop 1" --long-launch-ms 150]
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import ctypes
 import json
 import os
 import random
+import shlex
 import signal
+import subprocess
 import sys
+import threading
 import time
 
 
@@ -43,6 +47,11 @@ def main() -> None:
                                                       "--slow-ms longer")
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="host work varies per step by up to this fraction, either way")
+    ap.add_argument("--hog-step", type=int, default=-1,
+                    help="this step starts --hog (a helper process, on the same CPU) and then makes one "
+                         "--long-launch-ms launch, which the hog preempts")
+    ap.add_argument("--hog", default="", help="the helper's command line")
+    ap.add_argument("--long-launch-ms", type=int, default=150, help="CPU work of the long launch")
     args = ap.parse_args()
     step_marker = None
     if args.markers:
@@ -65,6 +74,14 @@ def main() -> None:
     rt.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
     stream = ctypes.c_void_p(0x5151)
     kernel = ctypes.c_void_p(0x4000AA)
+
+    def long_launch() -> None:
+        rt.standin_configure(b"cudaLaunchKernel", ctypes.c_uint64(args.long_launch_ms * 1_000_000),
+                             ctypes.c_uint64(0), 0)
+        rt.cudaLaunchKernel(kernel, Dim3(128, 1, 1), Dim3(256, 1, 1), None, 0, stream)  # the long launch
+        rt.standin_configure(b"cudaLaunchKernel", ctypes.c_uint64(args.launch_work_us * 1000), ctypes.c_uint64(0), 0)
+
+    helpers, briefs = [], []
     step_times, step_starts = [], []
     slow_step = args.slow_step
     stopping = []
@@ -82,6 +99,17 @@ def main() -> None:
         rt.cudaMalloc(ctypes.byref(ptr), 64 << 20)
         for _ in range(3):
             rt.cudaLaunchKernel(kernel, Dim3(128, 1, 1), Dim3(256, 1, 1), None, 0, stream)
+        if step == args.hog_step:
+            # a thread that sets no name and is gone before the recorder reads its /proc entry
+            brief = threading.Thread(target=lambda: briefs.append(threading.get_native_id()))
+            brief.start()
+            brief.join()
+            helpers.append(subprocess.Popen(shlex.split(args.hog)))  # the hog starts here
+            time.sleep(0.02)  # the last line with a stack before the hog's first preemptions
+            until = time.thread_time() + 0.003
+            while time.thread_time() < until:  # a little Python work, preempted first
+                sum(range(200))
+            long_launch()  # most of the preemptions
         rt.cudaStreamSynchronize(stream)
         rt.cudaFree(ptr)
         host_s = args.host_work_us / 1e6 * (1 + rng.uniform(-args.jitter, args.jitter))
@@ -90,9 +118,12 @@ def main() -> None:
             sum(range(200))
         time.sleep(args.step_sleep_us / 1e6 + (args.slow_ms / 1000 if step == slow_step else 0))
         step_times.append(time.monotonic() - t0)
+    for helper in helpers:
+        helper.wait()
     if args.quiet:
         return
     print(json.dumps({"pid": os.getpid(), "steps": len(step_times), "slow_step": slow_step,
+                      "brief_thread_tids": briefs,
                       "max_step_s": round(max(step_times), 4), "step_start_ns": step_starts}), flush=True)
 
 
