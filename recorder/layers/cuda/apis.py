@@ -166,33 +166,31 @@ def return_program(api: Api) -> str:
     return LAUNCH_RETURN if is_launch(api) else f"cuda_return_{API_INDEX[api.name]}"
 
 
-ENTRY_COMMON = "cuda_entry_common"
-RETURN_COMMON = "cuda_return_common"
-
-
 def bpf_programs(names: list[str] | None = None) -> str:
     """C text with an entry program per API symbol and a return program per API that is no launch
-    (all known ones by default), each of which only reads the API's arguments and tail-calls the
-    shared program (bpf/cuda.bpf.c, cuda_hand_over). A driver API's entry first checks whether its
-    thread is inside a runtime call (which then makes the one event); a runtime API marks its thread
-    as inside it."""
+    (all known ones by default). A driver API's entry first checks whether its thread is inside a
+    runtime call (which then makes the one event); a runtime API marks its thread as inside it."""
     chosen = APIS if names is None else tuple(APIS[API_INDEX[n]] for n in names)
     parts = []
     for api in chosen:
         i = API_INDEX[api.name]
         launch, runtime = int(is_launch(api)), int(api.library == "runtime")
+        nested = "" if runtime else f"    if (cuda_nested(ctx, {i}, {launch}, {FIRST_DRIVER_API})) return 0;\n"
+        entry_ip = "    e.entry_ip = PT_REGS_IP(ctx); e.entry_sp = PT_REGS_SP(ctx);\n" if launch else ""
+        end = "return 0;" if launch else f"return cuda_capture(ctx, e.ts, {i});"
         parts.append(
             f"int cuda_entry_{i}(struct pt_regs *ctx) {{\n"
+            f"{nested}"
             f"    struct cuda_inflight e = {{}};\n"
+            f"    if (!cuda_begin(&e, {i})) return 0;\n"
             f"    {ARG_LAYOUTS[api.layout]}\n"
-            f"    return cuda_hand_over(ctx, &e, {i}, {launch}, {runtime}, CUDA_PROG_ENTRY);\n"
+            f"{entry_ip}"
+            f"    cuda_save(&e, {i}, {launch}, {runtime});\n"
+            f"    {end}\n"
             f"}}\n"
         )
         if not launch:
-            parts.append(f"int cuda_return_{i}(struct pt_regs *ctx) "
-                         f"{{ return cuda_hand_over(ctx, 0, {i}, 0, {runtime}, CUDA_PROG_RETURN); }}\n")
-    parts.append(f"int {ENTRY_COMMON}(struct pt_regs *ctx) {{ return cuda_entry_shared(ctx, {FIRST_DRIVER_API}); }}\n")
-    parts.append(f"int {RETURN_COMMON}(struct pt_regs *ctx) {{ return cuda_return_shared(ctx); }}\n")
+            parts.append(f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_end(ctx, {i}, {runtime}); }}\n")
     parts.append(f"int {LAUNCH_RETURN}(struct pt_regs *ctx) {{ return cuda_launch_end(ctx, {FIRST_DRIVER_API}); }}\n")
     return "\n".join(parts)
 

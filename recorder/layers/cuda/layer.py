@@ -16,10 +16,8 @@ from recorder.core.libraries import exported_functions
 from recorder.layers.cuda.apis import (
     API_INDEX,
     APIS,
-    ENTRY_COMMON,
     FIRST_DRIVER_API,
     LAUNCH_LAYOUTS,
-    RETURN_COMMON,
     Api,
     bpf_programs,
     is_launch,
@@ -120,7 +118,6 @@ class CudaLayer(BaseLayer):
         self.raw: list[bytes] = []
         self._pack_cuda: Callable | None = None
         self.route = LaunchRoute(context)
-        self.shared_failed = ""  # why the shared entry and return programs are not installed
 
     def prepare(self) -> None:
         ctx = self.context
@@ -136,14 +133,6 @@ class CudaLayer(BaseLayer):
 
     def attach(self) -> None:
         probes = self.context.probes
-        # what every API's entry and return tail-call (bpf/cuda.bpf.c): without them no call is recorded
-        try:
-            progs = probes.bpf.get_table("cuda_progs")
-            for slot, name in ((1, ENTRY_COMMON), (2, RETURN_COMMON)):
-                progs[ctypes.c_int(slot)] = ctypes.c_int(probes.bpf.load_func(name, probes.BPF.KPROBE).fd)
-        except Exception as e:
-            self.shared_failed = str(e).splitlines()[0][:200]
-            probes.cap("cuda", "calls", "failed", f"the shared entry and return programs: {self.shared_failed}")
         try:  # the CUDA entries' native stack walk (bpf/cuda.bpf.c), one program for every API
             walk = probes.bpf.load_func("cuda_native", probes.BPF.KPROBE)
             probes.bpf.get_table("cuda_progs")[ctypes.c_int(0)] = ctypes.c_int(walk.fd)
@@ -155,11 +144,6 @@ class CudaLayer(BaseLayer):
         probes = self.context.probes
         real = os.path.realpath(path)
         if real in probes.attached_libraries:
-            return 0
-        if self.shared_failed:
-            probes.cap("cuda", f"{kind} library", "failed",
-                       f"not attached: the shared entry and return programs failed ({self.shared_failed})", path)
-            probes.attached_libraries[real] = 0
             return 0
         names = exported_functions(real)
         wanted = [api for api in APIS if api.library == kind and api.name in names]
