@@ -35,7 +35,7 @@ PYVER = "3.11"  # Debian 12's CPython; the C extensions are built with the same 
 # must resolve all its libraries inside the bundle, or the build fails and names the library).
 DEBS = [
     # the loader and C library, and the C++ runtime libbcc and several wheels use
-    "libc6", "libgcc-s1", "libstdc++6", "libcrypt1",
+    "libc6", "libc-bin", "libgcc-s1", "libstdc++6", "libcrypt1",
     # CPython and the libraries of its extension modules
     "python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib", "zlib1g", "libbz2-1.0",
     "liblzma5", "libexpat1", "libffi8", "libssl3", "libsqlite3-0", "libuuid1", "libncursesw6",
@@ -59,10 +59,21 @@ DROP_HEADERS = ("dt-bindings", "sound", "drm", "media", "xen", "video", "rdma", 
 
 LAUNCHER_PYTHON = """#!/bin/sh
 # CPython {pyver} of this bundle, started through the bundle's own loader and C library: nothing of the
-# node but the kernel is used, and no variable is exported to the programs it starts.
+# node but the kernel is used, and nothing of it is passed on to the programs it starts.
 here=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
-exec "$here/lib/ld-linux-x86-64.so.2" --library-path "$here/lib" --argv0 "$here/bin/python3" \\
+# The C library's locale and character set data are the bundle's too (the node's are another glibc's
+# format); sitecustomize.py takes both variables out again, so the programs it starts never see them.
+LOCPATH=$here/share/locale GCONV_PATH=$here/lib/gconv STALL_RECORDER_BUNDLE_VARS="LOCPATH GCONV_PATH" \\
+  exec "$here/lib/ld-linux-x86-64.so.2" --library-path "$here/lib" --argv0 "$here/bin/python3" \\
   "$here/libexec/python{pyver}" -I "$@"
+"""
+
+SITECUSTOMIZE = """\"\"\"Start-up of the bundle's interpreter: the variables bin/python3 set for the bundle's C library
+(already read when this runs) are not passed on to the programs the recorder starts.\"\"\"
+import os
+
+for _name in os.environ.pop("STALL_RECORDER_BUNDLE_VARS", "").split():
+    os.environ.pop(_name, None)
 """
 
 LAUNCHER_RECORDER = """#!/bin/sh
@@ -219,6 +230,12 @@ def assemble_python(root: Path, out: Path) -> None:
     shutil.copytree(root / "usr/lib/python3/dist-packages/bcc", site / "bcc")
 
 
+def assemble_libc_data(root: Path, out: Path) -> None:
+    """The C.UTF-8 locale Python runs in, and the character set converters, of the bundle's glibc."""
+    shutil.copytree(root / "usr/lib/locale/C.utf8", out / "share/locale/C.utf8")
+    shutil.copytree(root / "usr/lib/x86_64-linux-gnu/gconv", out / "lib/gconv")
+
+
 def install_project(out: Path, cache: Path) -> None:
     """The project (its C extensions built here, for the bundle's CPython) and its runtime packages."""
     site = out / "lib/python3/dist-packages"
@@ -264,6 +281,7 @@ def manifest(out: Path, debs: list[Path]) -> None:
 
 def write_launchers(out: Path, version: str) -> None:
     (out / "bin").mkdir(exist_ok=True)
+    (out / "lib/python3/dist-packages/sitecustomize.py").write_text(SITECUSTOMIZE)
     for path, text in ((out / "bin/python3", LAUNCHER_PYTHON.format(pyver=PYVER)),
                        (out / "bin/recorder", LAUNCHER_RECORDER), (out / "install.sh", INSTALL_SH),
                        (out / "README", README.format(version=version))):
@@ -291,6 +309,7 @@ def build(args: argparse.Namespace) -> Path:
     log(f"{len(debs)} Debian packages unpacked")
     copy_libs(root, out / "lib")
     assemble_python(root, out)
+    assemble_libc_data(root, out)
     assemble_headers(root, hdr, out / "share/kernel-headers")
     write_launchers(out, version)
     install_project(out, work)
