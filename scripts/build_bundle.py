@@ -233,6 +233,8 @@ def assemble_python(root: Path, out: Path) -> None:
 def assemble_libc_data(root: Path, out: Path) -> None:
     """The C.UTF-8 locale Python runs in, and the character set converters, of the bundle's glibc."""
     shutil.copytree(root / "usr/lib/locale/C.utf8", out / "share/locale/C.utf8")
+    # Python asks for "C.UTF-8"; without this name here, glibc finds the node's folder of that name
+    os.symlink("C.utf8", out / "share/locale/C.UTF-8")
     shutil.copytree(root / "usr/lib/x86_64-linux-gnu/gconv", out / "lib/gconv")
 
 
