@@ -106,7 +106,7 @@ README = """stall-recorder {version}, offline bundle for x86-64 Linux
   cd stall-recorder-{version} && ./install.sh      # or run bin/recorder from here
   recorder doctor
 
-Needs a kernel with BPF, tracepoints and uprobes (4.18 or later, BTF not required), root, and nothing
+Needs a kernel with BPF, BTF (/sys/kernel/btf/vmlinux), tracefs and uprobes, root, and nothing
 else: the loader, C library, Python, BCC and kernel headers it uses are in lib/, libexec/ and share/.
 MANIFEST lists the Debian and Python packages it was built from. Details: docs/deploy.md in the
 project's repository.
