@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test demo test lint bench clean
+.PHONY: setup setup-test demo test lint bench bundle clean
 
 setup:
 	@scripts/setup.sh
@@ -28,6 +28,10 @@ lint: setup-test
 bench: setup-test
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0  # the training-job benchmark
 	@$(PY) benchmarks/run_all.py
+
+# The offline bundle for nodes without BCC, a compiler or a suitable Python (docs/deploy.md)
+bundle: setup
+	@$(PY) scripts/build_bundle.py
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache *.egg-info
