@@ -17,6 +17,7 @@ from recorder.flight import FlightOptions
 from recorder.session import (
     Session,
     already_recording,
+    give_back_reserve,
     install_dump_signal,
     install_stop_signals,
     log_path,
@@ -85,6 +86,7 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
         _reply_error(write_fd, str(e))
         status = 2
     except BaseException as e:  # the parent must hear of any failure, not hang
+        give_back_reserve(db)  # a full disk still takes the traceback
         _reply_error(write_fd, f"recorder failed: {type(e).__name__}: {e} (see {log_path(db)})")
         import traceback
 
@@ -133,6 +135,7 @@ def finalize_dead(db: Path) -> int | None:
     or the file is not ours to write: readers then say the same from the row as it is)."""
     if lock_holder(db) or not os.access(db, os.W_OK):
         return None
+    give_back_reserve(db)  # the room a dead recorder held
     with open_store(db, readonly=True) as store:  # opening for writing writes (views): only if needed
         if store.one("SELECT 1 AS x FROM session WHERE status = 'recording'") is None:
             return None

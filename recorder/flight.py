@@ -313,7 +313,7 @@ class FlightRecorder:
 
     def _make_room(self, conn: sqlite3.Connection, rows: int) -> None:
         """The writer's backstop under --max-size (Retention.make_room), before each piece it inserts."""
-        room = int(self.bound.room(wal_bytes(self.session.db_path)) * 0.95)
+        room = int(self.bound.room(wal_bytes(self.session.db_path)) * 0.9)
         cut = self.retention.make_room(conn, room, rows * ROW_BYTES)
         if cut is not None:
             self._cut = cut if self._cut is None else max(self._cut, cut)

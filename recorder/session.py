@@ -64,6 +64,30 @@ def log_path(db: Path) -> Path:
     return db.with_name(db.name + ".log")
 
 
+RESERVE_BYTES = 2 << 20
+
+
+def reserve_path(db: Path) -> Path:
+    """Room held on the recording's file system while it records, given back when the disk fills
+    up: marking the session stopped (and the log's last lines) then still find space."""
+    return db.with_name(db.name + ".reserve")
+
+
+def make_reserve(db: Path) -> None:
+    try:
+        with open(reserve_path(db), "wb") as f:  # written, not sparse: the blocks are taken now
+            f.write(bytes(RESERVE_BYTES))
+    except OSError:  # already short of room: recording goes on without it
+        reserve_path(db).unlink(missing_ok=True)
+
+
+def give_back_reserve(db: Path) -> None:
+    try:
+        reserve_path(db).unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def already_recording(db: Path, holder: int | str) -> UserError:
     return UserError(f"a recorder (pid {holder}) is already recording into {db}: "
                      f"stop it with 'recorder stop --db {db}' or pass another --db")
@@ -242,9 +266,11 @@ class Session:
         f.write(str(os.getpid()))
         f.flush()
         self._lock_file = f
+        make_reserve(self.db_path)
 
     def _abandon(self) -> None:
         """Startup failed after the session row was written: keep it, marked with no data."""
+        give_back_reserve(self.db_path)
         if self.gpu:
             self.gpu.stop()
         if self.store:
@@ -499,10 +525,7 @@ class Session:
             self.flight.abandon()
         self.probes.cleanup()
         reason = f"{w.stopped}: {w.rows_not_written:,} rows not written"
-        try:  # the log's pages go into the file (or stay): the WAL's space, if any, frees the update's
-            self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error:
-            pass
+        give_back_reserve(self.db_path)  # the room held for this: the mark and the log's lines
         try:
             self.store.conn.execute(
                 "UPDATE session SET status = 'incomplete', stopped_ts = ?, stop_reason = ? WHERE id = ?",
@@ -511,6 +534,10 @@ class Session:
         except sqlite3.Error as e:
             self.store.conn.rollback()
             reason += f" (not marked in the recording: {e})"
+        try:  # the log's pages into the file where there is room: the file is whole without its log
+            self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass
         summary = self._release()  # closing the last connection gives the log's space back: say it after
         _say(f"recorder: stopped recording into {self.db_path}: {reason}; the target keeps running; what "
              f"was written is readable: recorder explain --db {self.db_path}")
@@ -520,6 +547,7 @@ class Session:
         summary = session_summary(self.store, self.session_id)
         self.store.close()
         status_path(self.db_path).unlink(missing_ok=True)
+        give_back_reserve(self.db_path)
         if self._lock_file:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()

@@ -139,8 +139,8 @@ class SizeBound:
     that the window kept is cut to what fits (the window spanned now times the room over the pages
     used, less a quarter for headroom), growing back towards --keep while they are under 60%. Where
     a burst comes faster than that, the writer deletes the oldest rows before it inserts
-    (Retention.make_room). Free pages beyond a tenth of the room are given back to the file system,
-    a few at a time (moving pages writes them to the log)."""
+    (Retention.make_room, at 90%). Free pages beyond a tenth of the room, or where the file passes
+    95% of it, are given back to the file system, a few at a time (moving pages writes them to the log)."""
 
     max_bytes: int
     keep_ns: int
@@ -176,8 +176,12 @@ class SizeBound:
             return min(self.keep_ns, int(keep_now + grow))
         return keep_now
 
-    def pages_to_give_back(self, used: int, free: int, wal: int, page_size: int, most: int = 128) -> int:
-        over = used + free - int(0.9 * self.room(wal))
+    def pages_to_give_back(self, used: int, free: int, wal: int, page_size: int, most: int = 64) -> int:
+        """Free pages to give back now: beyond a tenth of the room, or where the file nears the room
+        (above the writer's backstop, Retention.make_room at 90%, so that pages freed by its
+        deletions are reused rather than given back and taken again: each page moved is written
+        to the log)."""
+        over = used + free - int(0.95 * self.room(wal))
         if free <= 0.1 * self.room(wal) and over <= 0:
             return 0
         return min(free // page_size, max(over // page_size, (free - self.room(wal) // 10) // page_size), most)
