@@ -1,4 +1,5 @@
-"""A flight recording tells someone, on real probes: its --metrics-file parses as Prometheus text
+"""A flight recording run as a service tells someone, on real probes: `recorder start --foreground`
+says READY=1 to systemd and stops on `recorder stop`; its --metrics-file parses as Prometheus text
 with the recording's values while it records and after it stopped, and --on-incident runs for each
 incident saved (SIGUSR1, a live stall) with the incident's path and summary."""
 
@@ -7,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import RECORDER, ROOT, needs_bpf, q
+from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder
 
 pytestmark = [needs_bpf, pytest.mark.bpf, pytest.mark.slow]
 parser = pytest.importorskip("prometheus_client.parser")
@@ -46,30 +48,54 @@ def _value(metrics: dict, name: str, **labels: str) -> float | None:
 
 @pytest.fixture(scope="module")
 def flight(native, tmp_path_factory):
-    """One flight recording around a stand-in training loop whose step 300 stalls for 1.2 s, with a
-    SIGUSR1 sent while it records; the metrics file read once while recording."""
+    """One foreground flight recording (`recorder start --foreground`, as the systemd unit runs it)
+    of a stand-in training loop whose step 300 stalls for 1.2 s: the loop starts once systemd's
+    notification socket heard READY=1, the metrics file is read then, SIGUSR1 is sent while it
+    runs, and `recorder stop` ends the recording."""
     tmp = tmp_path_factory.mktemp("notify")
     db, prom, hooks = tmp / "f.db", tmp / "stall_recorder.prom", tmp / "hooks"
     hooks.mkdir()
     script = tmp / "hook.py"
     script.write_text(HOOK)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp / "notify.sock"))
+    notify.settimeout(240)
+    # the loop waits for a line on its stdin, then becomes the training process (the same pid)
+    work = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", sys.executable, TRAIN, "--libdir",
+                             str(native["dir"]), "--markers", "--steps", "400", "--slow-step", "300",
+                             "--slow-ms", "1200", "--quiet"], stdin=subprocess.PIPE, text=True)
     rec = subprocess.Popen(
-        [*RECORDER, "record", "--db", str(db), "--keep", "30s", "--before", "4s", "--after", "2s",
-         "--triggers", "stall", "--cooldown", "0s", "--metrics-file", str(prom),
-         "--on-incident", f"{sys.executable} {script} {hooks}", "--",
-         sys.executable, TRAIN, "--libdir", str(native["dir"]), "--markers", "--steps", "400",
-         "--slow-step", "300", "--slow-ms", "1200", "--quiet"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not prom.exists() and rec.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert prom.exists(), rec.communicate()
-    live = _metrics(prom)
-    os.kill(rec.pid, signal.SIGUSR1)
-    out, err = rec.communicate(timeout=240)
+        [*RECORDER, "start", "--foreground", "--db", str(db), "-p", str(work.pid), "--keep", "30s", "--before", "4s",
+         "--after", "2s", "--triggers", "stall", "--cooldown", "0s", "--metrics-file", str(prom),
+         "--on-incident", f"{sys.executable} {script} {hooks}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NOTIFY_SOCKET": str(tmp / "notify.sock")})
+    try:
+        ready = notify.recv(4096).decode()
+        live = _metrics(prom)  # written before READY=1
+        work.stdin.write("go\n")
+        work.stdin.close()
+        time.sleep(1)
+        os.kill(rec.pid, signal.SIGUSR1)
+        work.wait(timeout=240)
+        time.sleep(1)  # the loop's last steps read
+        stopped = run_recorder("stop", "--db", str(db), "--json", timeout=240)
+        out, err = rec.communicate(timeout=240)
+    finally:
+        work.kill()
+        rec.kill()
+        notify.close()
+    assert stopped.returncode == 0, stopped.stderr
     assert rec.returncode == 0, err
     runs = [json.loads(p.read_text()) for p in sorted(hooks.glob("*.json"))]
-    return {"db": db, "live": live, "final": _metrics(prom), "runs": runs, "out": out, "prom": prom}
+    return {"db": db, "live": live, "final": _metrics(prom), "runs": runs, "out": out, "ready": ready}
+
+
+def test_start_in_the_foreground_tells_systemd_it_is_ready_and_stops_on_recorder_stop(flight):
+    assert flight["ready"].splitlines()[0] == "READY=1"
+    lines = flight["out"].splitlines()
+    assert lines[0].startswith("recording session 1 into ") and lines[-1].startswith("session 1 complete: ")
+    assert q(flight["db"], "SELECT status FROM session") == [("complete",)]
 
 
 def test_the_metrics_file_says_the_recording_is_up_while_it_records(flight):
