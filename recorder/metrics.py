@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from store.errors import UserError
+from store.losses import describe
 
 INTERVAL_S = 5.0  # how often the file is rewritten while recording
 PREFIX = "stall_recorder_"
@@ -82,14 +83,8 @@ def check_metrics_path(path: Path) -> None:
 
 
 def loss_layer(probe: str) -> str:
-    """The layer a `loss.probe` name is of, as the capability table names layers: the one a skipped
-    BPF program names in parentheses, 'python' for stack reads, else its first word ('sched:offcpu
-    ring buffer', 'block ring buffer', 'cuda in-flight map full')."""
-    if probe.startswith("bpf program ") and probe.endswith(")") and "(" in probe:
-        return probe.rsplit("(", 1)[1][:-1]
-    if probe.startswith("python "):
-        return "python"
-    return probe.split(":", 1)[0].split(" ", 1)[0] or "other"
+    """The layer a `loss.probe` name is of, as the loss report names it (store/losses.py)."""
+    return describe(probe)[0]
 
 
 # the layer each kind of event counted in the status file comes from
