@@ -68,7 +68,7 @@ def _child_phases() -> dict:
     timed(loader.Probes, "__init__", "probes: all")
     timed(pyframes.PyStackProbe, "install", "python walker programs")
     timed(pyframes.PyStackProbe, "install_tracepoints", "python walker programs")
-    timed(btf, "member_offset", "btf: kernel struct offset")
+    timed(btf, "member_offset", "target: first scan: of which kernel struct offset (BTF)")
     timed(loader.Probes, "open_rings", "ring buffers: open")
     timed(session_mod.Session, "_attach_process", "target: first scan")
     timed(session_mod.Session, "_rescan_members", "target: first scan")
@@ -91,14 +91,15 @@ def _child_phases() -> dict:
         work.kill()
         work.wait()
     phases = {k: {"wall_s": round(v[0], 3), "cpu_s": round(v[1], 3)} for k, v in totals.items()}
-    top = [v for k, v in phases.items() if k == "probes: all" or not (k.startswith(("bpf", "btf", "python walker")))]
+    top = [v for k, v in phases.items()
+           if k == "probes: all" or not k.startswith(("bpf", "python walker", "target: first scan: of"))]
     rest = {m: round(total[i] - sum(v[m] for v in top), 3) for i, m in enumerate(("wall_s", "cpu_s"))}
     # the compile alone: BPF.__init__ less its tracepoint autoload; Probes() less what is timed inside it
     bpf_all = phases.pop("bpf: compile (clang, LLVM) + tracepoints")
     auto = phases["bpf: load + attach tracepoint programs"]
     phases["bpf: compile (clang, LLVM)"] = {k: round(bpf_all[k] - auto[k], 3) for k in bpf_all}
     probes_all = phases.pop("probes: all")
-    inside = [bpf_all, phases.get("python walker programs"), phases.get("btf: kernel struct offset")]
+    inside = [bpf_all, phases.get("python walker programs")]
     phases["probes: the rest"] = {k: round(probes_all[k] - sum(p[k] for p in inside if p), 3) for k in probes_all}
     phases["begin: total"] = {"wall_s": round(total[0], 3), "cpu_s": round(total[1], 3)}
     phases["begin: not in a phase above"] = rest
@@ -112,11 +113,11 @@ def _import_time(src: str) -> float:
     total = 0
     for line in res.stderr.splitlines():
         parts = line.split("|")
-        if line.startswith("import time:") and len(parts) == 3 and parts[2].rstrip() == parts[2].strip() \
-                and not parts[2].startswith("  "):
+        # the top-level imports: their cumulative time includes everything they imported
+        if line.startswith("import time:") and len(parts) == 3 and not parts[2].startswith("  "):
             try:
                 total += int(parts[1])
-            except ValueError:
+            except ValueError:  # the header line
                 pass
     return total / 1e6
 

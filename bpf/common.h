@@ -6,17 +6,6 @@
  */
 #include <uapi/linux/ptrace.h>
 
-/* BCC reads the kernel's whole symbol table at every call of bpf_probe_read_user(_str) it compiles
- * (to fall back to bpf_probe_read on kernels without them): ~0.1 CPU-s a call, seconds of every
- * start. The same helpers under names it does not look at; every kernel with BPF ring buffers
- * (5.8) has them. */
-static long (*recorder_read_user)(void *dst, u32 size, const void *unsafe_ptr) =
-    (void *)BPF_FUNC_probe_read_user;
-static long (*recorder_read_user_str)(void *dst, u32 size, const void *unsafe_ptr) =
-    (void *)BPF_FUNC_probe_read_user_str;
-#define bpf_probe_read_user recorder_read_user
-#define bpf_probe_read_user_str recorder_read_user_str
-
 /* tgids being recorded (MODE_PIDS); forks of a traced process are added by task.bpf.c */
 BPF_HASH(targets, u32, u8, 16384);
 /* events lost per probe (index PROBE_*), read by user space every second into the loss table */
