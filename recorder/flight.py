@@ -134,7 +134,7 @@ def incident_facts(path: Path) -> dict:
     try:
         with open_store(path, readonly=True) as store:
             report = analyse(store).to_json()
-    except (UserError, sqlite3.Error, OSError):
+    except Exception:  # noqa: BLE001 - whatever the report cannot say, the incident is still announced
         return {"stall": False, "step": None, "cause_kind": None, "cause": None}
     cause = report.get("primary_cause") or {}
     step = report.get("step") or {}
