@@ -170,6 +170,46 @@ static __always_inline int cuda_capture(struct pt_regs *ctx, u64 ts, u32 api)
     return pystack_continue(ctx, st, 0);
 }
 
+/* One program per API only notes which API it is and tail-calls the body of its kind of API (its
+ * argument layout, launch or not, runtime or driver; recorder/layers/cuda/apis.py generates both):
+ * LLVM compiles ~30 bodies instead of ~340 inlined copies (most of a session's start-up CPU) and the
+ * verifier checks each body once. The note is per CPU, with its thread: a body whose note another
+ * thread overwrote in between records nothing and counts it. */
+struct cuda_note {
+    u64 owner;  /* pid_tgid of the thread the note is for */
+    u32 api;
+    u32 pad;
+};
+BPF_PERCPU_ARRAY(cuda_notes, struct cuda_note, 1);
+#define CUDA_BODY_SLOTS 64 /* apis.py CUDA_BODY_SLOTS */
+BPF_PROG_ARRAY(cuda_bodies, CUDA_BODY_SLOTS);
+
+static __always_inline int cuda_dispatch(struct pt_regs *ctx, u32 api, u32 body)
+{
+    u32 zero = 0;
+    struct cuda_note *n = cuda_notes.lookup(&zero);
+    if (!n)
+        return 0;
+    n->owner = bpf_get_current_pid_tgid();
+    n->api = api;
+    cuda_bodies.call(ctx, body);
+    return 0; /* the body is not installed: the capability table says why */
+}
+
+/* The API the program that tail-called this body noted, or -1 when the note is another thread's. */
+static __always_inline s64 cuda_noted_api(void)
+{
+    u32 zero = 0;
+    struct cuda_note *n = cuda_notes.lookup(&zero);
+    if (!n)
+        return -1;
+    if (n->owner != bpf_get_current_pid_tgid()) {
+        count_drop(PROBE_CUDA_DISPATCH);
+        return -1;
+    }
+    return n->api;
+}
+
 /* tid -> key of the runtime call the thread is in (a driver call inside it is part of it) */
 BPF_TABLE("lru_hash", u32, u64, cuda_outer, 65536);
 #define CUDA_LAUNCH_SLOT 0xFFFFu /* the in-flight key's API part for launches: the API is in the record */

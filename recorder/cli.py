@@ -23,7 +23,10 @@ EXAMPLES = {
               "  recorder start -c /sys/fs/cgroup/unified/job42   # a cgroup v2 subtree\n"
               "  recorder start --all --cuda-lib "
               "/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12\n"
-              "  recorder start --all --keep 10m --max-size 2GB --db /var/lib/stall/flight.db   # always on"),
+              "  recorder start --all --keep 10m --max-size 2GB --db /var/lib/stall/flight.db   # always on\n"
+              "  recorder start --all --keep 10m --foreground --metrics-file "
+              "/var/lib/node_exporter/textfile_collector/stall_recorder.prom   # under systemd\n"
+              "  recorder start --all --keep 10m --on-incident '/usr/local/bin/page-oncall --team ml'"),
     "stop": "recorder stop\n  recorder stop --db /var/tmp/incident.db",
     "status": "recorder status\n  recorder status --json",
     "dump": ("recorder dump                          # the kept window of a flight recording, now\n"
@@ -112,6 +115,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
             p.add_argument("-c", "--cgroup", metavar="CGROUP_PATH",
                            help="record every task in this cgroup v2 folder and below")
             p.add_argument("--all", action="store_true", help="record every process on the host")
+            p.add_argument("--foreground", action="store_true",
+                           help="record in this process until SIGTERM or Ctrl-C (for systemd or a container) "
+                                "instead of forking a background recorder")
             p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
         else:
             p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
@@ -131,6 +137,17 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                        help="a trigger saves at most one incident per DURATION (default 5m; and 12 an hour in all)")
         f.add_argument("--triggers", metavar="LIST", default=",".join(TRIGGERS),
                        help=f"the triggers that save an incident (default {','.join(TRIGGERS)}; '' for none)")
+        f.add_argument("--on-incident", metavar="CMD",
+                       help="with --keep: run CMD for every incident saved, with the incident's path and a one-line "
+                            "summary as its last two arguments (and in $STALL_RECORDER_INCIDENT, "
+                            "$STALL_RECORDER_INCIDENT_SUMMARY); split like a shell line, run without a shell")
+        f.add_argument("--on-incident-shell", action="store_true",
+                       help="run --on-incident through /bin/sh -c (the path is $1, the summary $2)")
+        f.add_argument("--on-incident-timeout", metavar="DURATION", default="60s",
+                       help="kill an --on-incident command still running after DURATION (default 60s)")
+        p.add_argument("--metrics-file", type=Path, metavar="PATH",
+                       help="rewrite PATH every 5 s with Prometheus metrics (node_exporter textfile format): "
+                            "events, drops, CPU, database size, incidents (docs/flight-recorder.md)")
 
     p = _sub(subs, "stop", "stop the background recorder: flush, build indexes, mark complete")
     _db_arg(p, db)
@@ -257,19 +274,37 @@ def cmd_doctor(args) -> int:
 def _flight_options(args):
     """--keep and its companions as FlightOptions, or None without --keep."""
     from recorder.flight import FlightOptions, parse_size
+    from recorder.incident_hook import HookOptions
     from store.session import parse_duration
 
     if not args.keep:
         if args.max_size:
             raise UserError("--max-size bounds a flight recording: add --keep DURATION (e.g. --keep 10m)")
+        if args.on_incident:
+            raise UserError("--on-incident runs for the incidents of a flight recording: add --keep DURATION "
+                            "(e.g. --keep 10m)")
         return None
+    hook = None
+    if args.on_incident is not None:
+        hook = HookOptions(args.on_incident, shell=args.on_incident_shell,
+                           timeout_s=parse_duration(args.on_incident_timeout) / 1e9)
     options = FlightOptions(
         keep_ns=parse_duration(args.keep), max_bytes=parse_size(args.max_size) if args.max_size else None,
         before_ns=parse_duration(args.before), after_ns=parse_duration(args.after),
         hang_ns=parse_duration(args.hang), cooldown_ns=parse_duration(args.cooldown),
-        triggers=frozenset(t.strip() for t in args.triggers.split(",") if t.strip()))
+        triggers=frozenset(t.strip() for t in args.triggers.split(",") if t.strip()), hook=hook)
     options.check()
     return options
+
+
+def _metrics_file(args) -> Path | None:
+    from recorder.metrics import check_metrics_path
+
+    if args.metrics_file is None:
+        return None
+    path = args.metrics_file.resolve()
+    check_metrics_path(path)
+    return path
 
 
 def cmd_start(args) -> int:
@@ -281,6 +316,7 @@ def cmd_start(args) -> int:
     if chosen != 1:
         raise UserError("say what to record: -p PID... and/or --tree PID..., -c CGROUP_PATH or --all")
     flight = _flight_options(args)
+    metrics = _metrics_file(args)
     check_privileges()
     # each word of -p/--tree is a list (-p 1,2 3: [[1, 2], [3]]); a PID given twice counts once
     pids = tuple(dict.fromkeys(pid for word in args.pid for pid in word))
@@ -290,10 +326,26 @@ def cmd_start(args) -> int:
     if args.cgroup:
         cgroup_identity(args.cgroup)  # refused here, in one line, rather than by the recorder it forks
     target = TargetSpec(pids=pids, cgroup=args.cgroup, everything=args.all, trees=trees)
-    reply = start_background(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv), flight)
-    if args.json:
-        print(json.dumps(reply, indent=1))
+    if args.foreground:
+        from recorder.daemon import run_foreground
+
+        summary = run_foreground(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv), flight,
+                                 metrics, on_started=lambda reply: _print_started(args, reply, flight))
+        if args.json:
+            print(json.dumps(summary, indent=1))
+        else:
+            _print_summary(summary)
         return 0
+    reply = start_background(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv), flight,
+                             metrics)
+    _print_started(args, reply, flight)
+    return 0
+
+
+def _print_started(args, reply: dict, flight) -> None:
+    if args.json:
+        print(json.dumps(reply, indent=1), flush=True)
+        return
     print(f"recording session {reply['session_id']} into {reply['db']} (recorder pid "
           f"{reply['recorder_pid']}, target {reply['target']})")
     layers: dict[str, int] = {}
@@ -315,8 +367,7 @@ def cmd_start(args) -> int:
               + (f", at most {args.max_size}" if args.max_size else "")
               + f"; incidents ({args.before} before to {args.after} after a trigger) go into "
               f"{reply['db']}.incidents/; recorder dump --db {reply['db']} saves the window now")
-    print(f"stop with: recorder stop --db {reply['db']}")
-    return 0
+    print(f"stop with: recorder stop --db {reply['db']}", flush=True)
 
 
 def cmd_record(args) -> int:
@@ -327,9 +378,10 @@ def cmd_record(args) -> int:
     if not argv:
         raise UserError("nothing to run: recorder record [--db PATH] -- COMMAND [ARGS...]")
     flight = _flight_options(args)
+    metrics = _metrics_file(args)
     check_privileges()
     code, summary = record_command(args.db.resolve(), argv, tuple(args.cuda_lib), shlex.join(sys.argv),
-                                   flight=flight)
+                                   flight=flight, metrics_file=metrics)
     _print_summary(summary)
     return code
 
@@ -379,6 +431,9 @@ def cmd_status(args) -> int:
                   f"{flight['max_per_hour']} an hour)")
         for err in flight["errors"]:
             print(f"  error: {err}")
+        if flight.get("hook"):
+            print(f"  --on-incident {flight['on_incident']}: run {flight['hook']['runs']} times, "
+                  f"{flight['hook']['failures']} failed")
         print(f"  incidents folder {flight['incidents_dir']}")
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import sys
 import time
@@ -40,7 +41,7 @@ def check_db_path(db: Path) -> None:
 
 
 def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
-                     flight: FlightOptions | None = None) -> dict:
+                     flight: FlightOptions | None = None, metrics_file: Path | None = None) -> dict:
     """Fork a detached recorder; return its attach summary once the probes are attached."""
     check_db_path(db)
     holder = lock_holder(db)
@@ -71,7 +72,7 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
     os.dup2(log, 2)
     status = 0
     try:
-        session = Session(db, target, cuda_libs, command, flight=flight)
+        session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
         install_stop_signals(session)
         summary = session.begin()
         os.write(write_fd, json.dumps(summary).encode())
@@ -95,6 +96,42 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
     finally:
         sys.stdout.flush()
         os._exit(status)
+
+
+def run_foreground(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
+                   flight: FlightOptions | None = None, metrics_file: Path | None = None,
+                   on_started: Callable[[dict], None] | None = None) -> dict:
+    """Record in this process until SIGTERM or SIGINT (`recorder stop` sends the first): for a
+    service manager that supervises the process itself (systemd, a container). Returns the session
+    summary. Under systemd's Type=notify, READY=1 is sent once the probes are attached."""
+    check_db_path(db)
+    holder = lock_holder(db)
+    if holder:
+        raise already_recording(db, holder)
+    session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
+    install_stop_signals(session)
+    summary = session.begin()
+    if on_started:
+        on_started(summary)
+    notify_service_manager("READY=1\nSTATUS=recording")
+    session.run(lambda: False)
+    notify_service_manager("STOPPING=1")
+    return session.finish()
+
+
+def notify_service_manager(state: str) -> None:
+    """sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET, when set."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path.startswith("@"):  # an abstract socket
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(path)
+            s.sendall(state.encode())
+    except OSError:
+        pass  # no service manager listening: nothing to tell
 
 
 def _reply_error(fd: int, message: str) -> None:
@@ -185,7 +222,7 @@ def read_status(db: Path) -> dict:
 
 def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], command: str,
                    on_started: Callable[[int], None] | None = None,
-                   flight: FlightOptions | None = None) -> tuple[int, dict]:
+                   flight: FlightOptions | None = None, metrics_file: Path | None = None) -> tuple[int, dict]:
     """Run argv under recording (children included); return (its exit status, session summary).
 
     `on_started(pid)` is called once the probes are attached and the command runs.
@@ -208,7 +245,7 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
             os._exit(127)
     os.close(go_r)
     session = Session(db, TargetSpec(pids=(child,)), cuda_libs, command,
-                      described_target="command " + " ".join(argv), flight=flight)
+                      described_target="command " + " ".join(argv), flight=flight, metrics_file=metrics_file)
     try:
         session.begin()
     except BaseException:

@@ -13,11 +13,16 @@ drained. SIGUSR1 saves the kept window at once (trigger 'signal').
 Trigger storms: a trigger that fires while an incident is waiting for its after part joins it
 (named in its detail); each trigger kind fires at most once per `cooldown`, and at most
 `max_per_hour` incidents are saved per hour; the rest are counted in the status file.
+
+Telling someone: each incident saved is explained (its step and primary cause kind, kept for the
+metrics file of recorder/metrics.py) and handed to the `--on-incident` command
+(recorder/incident_hook.py) with a one-line summary.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import sqlite3
 import statistics
 import threading
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recorder.core.clock import now_ns
+from recorder.incident_hook import HookOptions, IncidentHook
 from recorder.slow_calls import SlowCallWatch
 from recorder.steps_infer import infer_steps
 from recorder.steps_live import InferredStepWatch
@@ -69,6 +75,7 @@ class FlightOptions:
     triggers: frozenset[str] = frozenset(TRIGGERS)
     cooldown_ns: int = 300 * NS          # one incident per trigger kind per cooldown
     max_per_hour: int = 12               # and at most this many incidents an hour
+    hook: HookOptions | None = None      # --on-incident: run for every incident saved
 
     def check(self) -> None:
         if self.keep_ns < 10 * NS:
@@ -82,11 +89,14 @@ class FlightOptions:
         unknown = self.triggers - set(TRIGGERS)
         if unknown:
             raise UserError(f"no trigger {', '.join(sorted(unknown))}: choose from {', '.join(TRIGGERS)}")
+        if self.hook:
+            self.hook.check()
 
     def describe(self) -> dict:
         return {"keep_s": self.keep_ns / NS, "max_bytes": self.max_bytes, "before_s": self.before_ns / NS,
                 "after_s": self.after_ns / NS, "hang_s": self.hang_ns / NS, "triggers": sorted(self.triggers),
-                "cooldown_s": self.cooldown_ns / NS, "max_per_hour": self.max_per_hour}
+                "cooldown_s": self.cooldown_ns / NS, "max_per_hour": self.max_per_hour,
+                "on_incident": self.hook.command if self.hook else None}
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
@@ -119,6 +129,33 @@ def incident_name(ts_unix_ns: int, trigger: str) -> str:
     return f"{when:%Y%m%dT%H%M%S}.{when.microsecond // 1000:03d}Z-{trigger}.db"
 
 
+def incident_facts(path: Path) -> dict:
+    """What a saved incident's report says: {'stall', 'step', 'cause_kind', 'cause'} (None where it
+    says nothing; an incident without a report, e.g. an empty window, is no stall)."""
+    from store.report import analyse
+
+    try:
+        with open_store(path, readonly=True) as store:
+            report = analyse(store).to_json()
+    except Exception:  # noqa: BLE001 - whatever the report cannot say, the incident is still announced
+        return {"stall": False, "step": None, "cause_kind": None, "cause": None}
+    cause = report.get("primary_cause") or {}
+    step = report.get("step") or {}
+    return {"stall": bool(report.get("stall")), "step": step.get("step"), "cause_kind": cause.get("kind"),
+            "cause": cause.get("summary")}
+
+
+def incident_summary(trigger: str, when_unix_ns: int, host: str, facts: dict, detail: str) -> str:
+    """The one line the --on-incident command gets."""
+    when = dt.datetime.fromtimestamp(when_unix_ns / NS, dt.timezone.utc)
+    what = (f"step {facts['step']} stalled" if facts["stall"] and facts["step"] is not None
+            else "stall" if facts["stall"] else "no stall found in the window")
+    cause = f", primary cause {facts['cause_kind']}: {facts['cause']}" if facts["cause_kind"] else ""
+    line = f"stall-recorder on {host}: {trigger} incident at {when:%Y-%m-%dT%H:%M:%SZ}: {what}{cause}; {detail}"
+    line = " ".join(line.split())  # one line, whatever the detail held
+    return line if len(line) <= 500 else line[:497] + "..."
+
+
 def save_incident(src: Path, out: Path, session_id: int, start: int, end: int, *, trigger: str, detail: str,
                   ts: int) -> dict:
     """save_window(), then the steps a recording's stop would infer: a normal, complete recording."""
@@ -143,6 +180,8 @@ class FlightState:
     saved: list[dict] = field(default_factory=list)
     suppressed: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    last: dict | None = None  # the last incident saved: trigger, file, when, its report's facts
+    last_stall: dict | None = None  # the last one whose report finds a stall
 
 
 class FlightRecorder:
@@ -178,6 +217,7 @@ class FlightRecorder:
         self._calls: SlowCallWatch | None = None  # the stall trigger of threads with no steps
         self._inferred: InferredStepWatch | None = None  # and of processes whose steps are inferred
         self.folder = incidents_dir(session.db_path)
+        self.hook = IncidentHook(options.hook) if options.hook else None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -247,6 +287,8 @@ class FlightRecorder:
         self.pending.clear()
         if self._saver:
             self._saver.join()
+        if self.hook:
+            self.hook.wait()
         held = ", ".join(f"{n} {t}" for t, n in sorted(self.state.suppressed.items()))
         if held:
             print(f"recorder: flight recorder: triggers held back by the rate limit (one incident per trigger per "
@@ -344,6 +386,7 @@ class FlightRecorder:
             "pending": [{"trigger": p.trigger, "due_in_s": round((p.due - now) / NS, 1)} for p in self.pending],
             "suppressed": dict(self.state.suppressed),
             "errors": self.state.errors[-5:],
+            "hook": {"runs": self.hook.runs, "failures": self.hook.failures} if self.hook else None,
         }
 
     # -- triggers ---------------------------------------------------------------------------------
@@ -471,12 +514,42 @@ class FlightRecorder:
             with self._lock:
                 self._results.append(row)
             print(f"recorder: incident saved: {out} ({row['rows']} rows; {detail})", flush=True)
+            self._announce(p, out, detail)
 
         if background:
             self._saver = threading.Thread(target=work, name="stall-incident", daemon=True)
             self._saver.start()
         else:
             work()
+
+    def _announce(self, p: Pending, out: Path, detail: str) -> None:
+        """Explain the incident just saved (for the metrics) and run --on-incident on it."""
+        facts = incident_facts(out)
+        unix_ns = p.ts + self.wall_offset
+        last = {"trigger": p.trigger, "file": str(out), "unix": unix_ns / NS, **facts}
+        with self._lock:
+            self.state.last = last
+            if facts["stall"]:
+                self.state.last_stall = last
+        if self.hook:
+            summary = incident_summary(p.trigger, unix_ns, socket.gethostname(), facts, detail)
+            self.hook.run(str(out), summary, {
+                "STALL_RECORDER_INCIDENT_TRIGGER": p.trigger, "STALL_RECORDER_DB": str(self.session.db_path),
+                "STALL_RECORDER_INCIDENT_CAUSE": facts["cause_kind"] or "",
+                "STALL_RECORDER_INCIDENT_STEP": "" if facts["step"] is None else str(facts["step"])})
+
+    def metrics(self) -> dict:
+        """What recorder/metrics.py writes of the flight recorder."""
+        saved: dict[str, int] = dict.fromkeys((*sorted(self.options.triggers), "signal"), 0)
+        for row in self.state.saved:
+            saved[row["trigger"]] = saved.get(row["trigger"], 0) + 1
+        with self._lock:
+            last, last_stall = self.state.last, self.state.last_stall
+        return {"saved": saved, "suppressed": dict(self.state.suppressed), "errors": len(self.state.errors),
+                "kept_s": self.keep_now / NS, "keep_s": self.options.keep_ns / NS,
+                "hook_runs": self.hook.runs if self.hook else 0,
+                "hook_failures": self.hook.failures if self.hook else 0,
+                "last": last, "last_stall": last_stall}
 
     def _collect_saved(self, direct: Store | None = None) -> None:
         with self._lock:

@@ -47,6 +47,7 @@ from recorder.layers.kmsg.layer import KernelLog
 from recorder.layers.sched import SchedLayer
 from recorder.layers.task import TaskHooks, TaskLayer
 from recorder.layers.workload.layer import WorkloadLayer
+from recorder.metrics import MetricsFile, Snapshot, loss_layer
 from recorder.steps_infer import infer_steps
 from store.db import Store, Writer, cannot_write, lock_path, open_store
 from store.flight import file_bytes
@@ -114,7 +115,8 @@ class Session:
 
     def __init__(self, db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
                  described_target: str | None = None, gpu: GpuSettings | None = None,
-                 settings: Settings | None = None, flight: FlightOptions | None = None) -> None:
+                 settings: Settings | None = None, flight: FlightOptions | None = None,
+                 metrics_file: Path | None = None) -> None:
         self.db_path = db
         self.target = target
         self.cuda_libs = cuda_libs
@@ -135,6 +137,8 @@ class Session:
         self.gpu: GpuLayer | None = None
         self.flight_options = flight
         self.flight: FlightRecorder | None = None  # with --keep: the window kept, incidents saved
+        self.metrics = MetricsFile(metrics_file) if metrics_file else None  # --metrics-file
+        self.dropped_by_layer: dict[str, int] = {}
 
     # -- start ------------------------------------------------------------------------------------
     def begin(self) -> dict:
@@ -208,6 +212,8 @@ class Session:
         if self.flight_options:
             self.flight = FlightRecorder(self, self.flight_options)
             self.flight.start()
+        self.started_unix = time.time()
+        self.write_metrics(force=True)
         return self.summary_at_start()
 
     def layer_order(self, settings: Settings, gpu_settings: GpuSettings) -> list[Layer]:
@@ -406,15 +412,15 @@ class Session:
         for probe, dropped in enumerate(self.probes.read_drops()):
             if dropped:
                 self.counters.dropped += dropped
-                self.writer.add("loss", (self.session_id, second, events.PROBE_NAMES[probe], dropped))
+                self._lost(second, events.PROBE_NAMES[probe], dropped)
         for probe, missed in self.probes.read_recursion_misses():
             self.counters.dropped += missed
-            self.writer.add("loss", (self.session_id, second, probe, missed))
+            self._lost(second, probe, missed)
         skipped = self.probes.skipped_records()
         if skipped:
-            self.writer.add("loss", (self.session_id, second, "ring record of unexpected size", skipped))
+            self._lost(second, "ring record of unexpected size", skipped)
         for reason, n in self.stacks.housekeeping(ts).items():
-            self.writer.add("loss", (self.session_id, second, reason, n))
+            self._lost(second, reason, n)
         self.io.sweep(ts)  # in-flight block requests nothing ended, into `loss`
         for pid in list(self.known_pids):
             if not Path(f"/proc/{pid}").exists():
@@ -429,6 +435,24 @@ class Session:
         # where a recording whose recorder dies ends: the last second committed
         self.writer.execute("UPDATE session SET written_ts = ? WHERE id = ?", (ts, self.session_id))
         self._write_status()
+        self.write_metrics()
+
+    def _lost(self, second: int, probe: str, n: int) -> None:
+        """One `loss` row, counted by layer for the metrics file."""
+        self.writer.add("loss", (self.session_id, second, probe, n))
+        layer = loss_layer(probe)
+        self.dropped_by_layer[layer] = self.dropped_by_layer.get(layer, 0) + n
+
+    def write_metrics(self, force: bool = False, up: bool = True) -> None:
+        """--metrics-file: rewritten every few seconds (recorder/metrics.py)."""
+        if self.metrics is None:
+            return
+        events_seen = {**self.counters.events, "block": self.io.events, "checkpoint": self.checkpoints.events}
+        self.metrics.write(Snapshot(
+            session_id=self.session_id, db=str(self.db_path), target=self.described_target,
+            started_unix=self.started_unix, events=events_seen, dropped_by_layer=dict(self.dropped_by_layer),
+            db_bytes=file_bytes(self.db_path), up=up, flight=self.flight.metrics() if self.flight else None),
+            force=force)
 
     def _write_status(self) -> None:
         c = self.counters
@@ -513,6 +537,7 @@ class Session:
             self.store.conn.rollback()  # complete up to the stop; what a report would speed up is left out
             _say(f"recorder: the disk took no more at the stop ({e}): the recording is complete, without "
                  "its indexes and baselines (reports are slower)")
+        self.write_metrics(force=True, up=False)
         return self._release()
 
     def finish_stopped(self) -> dict:
@@ -538,6 +563,7 @@ class Session:
             self.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error:
             pass
+        self.write_metrics(force=True, up=False)
         summary = self._release()  # closing the last connection gives the log's space back: say it after
         _say(f"recorder: stopped recording into {self.db_path}: {reason}; the target keeps running; what "
              f"was written is readable: recorder explain --db {self.db_path}")

@@ -22,6 +22,8 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "sched off-CPU map full": ("sched", "off-CPU intervals", "off-CPU map full"),
     "cuda ring buffer": ("cuda", "CUDA calls", "ring buffer full"),
     "cuda in-flight map full": ("cuda", "CUDA calls", "in-flight map full"),
+    "cuda call's API note overwritten": ("cuda", "CUDA calls",
+                                         "another thread's call on the same CPU overwrote the API its probe noted"),
     "task ring buffer": ("task", "process and thread events", "ring buffer full"),
     "block ring buffer": ("block", "requests", "ring buffer full"),
     "block in-flight map full": ("block", "requests", "in-flight map full"),

@@ -251,6 +251,15 @@ def test_save_window_of_an_unknown_session_is_refused(demo_db, tmp_path):
     (("--keep", "10m", "--triggers", "stall,moon"),
      "no trigger moon: choose from stall, hung-call, nvme, io-error, xid, aer, oom"),
     (("--keep", "ten"), "cannot read duration 'ten': write e.g. 30s, 5m, 1h or 500ms"),
+    (("--on-incident", "/bin/true"), "--on-incident runs for the incidents of a flight recording: add --keep "
+                                     "DURATION (e.g. --keep 10m)"),
+    (("--keep", "10m", "--on-incident", "/no/such/pager --now"),
+     "--on-incident: /no/such/pager is not an executable file or a command on PATH: pass its full path (add "
+     "--on-incident-shell to run a shell command line)"),
+    (("--keep", "10m", "--on-incident", "page 'me"),
+     "cannot split --on-incident \"page 'me\" (No closing quotation): quote it as a shell would"),
+    (("--metrics-file", "/no/such/folder/r.prom"),
+     "--metrics-file: folder /no/such/folder does not exist: create it or pass another path"),
 ])
 def test_bad_flight_options_are_one_line_errors(tmp_path, args, message):
     res = run_recorder("record", "--db", str(tmp_path / "f.db"), *args, "--", "true")

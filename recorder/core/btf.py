@@ -12,9 +12,13 @@ section; see Documentation/bpf/btf.rst), so this is a pure-Python reader with no
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import struct
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
 
@@ -166,17 +170,48 @@ class BTF:
 
 
 @cache
-def vmlinux() -> BTF:
-    """The running kernel's BTF, parsed once per process."""
+def _vmlinux_blob() -> bytes:
     try:
         with open(VMLINUX_BTF, "rb") as f:
-            return BTF(f.read())
+            return f.read()
     except OSError as e:
         raise BTFError(
             f"cannot read {VMLINUX_BTF} ({e}); the kernel needs CONFIG_DEBUG_INFO_BTF=y"
         ) from e
 
 
+@cache
+def vmlinux() -> BTF:
+    """The running kernel's BTF, parsed once per process."""
+    return BTF(_vmlinux_blob())
+
+
+def _offsets_file() -> Path:
+    from recorder.core.kheaders import cache_dir
+
+    return cache_dir() / "btf-offsets.json"
+
+
 def member_offset(path: str) -> int:
-    """Byte offset of a member path in the running kernel, e.g. `task_struct.thread.fsbase`."""
-    return vmlinux().member_offset(path)
+    """Byte offset of a member path in the running kernel, e.g. `task_struct.thread.fsbase`.
+
+    Parsing the kernel's BTF in Python takes about a second, so the answers are kept in the cache
+    folder under the BTF's own SHA-256: a kernel whose BTF differs in any byte parses it again."""
+    key = hashlib.sha256(_vmlinux_blob()).hexdigest()
+    file = _offsets_file()
+    try:
+        known = json.loads(file.read_text())
+        if known.get("btf_sha256") == key and isinstance(known["offsets"].get(path), int):
+            return known["offsets"][path]
+    except (OSError, ValueError, KeyError, AttributeError):
+        known = {}
+    offset = vmlinux().member_offset(path)
+    offsets = known.get("offsets", {}) if known.get("btf_sha256") == key else {}
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:  # a cache that cannot be written costs the parse next time, nothing else
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"btf_sha256": key, "offsets": {**offsets, path: offset}}))
+        os.replace(tmp, file)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return offset

@@ -578,6 +578,12 @@ PROBE_NAMES.update({
     CONSTANTS["PROBE_CKPT_MAP"]: "checkpoint map full",  # its descriptors or calls in flight
 })
 
+# a CUDA call whose API the per-API program noted was overwritten before its body read it (another
+# thread's call on the same CPU in between; bpf/cuda.bpf.c cuda_dispatch): the call is not recorded
+CONSTANTS["PROBE_CUDA_DISPATCH"] = CONSTANTS["PROBE_COUNT"]
+CONSTANTS["PROBE_COUNT"] += 1
+PROBE_NAMES[CONSTANTS["PROBE_CUDA_DISPATCH"]] = "cuda call's API note overwritten"
+
 
 def probe_names(*constants: str) -> tuple[str, ...]:
     """The `loss.probe` names of the drop counters named by their PROBE_* constants."""

@@ -177,7 +177,9 @@ class Probes:
         self.optional: dict[str, tuple[str, ...]] = {}  # layer -> optional tracepoints present
         text = self._source(generated)
         try:
-            self.bpf = BPF(text=text, cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
+            # -g0: no debug info, so no BTF for the programs (line info in verifier messages and
+            # bpftool dumps); no program uses what needs it, and it was a third of the compile
+            self.bpf = BPF(text=text, cflags=["-Wno-macro-redefined", "-Wno-unused-function", "-g0"])
         except Exception as e:  # BCC raises bare Exception for compile and load failures
             raise ProbeError(f"BPF programs failed to load ({e}): run 'recorder doctor'") from None
         for source in self.sources:

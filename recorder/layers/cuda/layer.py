@@ -19,6 +19,7 @@ from recorder.layers.cuda.apis import (
     FIRST_DRIVER_API,
     LAUNCH_LAYOUTS,
     Api,
+    body_programs,
     bpf_programs,
     is_launch,
     return_program,
@@ -111,7 +112,7 @@ class CudaLayer(BaseLayer):
     name = "cuda"
     sources = SOURCES
     tables = ("cuda_api", "cuda_call", "library")
-    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP") + (OPEN_LOST, ROUTE_LOST)
+    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP", "PROBE_CUDA_DISPATCH") + (OPEN_LOST, ROUTE_LOST)
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -138,6 +139,12 @@ class CudaLayer(BaseLayer):
             probes.bpf.get_table("cuda_progs")[ctypes.c_int(0)] = ctypes.c_int(walk.fd)
         except Exception as e:  # the calls are recorded without their native stack
             probes.cap("cuda", "native stacks", "failed", str(e).splitlines()[0][:200])
+        try:  # the bodies the per-API programs tail-call (bpf/cuda.bpf.c cuda_dispatch)
+            bodies = probes.bpf.get_table("cuda_bodies")
+            for slot, name in enumerate(body_programs()):
+                bodies[ctypes.c_int(slot)] = ctypes.c_int(probes.bpf.load_func(name, probes.BPF.KPROBE).fd)
+        except Exception as e:  # no CUDA call can be recorded
+            probes.cap("cuda", "call bodies", "failed", str(e).splitlines()[0][:200])
 
     def attach_library(self, path: str, kind: str) -> int:
         """Attach entry and return probes to every traced API the library exports."""
