@@ -49,8 +49,14 @@ QUERIES: dict[str, dict] = {
     "slow_cuda_calls": {
         "title": "Which CUDA calls took far longer than usual?",
         "description": "Calls at least twice the median of their API and size class, by excess.",
+        # the candidates first, through the (session_id, api_id, size_class, dur) index: the calls at
+        # least slow_call_rule.ratio x their family's stored baseline; slow_cuda_call decides
         "sql": "SELECT session_id, api, ts, dur / 1e6 AS ms, expected_dur / 1e6 AS expected_ms, "
                "excess_dur / 1e6 AS excess_ms, offcpu_dur / 1e6 AS offcpu_ms, id FROM slow_cuda_call "
+               "WHERE id IN (SELECT c.id FROM cuda_baseline b JOIN cuda_api a ON a.family = b.family "
+               "JOIN cuda_call c ON c.session_id = b.session_id AND c.api_id = a.id "
+               "AND c.size_class IS nullif(b.size_class, -1) "
+               "AND c.dur >= (SELECT ratio FROM slow_call_rule) * b.median_dur) "
                "ORDER BY excess_dur DESC LIMIT 200",
     },
     "cpu_contenders": {
