@@ -172,7 +172,7 @@ def timed(conn, fn, reps: int = 3) -> float:
     laps = []
     for _ in range(reps):
         t = time.perf_counter()
-        conn.set_progress_handler(lambda: time.perf_counter() - t > LIMIT_S, 100_000)
+        conn.set_progress_handler(lambda t=t: time.perf_counter() - t > LIMIT_S, 100_000)
         try:
             fn()
         except sqlite3.OperationalError as e:

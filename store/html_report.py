@@ -183,7 +183,7 @@ def timeline_plot(store: Store, sid: int, a: int, b: int, threads: list[tuple[in
     plt = _plt()
     n = len(gpus) + len(lanes) + (1 if marks else 0)
     fig, ax = plt.subplots(figsize=(11, 0.42 * n + 1.3))
-    for i, (label, points) in enumerate(gpus):  # utilisation 0-100% drawn across the lane's height
+    for i, (_, points) in enumerate(gpus):  # utilisation 0-100% drawn across the lane's height
         y = n - 1 - i
         xs = [(ts - a) / 1e6 for ts, _ in points]
         ys = [y - 0.4 + 0.8 * u / 100 for _, u in points]

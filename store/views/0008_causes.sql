@@ -144,7 +144,7 @@ SELECT
 -- per step)
 FROM step st
 CROSS JOIN cuda_call cc ON cc.thread_id = st.thread_id AND cc.ts >= st.ts AND cc.ts < st.end_ts
-JOIN slow_cuda_call c ON c.id = cc.id;
+CROSS JOIN slow_cuda_call c ON c.id = cc.id;
 
 -- view: step_nccl_wait
 -- Causal link: a step -> the collectives of its thread inside it, the time it waited in them (the
@@ -270,7 +270,8 @@ SELECT st.step_mark_id, st.session_id, st.step, r.id, r.device, r.op, r.ts, r.du
        r.queued_dur, r.device_dur, r.size_bytes, r.submitter_kind, r.error, r.io_tag, r.python_stack_id,
        min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts)
 FROM step st
-JOIN offcpu_interval o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts AND o.state = 2
+-- the step's D-state waits through the (thread_id, ts) index (CROSS JOIN keeps that order)
+CROSS JOIN offcpu_interval o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts AND o.state = 2
 JOIN block_request r ON r.session_id = st.session_id AND r.complete_ts >= o.ts AND r.complete_ts <= o.ts + o.dur
                     AND r.submitter_kind = 'kernel_thread';
 
