@@ -25,6 +25,11 @@ def db(tmp_path_factory) -> Path:
     return path
 
 
+def _canned(db: Path, name: str) -> list:
+    step = q(db, "SELECT step FROM stall")[0][0]
+    return sorted(q(db, QUERIES[name]["sql"].replace(":step", str(step))), key=repr)
+
+
 def _same(db: Path) -> int:
     links = sorted(q(db, f"SELECT {LINK} FROM causal_link"), key=repr)
     assert links == sorted(q(db, f"SELECT {LINK} FROM causal_link_live"), key=repr)
@@ -43,15 +48,14 @@ def test_stored_at_the_stop_and_equal_to_the_live_views(db: Path) -> None:
     plan = " | ".join(r[3] for r in q(db, "EXPLAIN QUERY PLAN SELECT * FROM causal_link WHERE"
                                           " from_table = 'step_mark' AND from_id = 1"))
     assert "causal_link_stored USING INDEX causal_link_stored_from" in plan
-    step = q(db, "SELECT step FROM stall")[0][0]
-    hops = q(db, QUERIES["step_causal_links"]["sql"].replace(":step", str(step)))
-    assert {h[0] for h in hops} == {1, 2}
+    assert {h[0] for h in _canned(db, "step_causal_links")} == {1, 2}
 
 
 def test_live_and_changed_rules_are_computed_again(db: Path, tmp_path: Path) -> None:
     copy = tmp_path / "live.db"
     copy.write_bytes(db.read_bytes())
     before = _same(copy)
+    canned = {name: _canned(copy, name) for name in ("step_causal_links", "step_breakdown")}
     conn = sqlite3.connect(copy)
     assert conn.execute("SELECT count(*) FROM causal_link WHERE relation = 'slow_call'").fetchone()[0] == 0
     conn.execute("UPDATE slow_call_rule SET ratio = 1.01, min_excess_dur = 0")  # the stored links no longer hold
@@ -63,3 +67,4 @@ def test_live_and_changed_rules_are_computed_again(db: Path, tmp_path: Path) -> 
     conn.commit()
     conn.close()
     assert _same(copy) == before  # computed from the rows, as while recording
+    assert {name: _canned(copy, name) for name in canned} == canned

@@ -397,9 +397,10 @@ SELECT step_mark_id,
 FROM step_cause_stored
 UNION ALL
 SELECT c.step_mark_id, c.cause, c.detail, c.dur, c.events
+-- sessions first (CROSS JOIN keeps the order): with every session stored nothing is computed
 FROM session u
-JOIN step_mark m ON m.session_id = u.id
-JOIN step_cause_live c ON c.step_mark_id = m.id
+CROSS JOIN step_mark m ON m.session_id = u.id
+CROSS JOIN step_cause_live c ON c.step_mark_id = m.id
 WHERE u.id NOT IN (SELECT session_id FROM causal_link_session);
 
 -- view: wait_hop
@@ -490,10 +491,11 @@ SELECT session_id,
        dur                              -- ns it accounts for (NULL: an event without a duration)
 FROM causal_link_stored
 UNION ALL
--- sessions first: with every session stored there is no row to join, and nothing is computed
+-- sessions first (CROSS JOIN keeps the order): with every session stored there is no row to
+-- join, and nothing is computed
 SELECT l.session_id, l.from_table, l.from_id, l.relation, l.to_table, l.to_id, l.dur
 FROM session u
-JOIN causal_link_live l ON l.session_id = u.id
+CROSS JOIN causal_link_live l ON l.session_id = u.id
 WHERE u.id NOT IN (SELECT session_id FROM causal_link_session);
 
 -- view: gpu_util_drop
