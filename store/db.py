@@ -324,10 +324,9 @@ class Store:
             "INSERT INTO causal_link_stored (session_id, from_table, from_id, relation, to_table, to_id, dur)"
             " SELECT session_id, from_table, from_id, relation, to_table, to_id, dur FROM causal_link_live"
             " WHERE session_id = ?", (session_id,)).rowcount
-        self.conn.execute("DELETE FROM step_cause_stored WHERE step_mark_id IN"
-                          " (SELECT id FROM step_mark WHERE session_id = ?)", (session_id,))
-        self.conn.execute("INSERT INTO step_cause_stored (step_mark_id, cause, detail, dur, events)"
-                          " SELECT c.step_mark_id, c.cause, c.detail, c.dur, c.events FROM step_mark m"
+        self.conn.execute("DELETE FROM step_cause_stored WHERE session_id = ?", (session_id,))
+        self.conn.execute("INSERT INTO step_cause_stored (session_id, step_mark_id, cause, detail, dur, events)"
+                          " SELECT m.session_id, c.step_mark_id, c.cause, c.detail, c.dur, c.events FROM step_mark m"
                           " JOIN step_cause_live c ON c.step_mark_id = m.id WHERE m.session_id = ?", (session_id,))
         self.conn.execute(
             "INSERT INTO causal_link_session (session_id, links, stored_ts) SELECT id, ?,"

@@ -23,6 +23,7 @@ CREATE INDEX causal_link_stored_from ON causal_link_stored(from_table, from_id);
 -- table: step_cause_stored
 -- The rows of view step_cause_live for the sessions listed in causal_link_session.
 CREATE TABLE step_cause_stored (
+    session_id INTEGER NOT NULL,        -- recording session
     step_mark_id INTEGER NOT NULL,      -- the step (step_mark.id)
     cause TEXT NOT NULL,                -- cpu_wait, blocked, reclaim, dirty_throttle, cuda_call, nccl_wait
     detail TEXT,                        -- who or what (the process, the reason, the API)
