@@ -52,7 +52,9 @@ EXAMPLES = {
                "  recorder export --parquet /shared/run42/parquet --db node-03.db   # every session, by node\n"
                "open a trace in ui.perfetto.dev (it is loaded in the browser, not uploaded)"),
     "report": ("recorder report --html stall.html             # the latest session\n"
-               "  recorder report --db run.db --session 3 --html session3.html"),
+               "  recorder report --db run.db --session 3 --html session3.html\n"
+               "  recorder report --step 412 --html step412.html\n"
+               "  recorder report --window 12..20 --html stall.html   # seconds after the start"),
     "demo": ("recorder demo --no-gpu --list\n"
              "  recorder demo --no-gpu nvme-timeout-checkpoint\n"
              "  recorder demo --no-gpu nccl-straggler --db /tmp/straggler.db --json"),
@@ -218,6 +220,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("--html", type=Path, metavar="FILE", required=True,
                    help="the page to write: no scripts, nothing fetched; opens offline")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--window", metavar="A..B",
+                   help="the worst stall in A..B (seconds after the session start, 5..12.5, or UTC times)")
+    g.add_argument("--step", type=int, metavar="N", help="step N (stalled or not)")
     p.add_argument("-j", "--json", action="store_true", help="say what was written as JSON")
 
     p = _sub(subs, "demo", "write a synthetic recording of a known stall (no root, no BPF, no GPU) and explain it")
@@ -563,7 +569,7 @@ def cmd_report(args) -> int:
     from store.html_report import write_html
 
     with open_store(args.db, readonly=True) as store:
-        info = write_html(store, args.html, args.session)
+        info = write_html(store, args.html, args.session, args.window, args.step)
     if args.json:
         print(json.dumps(info, indent=1))
     else:

@@ -41,16 +41,30 @@ QUERIES: dict[str, dict] = {
         "title": "What explains a step?",
         "description": "Every causal_link from the step, and the links one hop further (the contender, "
                        "the straggler's call, the device event).",
-        "sql": "WITH first AS (SELECT l.* FROM causal_link l JOIN step_mark s ON s.id = l.from_id "
-               "AND l.from_table = 'step_mark' WHERE s.step = :step) "
-               "SELECT 1 AS hop, * FROM first UNION ALL SELECT 2, l.* FROM causal_link l "
-               "JOIN first f ON l.from_table = f.to_table AND l.from_id = f.to_id ORDER BY hop, dur DESC",
+        # causal_link's two halves apart, each joined through its index: the links stored at the
+        # stop, and those computed for a session not stored (still recording); a join on the
+        # causal_link view itself would read every link of the session
+        "sql": "WITH steps AS (SELECT id, session_id FROM step_mark WHERE step = :step), "
+               "live AS (SELECT * FROM steps WHERE session_id NOT IN (SELECT session_id FROM causal_link_session)), "
+               "first AS (SELECT l.* FROM steps s CROSS JOIN causal_link_stored l ON l.from_table = 'step_mark' "
+               "AND l.from_id = s.id UNION ALL SELECT l.* FROM live s CROSS JOIN causal_link_live l "
+               "ON l.from_table = 'step_mark' AND l.from_id = s.id) "
+               "SELECT 1 AS hop, * FROM first UNION ALL SELECT 2, l.* FROM first f CROSS JOIN causal_link_stored l "
+               "ON l.from_table = f.to_table AND l.from_id = f.to_id UNION ALL SELECT 2, l.* FROM first f "
+               "CROSS JOIN causal_link_live l ON l.from_table = f.to_table AND l.from_id = f.to_id "
+               "WHERE f.session_id IN (SELECT session_id FROM live) ORDER BY hop, dur DESC",
     },
     "slow_cuda_calls": {
         "title": "Which CUDA calls took far longer than usual?",
         "description": "Calls at least twice the median of their API and size class, by excess.",
+        # the candidates first, through the (session_id, api_id, size_class, dur) index: the calls at
+        # least slow_call_rule.ratio x their family's stored baseline; slow_cuda_call decides
         "sql": "SELECT session_id, api, ts, dur / 1e6 AS ms, expected_dur / 1e6 AS expected_ms, "
                "excess_dur / 1e6 AS excess_ms, offcpu_dur / 1e6 AS offcpu_ms, id FROM slow_cuda_call "
+               "WHERE id IN (SELECT c.id FROM cuda_baseline b JOIN cuda_api a ON a.family = b.family "
+               "JOIN cuda_call c ON c.session_id = b.session_id AND c.api_id = a.id "
+               "AND c.size_class IS nullif(b.size_class, -1) "
+               "AND c.dur >= (SELECT ratio FROM slow_call_rule) * b.median_dur) "
                "ORDER BY excess_dur DESC LIMIT 200",
     },
     "cpu_contenders": {

@@ -310,7 +310,27 @@ class Store:
             "INSERT INTO cuda_baseline_stored (session_id, family, size_class, calls, median_dur)"
             " SELECT session_id, family, size_class, calls, median_dur FROM cuda_baseline WHERE session_id = ?",
             (session_id,))
+        self.store_links(session_id)
         self.conn.commit()
+
+    def store_links(self, session_id: int) -> None:
+        """Write the session's causal links and step causes (views causal_link_live, step_cause_live)
+        into causal_link_stored and step_cause_stored, which the causal_link and step_cause views
+        then read instead of joining every layer again. Runs after the
+        baselines (a slow call is slow against them) and the indexes (the joins use them)."""
+        self.conn.execute("DELETE FROM causal_link_session WHERE session_id = ?", (session_id,))
+        self.conn.execute("DELETE FROM causal_link_stored WHERE session_id = ?", (session_id,))
+        links = self.conn.execute(
+            "INSERT INTO causal_link_stored (session_id, from_table, from_id, relation, to_table, to_id, dur)"
+            " SELECT session_id, from_table, from_id, relation, to_table, to_id, dur FROM causal_link_live"
+            " WHERE session_id = ?", (session_id,)).rowcount
+        self.conn.execute("DELETE FROM step_cause_stored WHERE session_id = ?", (session_id,))
+        self.conn.execute("INSERT INTO step_cause_stored (session_id, step_mark_id, cause, detail, dur, events)"
+                          " SELECT m.session_id, c.step_mark_id, c.cause, c.detail, c.dur, c.events FROM step_mark m"
+                          " JOIN step_cause_live c ON c.step_mark_id = m.id WHERE m.session_id = ?", (session_id,))
+        self.conn.execute(
+            "INSERT INTO causal_link_session (session_id, links, stored_ts) SELECT id, ?,"
+            " coalesce(stopped_ts, written_ts, started_ts) FROM session WHERE id = ?", (links, session_id))
 
     def build_indexes(self) -> None:
         for text in index_sql():

@@ -28,10 +28,12 @@ STALL = "#d62728"       # stalls, slow rows
 BASE = "#1f77b4"        # ordinary steps
 BASELINE = "#ff7f0e"    # the rolling median
 LAYER_COLOURS = {"step": "#9e9e9e", "stall": STALL, "cuda": "#2ca02c", "nccl": "#9467bd", "sched": "#8c564b",
-                 "block": BASE, "queued": "#aec7e8", "device": "#ff9896", "memory": "#e377c2"}
+                 "block": BASE, "queued": "#aec7e8", "device": "#ff9896", "memory": "#e377c2",
+                 "gpu": "#17becf"}
 OFFCPU_COLOURS = {"preempted": "#d62728", "io": "#1f77b4", "uninterruptible": "#17becf", "futex": "#bcbd22",
                   "sleep": "#c7c7c7", "poll": "#7f7f7f", "net": "#e377c2"}
 MAX_TIMELINE_ROWS = 5000  # per layer in the timeline plot: beyond that a timeline tool reads better
+MAX_STALL_ROWS = 30  # stalls in the page's table, worst first (each is a step report of its own)
 
 
 def _plt():
@@ -172,19 +174,27 @@ def timeline_plot(store: Store, sid: int, a: int, b: int, threads: list[tuple[in
         lane(f"{disk} on device", "SELECT coalesce(issue_ts, ts) AS ts, coalesce(device_dur, dur) AS dur"
              " FROM block_request WHERE session_id = :s AND device IS :d AND ts < :b AND ts + dur > :a",
              LAYER_COLOURS["device"])
+    gpus = _gpu_lanes(store, sid, a, b)
     for r in store.query("SELECT ts, coalesce(event_kind, subsystem, 'kernel log') AS kind FROM kernel_log"
                          " WHERE session_id = :s AND ts BETWEEN :a AND :b AND subsystem IS NOT NULL", w):
         marks.append((r["ts"], r["kind"]))
-    if not lanes and not marks:
+    if not lanes and not marks and not gpus:
         return None
     plt = _plt()
-    n = len(lanes) + (1 if marks else 0)
+    n = len(gpus) + len(lanes) + (1 if marks else 0)
     fig, ax = plt.subplots(figsize=(11, 0.42 * n + 1.3))
-    for i, (_, spans) in enumerate(lanes):
+    for i, (_, points) in enumerate(gpus):  # utilisation 0-100% drawn across the lane's height
         y = n - 1 - i
+        xs = [(ts - a) / 1e6 for ts, _ in points]
+        ys = [y - 0.4 + 0.8 * u / 100 for _, u in points]
+        ax.fill_between(xs, y - 0.4, ys, step="post", color=LAYER_COLOURS["gpu"], alpha=0.35, linewidth=0)
+        ax.step(xs, ys, where="post", color=LAYER_COLOURS["gpu"], lw=1)
+        ax.axhline(y - 0.4, color="#c7c7c7", lw=0.5)
+    for i, (_, spans) in enumerate(lanes):
+        y = n - 1 - len(gpus) - i
         ax.broken_barh([((ts - a) / 1e6, max(d, 1) / 1e6) for ts, d, _ in spans], (y - 0.35, 0.7),
                        facecolors=[c for _, _, c in spans], edgecolor="none")
-    labels = [label for label, _ in lanes]
+    labels = [label for label, _ in gpus] + [label for label, _ in lanes]
     if marks:
         ax.scatter([(ts - a) / 1e6 for ts, _ in marks], [0] * len(marks), marker="v", s=70, color=STALL, zorder=3)
         for ts, kind in marks[:8]:
@@ -200,6 +210,69 @@ def timeline_plot(store: Store, sid: int, a: int, b: int, threads: list[tuple[in
     ax.legend(handles, [f"off-CPU: {k}" for k in OFFCPU_COLOURS], loc="upper center", bbox_to_anchor=(0.5, -0.18),
               ncol=7, fontsize=7, frameon=False)
     return _svg(fig)
+
+
+def _gpu_lanes(store: Store, sid: int, a: int, b: int) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Per GPU, its utilisation samples (gpu_sample, NVML) over [a, b], with the last one before a
+    so that the line starts at the window's left edge."""
+    out = []
+    for g in store.query("SELECT DISTINCT gpu_index FROM gpu_sample WHERE session_id = ? AND ts BETWEEN ? AND ?"
+                         " AND util_gpu IS NOT NULL ORDER BY gpu_index", (sid, a, b)):
+        rows = store.query(
+            "SELECT * FROM (SELECT ts, util_gpu FROM gpu_sample WHERE session_id = :s AND gpu_index = :g"
+            " AND ts < :a AND util_gpu IS NOT NULL ORDER BY ts DESC LIMIT 1) UNION ALL"
+            " SELECT ts, util_gpu FROM gpu_sample WHERE session_id = :s AND gpu_index = :g AND ts BETWEEN :a AND :b"
+            f" AND util_gpu IS NOT NULL ORDER BY ts LIMIT {MAX_TIMELINE_ROWS}",
+            {"s": sid, "g": g["gpu_index"], "a": a, "b": b})
+        points = [(max(r["ts"], a), r["util_gpu"]) for r in rows]
+        points.append((b, points[-1][1]))
+        out.append((f"GPU {g['gpu_index']} utilisation", points))
+    return out
+
+
+def first_event_ts(store: Store, sid: int, a: int, b: int) -> int | None:
+    """ns of the first event recorded in [a, b) on the timeline's layers (steps, CUDA and NCCL calls,
+    off-CPU intervals, block requests, GPU samples), through the (thread_id, ts) indexes; None if none."""
+    per_thread = " ".join(
+        f"UNION ALL SELECT (SELECT min(x.ts) FROM {table} x WHERE x.thread_id = t.id AND x.ts >= :a AND x.ts < :b)"
+        " FROM thread t WHERE t.session_id = :s"
+        for table in ("cuda_call", "nccl_call", "offcpu_interval", "block_request", "reclaim_interval"))
+    row = store.one(
+        "SELECT min(ts) AS ts FROM (SELECT min(ts) AS ts FROM step_mark WHERE session_id = :s AND ts >= :a AND ts < :b"
+        " UNION ALL SELECT min(ts) FROM gpu_sample WHERE session_id = :s AND ts >= :a AND ts < :b"
+        f" {per_thread})", {"s": sid, "a": a, "b": b})
+    return row["ts"] if row else None
+
+
+def stall_rows(store: Store, sid: int, a: int, b: int, limit: int = MAX_STALL_ROWS) -> tuple[list[dict], int]:
+    """The stalled steps starting in [a, b), worst first, each with its primary cause and Python
+    line (the report of that step): at most `limit`, and how many there are in all."""
+    from store.causes import find_stalls
+
+    stalls = find_stalls(store, sid, a, b)
+    out = []
+    for r in stalls[:limit]:
+        one = explain(store, sid, step=r["step"])
+        p = one.get("primary_cause") or {}
+        out.append({"step": r["step"], "dur_ns": r["dur"], "baseline_dur_ns": r["baseline_dur"],
+                    "ratio": r["ratio"], "cause": p.get("summary") or "no recorded wait explains it",
+                    "python": p.get("python")})
+    return out, len(stalls)
+
+
+def stall_table(rows: list[dict], total: int) -> str:
+    if not rows:
+        return "<p>No step stalled in this window.</p>"
+    body = "".join(
+        f"<tr><td>{r['step']}</td><td>{ms(r['dur_ns'])}</td><td>{ms(r['baseline_dur_ns'])}</td>"
+        f"<td>{r['ratio']}x</td><td style='text-align:left'>{html.escape(r['cause'])}</td>"
+        f"<td style='text-align:left'><code>{html.escape(r['python'] or '')}</code></td></tr>" for r in rows)
+    more = (f"<p class=note>The {len(rows)} worst of {total} stalls; each one's report: <code>recorder report "
+            "--step N</code>.</p>" if total > len(rows) else
+            "<p class=note>Each one's report: <code>recorder report --step N --html FILE</code> or "
+            "<code>recorder explain --step N</code>.</p>")
+    return ("<table class=stalls><tr><th>step</th><th>took</th><th>median</th><th>ratio</th><th>cause</th>"
+            f"<th>Python line</th></tr>{body}</table>{more}")
 
 
 # -- the page -------------------------------------------------------------------------------------
@@ -219,10 +292,13 @@ def _section(title: str, body: str) -> str:
     return f"<section><h2>{html.escape(title)}</h2>\n{body}\n</section>"
 
 
-def build_html(store: Store, session_id: int | None = None) -> tuple[str, dict]:
+def build_html(store: Store, session_id: int | None = None, window: str | None = None,
+               step_number: int | None = None) -> tuple[str, dict]:
+    """The page for the session's worst stall, or for step `step_number`, or for the worst stall in
+    `window` (A..B as `recorder explain --window` takes it)."""
     session = session_row(store, session_id)
     sid = session["id"]
-    report = explain(store, sid)
+    report = explain(store, sid, window, None, False, step_number)
     step = report.get("step") if report.get("mode") == "step" else None
     parts = [f"<h1>stall-recorder: session {sid} on {html.escape(session['hostname'])}</h1>",
              f"<p class=note>{html.escape(session['target'])} &middot; kernel {html.escape(session['kernel_release'])}"
@@ -263,10 +339,21 @@ def build_html(store: Store, session_id: int | None = None) -> tuple[str, dict]:
             if other:
                 threads = [(row["thread_id"], f"pid {step['thread']['pid']}"),
                            (other["thread_id"], f"rank {late['rank']} pid {late['pid']}")]
-    svg = timeline_plot(store, sid, win["start_ts"], win["end_ts"], threads)
+    from store.session import resolve_window
+
+    lo_ts, hi_ts = resolve_window(store, session, window)
+    stalls, total = stall_rows(store, sid, lo_ts, hi_ts)
+    parts.append(_section("Stalls" + (f" in {window}" if window else ""),
+                          stall_table(stalls, total)))
+    start = win["start_ts"]
+    if not step:  # a window, not a step: the plot starts where the recording has something to show
+        first = first_event_ts(store, sid, win["start_ts"], win["end_ts"])
+        if first is not None and first > start:
+            start = first
+    svg = timeline_plot(store, sid, start, win["end_ts"], threads)
     plots["timeline"] = svg is not None
     title = (f"Timeline of step {step['step']} ({ms(win['dur_ns'])}) across layers" if step
-             else f"Timeline of the report's window ({ms(win['dur_ns'])})")
+             else f"Timeline of the report's window from its first recorded event ({ms(win['end_ts'] - start)})")
     t0 = session["started_ts"]
     # ms-rounded outwards, so that the exported window holds all of this one
     lo, hi = (win["start_ts"] - t0) // 1_000_000, -(-(win["end_ts"] - t0) // 1_000_000)
@@ -281,14 +368,15 @@ def build_html(store: Store, session_id: int | None = None) -> tuple[str, dict]:
     page = ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             f"<title>stall-recorder session {sid}</title><style>{CSS}</style></head>\n<body>\n"
             + "\n".join(parts) + "\n</body></html>\n")
-    return page, {"session_id": sid, "stall": stalled, "plots": plots}
+    return page, {"session_id": sid, "stall": stalled, "stalls": total, "plots": plots}
 
 
-def write_html(store: Store, out: Path, session_id: int | None = None) -> dict:
+def write_html(store: Store, out: Path, session_id: int | None = None, window: str | None = None,
+               step: int | None = None) -> dict:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"folder {parent} does not exist: create it or write the report elsewhere")
-    page, info = build_html(store, session_id)
+    page, info = build_html(store, session_id, window, step)
     tmp = out.with_name(out.name + ".part")
     try:
         tmp.write_text(page, encoding="utf-8")

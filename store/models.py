@@ -425,9 +425,14 @@ class OtherStall(Part):
 
 
 class Gpu(Part):
-    util_gpu_pct: Num
+    """GPU utilisation (NVML samples, every GPU) over the step or window."""
+
+    util_gpu_pct: Num = Field(description="mean utilisation over the step or window, %")
+    util_gpu_min_pct: Num | None = Field(description="its lowest sample, %")
     samples: int
-    session_median_util_gpu_pct: Num | None
+    neighbours_util_gpu_pct: Num | None = Field(
+        description="median of the neighbouring steps' mean utilisation, %; None outside a step")
+    neighbour_steps: int = Field(description="neighbouring steps with samples the median is taken over")
 
 
 class StepReport(Part):

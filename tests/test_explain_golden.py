@@ -152,7 +152,14 @@ def test_gpu_utilisation_in_the_symptom_and_drops(tmp_path: Path) -> None:
     with open_store(db, readonly=True) as store:
         report = explain(store, sid)
         drops = store.query("SELECT * FROM gpu_util_drop")
-    assert report["gpu"]["util_gpu_pct"] == 8 and report["gpu"]["session_median_util_gpu_pct"] == 97
-    assert "GPU utilisation 8.0% (session median 97%)" in report["symptom"]
+    gpu = report["gpu"]
+    assert gpu["util_gpu_pct"] == 8 and gpu["util_gpu_min_pct"] == 8 and gpu["neighbours_util_gpu_pct"] == 97
+    assert gpu["neighbour_steps"] == 20
+    assert "GPU utilisation 8.0% (lowest 8%) against 97.0% over 20 neighbouring steps" in report["symptom"]
+    assert "median" not in report["symptom"].split("GPU")[1]
+    with open_store(db, readonly=True) as store:  # the step view: mean and lowest sample per step
+        rows = {r["step"]: r for r in store.query("SELECT * FROM step_gpu WHERE step IN (80041, 80042)")}
+    assert rows[80042]["util_gpu_mean"] == 8 and rows[80042]["util_gpu_min"] == 8
+    assert rows[80041]["util_gpu_mean"] == 97 and rows[80041]["samples"] >= 1
     assert len(drops) == 1 and drops[0]["usual_util_gpu"] == 97 and drops[0]["samples"] >= 6
     assert step["ts"] <= drops[0]["ts"] < step["ts"] + step["dur"]

@@ -217,3 +217,30 @@ def test_session_without_nvml_records_gpu_absent_and_everything_else(tmp_path):
     assert q(db, "SELECT count(*) >= 150 FROM block_request WHERE op = 'write'") == [(1,)]  # 200 writes, some merged
     assert q(db, "SELECT count(*) > 0 FROM block_device") == [(1,)]
     assert q(db, "SELECT count(*) FROM capability WHERE layer = 'sched' AND status = 'attached'")[0][0] > 0
+
+
+def test_driver_sample_buffer_is_read_where_it_is_kept(tmp_path, native, standin, monkeypatch):
+    """Where the driver keeps utilisation samples (nvmlDeviceGetSamples) they are the utilisation
+    rows, at the driver's finer period and time; the polls carry the other metrics. Without the
+    buffer the polls' values are the samples (the test above)."""
+    monkeypatch.setenv("STANDIN_NVML_SAMPLE_MS", "10")
+    monkeypatch.setenv("STANDIN_NVML_GPUS", "1")
+    store, sid = _store(tmp_path / "b.db")
+    writer = Writer(store)
+    sampler = GpuSampler(writer, sid, GpuSettings(native["libnvidia-ml.so.1"], 0.1))
+    started = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    assert sampler.start()
+    _wait_for(lambda: sum(r[5] == 20 for r in sampler.samples) >= 30)
+    sampler.stop()
+    stopped = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    sampler.flush()
+    writer.close()
+    db = tmp_path / "b.db"
+    buffered = [r[0] for r in q(db, "SELECT ts FROM gpu_sample WHERE util_gpu IS NOT NULL ORDER BY ts")]
+    polls = q(db, "SELECT util_mem, mem_used_bytes FROM gpu_sample WHERE util_gpu IS NULL")
+    assert q(db, "SELECT DISTINCT util_gpu FROM gpu_sample WHERE util_gpu IS NOT NULL") == [(20,)]
+    assert polls and set(polls) == {(10, 1 << 30)} and len(buffered) >= 3 * len(polls)
+    gaps = sorted(b - a for a, b in zip(buffered, buffered[1:], strict=False))
+    assert 9e6 <= gaps[len(gaps) // 2] <= 11e6, gaps  # the driver's 10 ms, not the 100 ms poll
+    assert started - 20e6 <= buffered[0] and buffered[-1] <= stopped + 2e6  # on the monotonic clock
+    assert ("utilization_samples", "attached") in q(db, "SELECT probe, status FROM capability WHERE layer = 'gpu'")

@@ -182,3 +182,50 @@ def test_names_from_the_traced_machine_are_text_on_the_page(pages, tmp_path):
     assert "p$^$" in text
     assert "<i>w</i>" not in text and "&lt;i&gt;w&lt;/i&gt;" in text
     assert external_refs(text) == []
+
+
+def test_step_window_stall_table_and_gpu_lane(pages, tmp_path):
+    """--step and --window pick what the page explains; every stall is in a table with its cause
+    and line; a window's timeline starts at its first recorded event, not at the session start
+    (a compile phase before it); GPU utilisation is a lane of the timeline."""
+    src, _, info = pages["nvme-timeout-checkpoint"]
+    db = tmp_path / "r.db"
+    db.write_bytes(src.read_bytes())
+    stalls = q(db, "SELECT step FROM stall ORDER BY excess_dur DESC")
+    assert info["stalls"] == len(stalls) >= 1
+    text = pages["nvme-timeout-checkpoint"][1].read_text()
+    table = text.split("<table class=stalls>")[1].split("</table>")[0]
+    with open_store(db, readonly=True) as store:
+        worst = explain(store)
+    assert table.count("<tr>") == len(stalls) + 1
+    assert html.escape(worst["primary_cause"]["summary"]) in table
+    assert html.escape(worst["primary_cause"]["python"]) in table
+    # one step that is not a stall, by number
+    (normal,) = q(db, "SELECT step FROM step WHERE step NOT IN (SELECT step FROM stall) ORDER BY step LIMIT 1")[0]
+    page = tmp_path / "step.html"
+    out = json.loads(run_recorder("report", "--db", str(db), "--html", str(page), "--step", str(normal), "--json",
+                                  check=True).stdout)
+    assert not out["stall"] and f"Timeline of step {normal} (" in page.read_text()
+    assert "not a stall" in page.read_text()
+    # GPU samples, and a session that started 60 s (an empty compile phase) before its first event
+    (t0, first, end) = q(db, "SELECT started_ts, (SELECT min(ts) FROM offcpu_interval), stopped_ts FROM session")[0]
+    conn = sqlite3.connect(db)
+    conn.executemany("INSERT INTO gpu_sample (session_id, ts, gpu_index, util_gpu) VALUES (1, ?, 0, ?)",
+                     [(ts, 90 - ts % 7) for ts in range(first, end, 100_000_000)])
+    conn.execute("UPDATE session SET started_ts = started_ts - 60000000000")
+    conn.execute("DELETE FROM step_mark")
+    conn.commit()
+    conn.close()
+    from store.html_report import write_html
+
+    page = tmp_path / "window.html"
+    with open_store(db, readonly=True) as store:  # the CLI's --window, in this process (faster)
+        write_html(store, page, window=f"{(first - t0) / 1e9 + 60 - 1:.3f}..{(end - t0) / 1e9 + 60:.3f}")
+        write_html(store, tmp_path / "all.html")
+    text = page.read_text()
+    first_ts = q(db, "SELECT min(ts) FROM (SELECT min(ts) AS ts FROM offcpu_interval UNION ALL SELECT min(ts)"
+                     " FROM gpu_sample UNION ALL SELECT min(ts) FROM cuda_call UNION ALL SELECT min(ts)"
+                     " FROM block_request)")[0][0]
+    assert f"from its first recorded event ({round((end - first_ts) / 1e6)} ms)" in text
+    assert "GPU 0 utilisation" in text.split("Timeline of")[1]
+    assert f"from its first recorded event ({round((end - first_ts) / 1e6)} ms)" in (tmp_path / "all.html").read_text()

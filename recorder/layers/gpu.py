@@ -5,7 +5,11 @@ Why every 100 ms by default: NVML's `utilization.gpu` is the share of its own sa
 which a kernel ran, and that period is between 1/6 s and 1 s depending on the product
 (nvmlDeviceGetUtilizationRates in nvml.h). Reading faster than the shortest period sees every value
 NVML produces within 100 ms of it; on products with longer periods consecutive samples repeat the
-value, which is stored as read. One sample is six NVML calls per GPU.
+value, which is stored as read. One sample is six NVML calls per GPU. Where the driver keeps its
+own utilisation samples (nvmlDeviceGetSamples, NVML_GPU_UTILIZATION_SAMPLES: every 1/6 s or finer
+on data-centre GPUs), each poll moves the ones newer than the last read into rows of their own
+(util_gpu only, at the driver's time), and the poll's row carries the other metrics with util_gpu
+NULL; a driver without the buffer is polled as above (capability 'utilization_samples' says which).
 
 Where NVML cannot be used (no nvidia-ml-py, no libnvidia-ml.so.1, no driver, no GPU) the session
 records layer 'gpu' as absent with NVML's reason and records everything else. A metric a GPU does
@@ -70,6 +74,10 @@ class Gpu:
     name: str
     pci_address: str | None
     missing: set[str] = field(default_factory=set)  # metrics this GPU does not support
+    # the driver's utilisation sample buffer (nvmlDeviceGetSamples): None until tried, then whether
+    # it answers; last_us is the newest sample's stamp read (us of CLOCK_REALTIME, as NVML stamps)
+    buffer: bool | None = None
+    last_us: int = 0
 
 
 def pci_address(bus_id: str) -> str:
@@ -192,14 +200,55 @@ class GpuSampler:
             self.failures.append(ts)  # a GPU that did not answer this time: counted in `loss`
             return
         memory = self._read(gpu, "memory", nvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+        # the driver's own samples, finer than this poll where it keeps them: utilisation from
+        # there, and this row then carries the other metrics only (one source per series)
+        buffered = self._buffered(gpu)
         self.samples.append((
             self.session_id, ts, gpu.index, gpu.pci_address, gpu.name,
-            util.gpu if util else None, util.memory if util else None,
+            util.gpu if util and not buffered else None, util.memory if util else None,
             memory.used if memory else None, memory.total if memory else None,
             self._read(gpu, "sm_clock", nvml.nvmlDeviceGetClockInfo, gpu.handle, nvml.NVML_CLOCK_SM),
             self._read(gpu, "power", nvml.nvmlDeviceGetPowerUsage, gpu.handle),
             self._read(gpu, "temperature", nvml.nvmlDeviceGetTemperature, gpu.handle, nvml.NVML_TEMPERATURE_GPU),
         ))
+
+    def _buffered(self, gpu: Gpu) -> bool:
+        """Move the driver's utilisation samples newer than the last read (nvmlDeviceGetSamples)
+        into pending rows, stamped in CLOCK_MONOTONIC; False where the driver keeps none (the
+        poll's value is then the sample)."""
+        nvml = self._nvml
+        if gpu.buffer is False:
+            return False
+        if gpu.buffer is None:  # from now on: the buffer holds samples from before the session
+            gpu.last_us = time.time_ns() // 1000
+        try:
+            _, samples = nvml.nvmlDeviceGetSamples(gpu.handle, nvml.NVML_GPU_UTILIZATION_SAMPLES, gpu.last_us)
+        except nvml.NVMLError as e:
+            if e.value == nvml.NVML_ERROR_NOT_FOUND:  # none newer yet
+                if gpu.buffer is None:
+                    self._cap("utilization_samples", gpu.pci_address or str(gpu.index), "attached",
+                              "the driver's utilisation samples (nvmlDeviceGetSamples)")
+                gpu.buffer = True
+                return True
+            if gpu.buffer is None or e.value in self._never:
+                gpu.buffer = False
+                self._cap("utilization_samples", gpu.pci_address or str(gpu.index), "absent",
+                          f"{e}: utilisation polled every {round(self.settings.interval_s * 1000)} ms")
+                return False
+            return True  # a failed read this time: the poll row keeps the other metrics
+        if gpu.buffer is None:
+            self._cap("utilization_samples", gpu.pci_address or str(gpu.index), "attached",
+                      "the driver's utilisation samples (nvmlDeviceGetSamples)")
+        gpu.buffer = True
+        to_monotonic = now_ns() - time.time_ns()  # ns to add to a CLOCK_REALTIME stamp
+        for sample in samples:
+            if sample.timeStamp <= gpu.last_us:
+                continue
+            gpu.last_us = sample.timeStamp
+            self.samples.append((self.session_id, sample.timeStamp * 1000 + to_monotonic, gpu.index,
+                                 gpu.pci_address, gpu.name, min(int(sample.sampleValue.uiVal), 100),
+                                 None, None, None, None, None, None))
+        return True
 
     def _read(self, gpu: Gpu, metric: str, fn, *args):
         if metric in gpu.missing:

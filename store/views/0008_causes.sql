@@ -139,9 +139,12 @@ SELECT
     c.offcpu_dur, c.cpu_wait_dur, c.blocked_dur,
     max(0, c.excess_dur - c.offcpu_dur) AS oncpu_excess_dur, -- ns of the excess spent on-CPU in the call
     cc.python_stack_id
+-- the step's calls through the (thread_id, ts) index, then each one's baseline by id: CROSS JOIN
+-- keeps that order (joined the other way, a session-wide query scans every call of the thread
+-- per step)
 FROM step st
-JOIN slow_cuda_call c ON c.thread_id = st.thread_id AND c.ts >= st.ts AND c.ts < st.end_ts
-JOIN cuda_call cc ON cc.id = c.id;
+CROSS JOIN cuda_call cc ON cc.thread_id = st.thread_id AND cc.ts >= st.ts AND cc.ts < st.end_ts
+CROSS JOIN slow_cuda_call c ON c.id = cc.id;
 
 -- view: step_nccl_wait
 -- Causal link: a step -> the collectives of its thread inside it, the time it waited in them (the
@@ -267,7 +270,8 @@ SELECT st.step_mark_id, st.session_id, st.step, r.id, r.device, r.op, r.ts, r.du
        r.queued_dur, r.device_dur, r.size_bytes, r.submitter_kind, r.error, r.io_tag, r.python_stack_id,
        min(st.end_ts, r.ts + r.dur) - max(st.ts, r.ts)
 FROM step st
-JOIN offcpu_interval o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts AND o.state = 2
+-- the step's D-state waits through the (thread_id, ts) index (CROSS JOIN keeps that order)
+CROSS JOIN offcpu_interval o ON o.thread_id = st.thread_id AND o.ts >= st.ts AND o.ts < st.end_ts AND o.state = 2
 JOIN block_request r ON r.session_id = st.session_id AND r.complete_ts >= o.ts AND r.complete_ts <= o.ts + o.dur
                     AND r.submitter_kind = 'kernel_thread';
 
@@ -350,14 +354,10 @@ SELECT st.step_mark_id, st.session_id, st.step, 'nvme_event', e.id, e.ts, 'nvme_
                    ELSE replace(e.kind, '_', ' ') END
 FROM step st JOIN nvme_event e ON e.session_id = st.session_id AND e.ts >= st.ts AND e.ts < st.end_ts;
 
--- view: step_cause
--- The breakdown: for each step, the time of its thread by cause, from the evidence views above.
--- Causes are not exclusive (a slow CUDA call may contain the preemption that made it slow): each
--- row is the time that cause accounts for on the critical path. cause: 'cpu_wait' (detail: the
--- process that held the CPU), 'blocked' (detail: reason - io, futex, sleep, net, poll,
--- uninterruptible...), 'reclaim', 'dirty_throttle', 'cuda_call' (on-CPU excess of slow calls,
--- detail: API), 'nccl_wait' (detail: API, and the straggler rank when known).
-CREATE VIEW step_cause AS
+-- view: step_cause_live
+-- The rows of step_cause computed from the recorded rows (step_cause reads a complete session's
+-- from step_cause_stored, written at the stop from this view).
+CREATE VIEW step_cause_live AS
 SELECT step_mark_id, 'cpu_wait' AS cause,
        coalesce(contender_name || ' (pid ' || coalesce(contender_pid, '?') || ')', 'unknown') AS detail,
        sum(runq_dur) AS dur, count(*) AS events
@@ -378,6 +378,30 @@ SELECT step_mark_id, 'nccl_wait',
        api || CASE WHEN straggler_rank != rank THEN ' waiting for rank ' || straggler_rank ELSE '' END,
        sum(wait_dur), count(*)
 FROM step_nccl_wait GROUP BY 1, 2, 3;
+
+-- view: step_cause
+-- The breakdown: for each step, the time of its thread by cause, from the evidence views above.
+-- Causes are not exclusive (a slow CUDA call may contain the preemption that made it slow): each
+-- row is the time that cause accounts for on the critical path. cause: 'cpu_wait' (detail: the
+-- process that held the CPU), 'blocked' (detail: reason - io, futex, sleep, net, poll,
+-- uninterruptible...), 'reclaim', 'dirty_throttle', 'cuda_call' (on-CPU excess of slow calls,
+-- detail: API), 'nccl_wait' (detail: API, and the straggler rank when known).
+-- A complete session's rows are stored at the stop (step_cause_stored); a session still recording
+-- is computed from its rows (step_cause_live).
+CREATE VIEW step_cause AS
+SELECT step_mark_id,
+       cause,                           -- cpu_wait, blocked, reclaim, dirty_throttle, cuda_call, nccl_wait
+       detail,                          -- who or what (the process, the reason, the API)
+       dur,                             -- ns of the step's thread
+       events                           -- rows behind it
+FROM step_cause_stored
+UNION ALL
+SELECT c.step_mark_id, c.cause, c.detail, c.dur, c.events
+-- sessions first (CROSS JOIN keeps the order): with every session stored nothing is computed
+FROM session u
+CROSS JOIN step_mark m ON m.session_id = u.id
+CROSS JOIN step_cause_live c ON c.step_mark_id = m.id
+WHERE u.id NOT IN (SELECT session_id FROM causal_link_session);
 
 -- view: wait_hop
 -- One hop of a wait chain: an off-CPU interval whose thread was woken by another thread -> the
@@ -411,12 +435,10 @@ WHERE o.waker_thread_id IS NOT NULL AND o.waker_thread_id != o.thread_id AND o.w
   -- a sleep ends by its timer: its "waker" is whatever task the interrupt found running
   AND NOT EXISTS (SELECT 1 FROM syscall_name n WHERE n.nr = o.syscall AND n.class = 'sleep');
 
--- view: causal_link
--- One drill-down graph over every causal link above: from a row (table, id) to a row it is
--- explained by, with the relation and the ns it accounts for. Start from a step
--- (from_table = 'step_mark') and follow to_table/to_id. 'woken_after' goes from a wait to the
--- waker's own wait before it woke the thread (wait_hop): followed hop by hop it is wait_chain.
-CREATE VIEW causal_link AS
+-- view: causal_link_live
+-- The rows of causal_link computed from the recorded rows (causal_link reads a complete session's
+-- from causal_link_stored, written at the stop from this view).
+CREATE VIEW causal_link_live AS
 SELECT session_id, 'step_mark' AS from_table, step_mark_id AS from_id, 'off_cpu' AS relation,
        'offcpu_interval' AS to_table, offcpu_id AS to_id, overlap_dur AS dur
 FROM step_offcpu
@@ -450,6 +472,31 @@ SELECT session_id, 'step_mark', step_mark_id, 'dirty_throttle', 'dirty_throttle'
 FROM step_dirty_throttle
 UNION ALL
 SELECT session_id, 'step_mark', step_mark_id, 'during', event_table, event_id, NULL FROM step_machine_event;
+
+-- view: causal_link
+-- One drill-down graph over every causal link above: from a row (table, id) to a row it is
+-- explained by, with the relation and the ns it accounts for. Start from a step
+-- (from_table = 'step_mark') and follow to_table/to_id. 'woken_after' goes from a wait to the
+-- waker's own wait before it woke the thread (wait_hop): followed hop by hop it is wait_chain.
+-- A complete session's rows are stored at the stop (causal_link_stored, indexed by from_table,
+-- from_id); a session still recording is computed from its rows (causal_link_live), and the
+-- live part costs nothing once every session of the database is stored.
+CREATE VIEW causal_link AS
+SELECT session_id,
+       from_table,                      -- table of the row explained
+       from_id,                         -- its id
+       relation,                        -- how the row explains it
+       to_table,                        -- table of the explaining row
+       to_id,                           -- its id
+       dur                              -- ns it accounts for (NULL: an event without a duration)
+FROM causal_link_stored
+UNION ALL
+-- sessions first (CROSS JOIN keeps the order): with every session stored there is no row to
+-- join, and nothing is computed
+SELECT l.session_id, l.from_table, l.from_id, l.relation, l.to_table, l.to_id, l.dur
+FROM session u
+CROSS JOIN causal_link_live l ON l.session_id = u.id
+WHERE u.id NOT IN (SELECT session_id FROM causal_link_session);
 
 -- view: gpu_util_drop
 -- Stretches where a GPU's utilisation (gpu_sample, NVML) fell below half its median over the

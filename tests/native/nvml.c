@@ -10,6 +10,10 @@
  *   STANDIN_NVML_NO_POWER=1       nvmlDeviceGetPowerUsage answers NVML_ERROR_NOT_SUPPORTED
  *   STANDIN_NVML_UTIL_ERROR=CODE  nvmlDeviceGetUtilizationRates answers this (15: GPU is lost)
  *   STANDIN_NVML_CALLS_FILE=PATH  every nvmlDeviceGetUtilizationRates appends "pid tid\n" to PATH
+ *   STANDIN_NVML_SAMPLE_MS=N      nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES) keeps a sample
+ *                                 buffer: one sample every N ms of CLOCK_REALTIME (microseconds, as
+ *                                 the driver stamps them), the last 2 s, valued as the util file
+ *                                 says when read; unset or 0: NVML_ERROR_NOT_SUPPORTED
  *
  * GPU i is "NVIDIA Stand-in GPU i" at PCI 00000000:(0x1b + i):00.0, 80 GiB with (i + 1) GiB used,
  * SM clock 1410 MHz, 250 W, 40 + i degrees C.
@@ -19,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -29,6 +34,7 @@ enum {
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -38,6 +44,9 @@ struct nvmlDevice_st { unsigned int index; };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef union { double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal;
+                signed long long sllVal; int siVal; unsigned short usVal; } nvmlValue_t;
+typedef struct { unsigned long long timeStamp; nvmlValue_t sampleValue; } nvmlSample_t;
 typedef struct {
     char busIdLegacy[16];
     unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
@@ -155,6 +164,24 @@ static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci)
 API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *pci) { return pci_info(d, pci); }
 API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) { return pci_info(d, pci); }
 
+/* GPU i's "GPU_PERCENT MEMORY_PERCENT" from the util file (the last line for GPUs beyond it). */
+static void read_util(nvmlDevice_t device, nvmlUtilization_t *util)
+{
+    util->gpu = util->memory = 0;
+    const char *path = getenv("STANDIN_NVML_UTIL_FILE");
+    FILE *f = path && *path ? fopen(path, "r") : NULL;
+    if (!f)
+        return;
+    unsigned int gpu, memory;
+    for (unsigned int line = 0; fscanf(f, "%u %u", &gpu, &memory) == 2; line++) {
+        util->gpu = gpu;
+        util->memory = memory;
+        if (line == device->index)
+            break;
+    }
+    fclose(f);
+}
+
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util)
 {
     nvmlReturn_t r = check(device);
@@ -171,19 +198,46 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilizat
     r = env_int("STANDIN_NVML_UTIL_ERROR", 0);
     if (r)
         return r;
-    util->gpu = util->memory = 0;
-    const char *path = getenv("STANDIN_NVML_UTIL_FILE");
-    FILE *f = path && *path ? fopen(path, "r") : NULL;
-    if (!f)
+    read_util(device, util);
+    return NVML_SUCCESS;
+}
+
+/* nvmlDeviceGetSamples: samples newer than lastSeenTimeStamp (us); with samples NULL, how many. */
+API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, int type, unsigned long long lastSeenTimeStamp,
+                                      int *sampleValType, unsigned int *sampleCount, nvmlSample_t *samples)
+{
+    nvmlReturn_t r = check(device);
+    if (r)
+        return r;
+    unsigned long long period = (unsigned long long)env_int("STANDIN_NVML_SAMPLE_MS", 0) * 1000;
+    if (!period || type != 1)  /* NVML_GPU_UTILIZATION_SAMPLES */
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!sampleValType || !sampleCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long now_us = (unsigned long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+    unsigned long long first = now_us - 2000000;
+    if (lastSeenTimeStamp + 1 > first)
+        first = lastSeenTimeStamp + 1;
+    first = (first + period - 1) / period * period;
+    unsigned int n = first <= now_us ? (unsigned int)((now_us - first) / period + 1) : 0;
+    *sampleValType = 1;  /* NVML_VALUE_TYPE_UNSIGNED_INT */
+    if (!n)
+        return NVML_ERROR_NOT_FOUND;
+    if (!samples) {
+        *sampleCount = n;
         return NVML_SUCCESS;
-    unsigned int gpu, memory;
-    for (unsigned int line = 0; fscanf(f, "%u %u", &gpu, &memory) == 2; line++) {
-        util->gpu = gpu;
-        util->memory = memory;
-        if (line == device->index)
-            break;
     }
-    fclose(f);
+    if (n > *sampleCount)
+        n = *sampleCount;
+    nvmlUtilization_t util;
+    read_util(device, &util);
+    for (unsigned int i = 0; i < n; i++) {
+        samples[i].timeStamp = first + i * period;
+        samples[i].sampleValue.uiVal = util.gpu;
+    }
+    *sampleCount = n;
     return NVML_SUCCESS;
 }
 
