@@ -628,12 +628,15 @@ class Writer:
         self.last_commit_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         if self.wal_limit is not None:
             try:
-                over = os.stat(f"{self.store.path}-wal").st_size > self.wal_limit
+                size = os.stat(f"{self.store.path}-wal").st_size
             except OSError:
-                over = False
-            if over:  # readers reading an older snapshot are waited for, briefly; the next commit tries again
+                size = 0
+            if size > self.wal_limit:
+                # readers reading an older snapshot are waited for: briefly (the next commit tries
+                # again), and as long as they take once the log is half as large again as its limit
+                # (the bound is a promise; the ring buffers hold the events meanwhile, or count them)
                 conn = self.store.conn
-                conn.execute("PRAGMA busy_timeout = 200")
+                conn.execute(f"PRAGMA busy_timeout = {200 if size <= self.wal_limit * 3 // 2 else 5000}")
                 try:
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 except sqlite3.OperationalError as e:
