@@ -366,28 +366,7 @@ def test_dump_and_sigusr1_save_the_window_while_recording(tmp_path):
     assert _explain(saved[0])["session"]["incident"].startswith("saved on request (signal)")
 
 
-PIPE_PAIRS = """
-import os, sys, threading, time
-pairs, seconds = int(sys.argv[1]), float(sys.argv[2])
-end = time.monotonic() + seconds
-
-def side(rd, wr, first):
-    if first:
-        os.write(wr, b"x")
-    while time.monotonic() < end:
-        os.read(rd, 1)
-        os.write(wr, b"x")
-
-threads = []
-for _ in range(pairs):
-    a_r, a_w = os.pipe()
-    b_r, b_w = os.pipe()
-    for args in ((a_r, b_w, True), (b_r, a_w, False)):
-        threads.append(threading.Thread(target=side, args=args, daemon=True))
-for t in threads:
-    t.start()
-time.sleep(seconds + 1)
-"""
+PIPE_PAIRS = str(ROOT / "tests" / "workloads" / "pipe_pairs.py")  # tens of thousands of switches a second
 
 
 def test_a_flight_recording_under_load_keeps_the_losses_of_the_rows_it_keeps(tmp_path):
@@ -395,7 +374,7 @@ def test_a_flight_recording_under_load_keeps_the_losses_of_the_rows_it_keeps(tmp
     in a second any kept row is of is still said in the recording kept, as a dump taken while
     recording saw it."""
     db = tmp_path / "load.db"
-    work = subprocess.Popen([sys.executable, "-c", PIPE_PAIRS, "30", "120"])
+    work = subprocess.Popen([sys.executable, PIPE_PAIRS, "30", "120"])
     try:
         res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--keep", "12s", "--max-size", "64MB",
                            *SHORT, "--triggers", "", "--json")
@@ -430,7 +409,7 @@ def test_max_size_bounds_the_database_and_its_log_under_any_rate(tmp_path):
     status and the report say the window kept was shorter than --keep because of the size."""
     db = tmp_path / "sized.db"
     wal = tmp_path / "sized.db-wal"
-    work = subprocess.Popen([sys.executable, "-c", PIPE_PAIRS, "30", "120"])
+    work = subprocess.Popen([sys.executable, PIPE_PAIRS, "30", "120"])
     peak, split = 0, (0, 0)
     try:
         res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--keep", "2m", "--max-size", "16MB",

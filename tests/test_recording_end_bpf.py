@@ -14,36 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import needs_bpf, q, run_recorder
+from conftest import ROOT, needs_bpf, q, run_recorder
 
 from store.db import lock_holder
 
 pytestmark = [needs_bpf, pytest.mark.bpf, pytest.mark.slow]
 
 S = 1_000_000_000
-# pipe ping-pong on many threads: tens of thousands of off-CPU intervals a second, a few MB a second
-PIPE_PAIRS = """
-import os, sys, threading, time
-pairs, seconds = int(sys.argv[1]), float(sys.argv[2])
-end = time.monotonic() + seconds
-
-def side(rd, wr, first):
-    if first:
-        os.write(wr, b"x")
-    while time.monotonic() < end:
-        os.read(rd, 1)
-        os.write(wr, b"x")
-
-for _ in range(pairs):
-    a_r, a_w = os.pipe()
-    b_r, b_w = os.pipe()
-    for args in ((a_r, b_w, True), (b_r, a_w, False)):
-        threading.Thread(target=side, args=args, daemon=True).start()
-time.sleep(seconds + 0.5)
-if len(sys.argv) > 3:
-    open(sys.argv[3], "w").write("done")
-sys.exit(3)
-"""
+PIPE_PAIRS = str(ROOT / "tests" / "workloads" / "pipe_pairs.py")  # tens of thousands of switches a second
 
 
 @pytest.fixture()
@@ -61,7 +39,7 @@ def small_fs(tmp_path):
 def test_record_on_a_full_disk_stops_recording_and_waits_for_the_command(small_fs, tmp_path):
     db = small_fs / "full.db"
     done = tmp_path / "done"
-    res = run_recorder("record", "--db", str(db), "--", sys.executable, "-c", PIPE_PAIRS, "30", "40", str(done),
+    res = run_recorder("record", "--db", str(db), "--", sys.executable, PIPE_PAIRS, "30", "40", str(done),
                        timeout=400)
     # the command ran to its end, untouched, and its exit status is record's
     assert done.read_text() == "done"
@@ -84,7 +62,7 @@ def test_record_on_a_full_disk_stops_recording_and_waits_for_the_command(small_f
 
 def test_a_flight_recorder_on_a_full_disk_stops_and_says_so(small_fs, tmp_path):
     db = small_fs / "flight.db"
-    work = subprocess.Popen([sys.executable, "-c", PIPE_PAIRS, "30", "300"])
+    work = subprocess.Popen([sys.executable, PIPE_PAIRS, "30", "300"])
     try:
         res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--keep", "2m", "--before", "4s",
                            "--after", "2s", "--triggers", "", "--json")
@@ -114,7 +92,7 @@ def test_a_flight_recorder_on_a_full_disk_stops_and_says_so(small_fs, tmp_path):
 
 def test_a_recorder_killed_is_found_dead_and_its_session_finalized(tmp_path):
     db = tmp_path / "killed.db"
-    work = subprocess.Popen([sys.executable, "-c", PIPE_PAIRS, "2", "300"])
+    work = subprocess.Popen([sys.executable, PIPE_PAIRS, "2", "300"])
     try:
         res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--json")
         assert res.returncode == 0, res.stderr
