@@ -89,6 +89,16 @@ def losses_beyond_skips(db: Path | str) -> dict[str, int]:
     return {probe: n for probe, n in lost.items() if not re.fullmatch(r"bpf program \S+ skipped \(\w+\)", probe)}
 
 
+def damage_pages(db: Path, where: float) -> None:
+    """Overwrite three pages of a recording, from `where` (a fraction of the file) on."""
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    first = int(len(data) // page * where)
+    for n in range(first, first + 3):
+        data[n * page:(n + 1) * page] = b"\x00\xff" * (page // 2)
+    db.write_bytes(bytes(data))
+
+
 def workload_output(stdout: str) -> dict:
     """The JSON line a workload prints at the end."""
     for line in reversed(stdout.splitlines()):

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RECORDER, ROOT, needs_bpf, run_recorder
+from conftest import RECORDER, ROOT, damage_pages, needs_bpf, run_recorder
 
 from store import open_store
 
@@ -265,16 +265,12 @@ def test_damaged_pages_are_a_one_line_error_for_every_reader(tmp_path, where):
 
     db = tmp_path / "damaged.db"
     write_scenario("nvme-timeout-checkpoint", db)
-    data = bytearray(db.read_bytes())
-    page = int.from_bytes(data[16:18], "big")
-    first = int(len(data) // page * where)
-    for n in range(first, first + 3):
-        data[n * page:(n + 1) * page] = b"\x00\xff" * (page // 2)
-    db.write_bytes(bytes(data))
+    damage_pages(db, where)
+    data = db.read_bytes()
     for args in (["explain"], ["steps"], ["top"], ["report", "--html", str(tmp_path / "p.html")],
                  ["export", "--perfetto", str(tmp_path / "t.pftrace")]):
         res = run_recorder(args[0], "--db", str(db), *args[1:], timeout=120)
         assert "Traceback" not in res.stderr, (args, res.stderr)
         if res.returncode != 0:
             one_line_error(res, str(db), "cannot be read", "PRAGMA integrity_check")
-    assert db.read_bytes() == bytes(data)
+    assert db.read_bytes() == data

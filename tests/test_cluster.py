@@ -16,7 +16,7 @@ import sys
 import anyio
 import duckdb
 import pytest
-from conftest import ROOT, run_recorder
+from conftest import ROOT, damage_pages, run_recorder
 
 from recorder.cluster_demo import ClusterSpec, write_cluster
 from store.cluster import Cluster
@@ -348,12 +348,7 @@ def test_a_damaged_recording_of_the_job_is_one_line(tmp_path, monkeypatch, where
 
     write_cluster(tmp_path, ClusterSpec(nodes=2, ranks_per_node=1, late_rank=1))
     db = tmp_path / "node-01.db"
-    data = bytearray(db.read_bytes())
-    page = int.from_bytes(data[16:18], "big")
-    first = int(len(data) // page * where)
-    for n in range(first, first + 3):
-        data[n * page:(n + 1) * page] = b"\x00\xff" * (page // 2)
-    db.write_bytes(bytes(data))
+    damage_pages(db, where)
     res = run_recorder("cluster", "explain", str(tmp_path))
     assert "Traceback" not in res.stderr, res.stderr
     if res.returncode != 0:
