@@ -225,11 +225,15 @@ def inferred_steps(store: Store, session_id: int, *, skip_marked: bool = True) -
 def infer_steps(store: Store, session_id: int) -> int:
     """Replace the session's inferred steps by the heuristic's; returns the rows stored.
 
-    Idempotent: running it again on the same recording stores the same rows."""
+    Idempotent: running it again on the same recording stores the same rows. A session whose causal
+    links were stored already (a flight recorder's incident, cut and finished before its steps are
+    inferred) has them stored again: the steps' links are part of them."""
     rows = inferred_steps(store, session_id)
     with store.conn:
         store.conn.execute("DELETE FROM step_mark WHERE session_id = ? AND inferred = 1", (session_id,))
         store.conn.executemany(
             "INSERT INTO step_mark (session_id, ts, thread_id, step, inferred) VALUES (?, ?, ?, ?, 1)",
             [(session_id, ts, thread_id, step) for thread_id, ts, step in rows])
+        if store.conn.execute("SELECT 1 FROM causal_link_session WHERE session_id = ?", (session_id,)).fetchone():
+            store.store_links(session_id)
     return len(rows)

@@ -88,8 +88,8 @@ STEP_ACTIONS: dict[str, list[Action]] = {
         "{contender_pid}), at a lower priority (nice -n 10), or outside the training loop",
         "Check that thread {tid} ({thread_name}) is pinned where you expect: taskset -cp {tid}",
     ],
-    # a process of the job with the training process's own name (a forked worker) or a DataLoader
-    # worker's (pt_data_worker)
+    # a process of the job with the training process's own name or command line (a forked worker) or
+    # a DataLoader worker's name (pt_data_worker)
     "cpu_contention_job_worker": [
         "The training thread waited behind {contender_name} (pid {contender_pid}), a worker process of the "
         "recorded job itself (a forked copy of the training process: a data-loader worker), not a foreign task",

@@ -30,7 +30,8 @@ CPU_SHARE_CAUSE = 0.2  # preempted share of a call above which CPU contention is
 BLOCKED_SHARE_CAUSE = 0.2
 OTHER_STALLS = 5
 # a process of the job by these names is a data-loader worker (PyTorch names its workers' main thread
-# so); one by the training process's own name is a forked copy of it, which a worker also is
+# so); one by the training process's own name, or with its command line (_forked_copy), is a forked
+# copy of it, which a worker also is
 WORKER_NAMES = ("pt_data_worker",)
 # a request is called slow at or above this fraction of its device's requests (op): the p99 the
 # report's latency tables and block_request_percentile print
@@ -422,6 +423,18 @@ def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
     return rows
 
 
+def _forked_copy(store: Store, sid: int, pid: int | None, training_pid: int | None) -> bool:
+    """Whether process `pid` is a copy of the training process forked without an exec (what a
+    data-loader worker is, whatever name it gives itself): its command line is the training
+    process's. A helper the job started (a compiler, a script) runs another command."""
+    if pid is None or training_pid is None or pid == training_pid:
+        return False
+    rows = store.query("SELECT pid, cmdline FROM process WHERE session_id = ? AND pid IN (?, ?)"
+                       " AND cmdline IS NOT NULL", (sid, pid, training_pid))
+    lines = {r["pid"]: r["cmdline"] for r in rows}
+    return len(lines) == 2 and lines[pid] == lines[training_pid]
+
+
 def _thread_names(store: Store, step: dict) -> dict:
     names = store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?",
                       (step["thread_id"],)) or {}
@@ -704,7 +717,8 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
     # than contention from another task
     actions_of = f"{kind}_{facts['contender_relation']}" if facts.get("contender_relation") else kind
     workers = (*WORKER_NAMES, names.get("process_name"))
-    if actions_of == "cpu_contention_job" and facts.get("contender_name") in workers:
+    if actions_of == "cpu_contention_job" and (facts.get("contender_name") in workers or _forked_copy(
+            store, step["session_id"], facts.get("contender_pid"), names.get("pid"))):
         actions_of = "cpu_contention_job_worker"
     facts["next_actions"] = fill(STEP_ACTIONS, actions_of if actions_of in STEP_ACTIONS else kind, context)
     facts["kernel_path"] = path
