@@ -1,6 +1,7 @@
 """What a report says of real recordings, with real BPF: the Python line of a cause without a stack of
 its own (a hog that preempts the training thread inside a long kernel launch; memory reclaim in the
-page faults of a pure-Python allocation), the names of threads that set none, and, for a script without steps or CUDA calls, its longest waits and no negative it has no evidence for.
+page faults of a pure-Python allocation), the names of threads that set none, and, for a script
+without steps or CUDA calls, its longest waits and no negative it has no evidence for.
 Skipped with the reason where root or BPF is missing."""
 
 from __future__ import annotations
