@@ -14,6 +14,9 @@ import sys
 import pytest
 from conftest import MEMORY_V1, RECORDER, ROOT, cgroup_v1, needs_bpf, q, run_recorder, workload_output
 
+from store import causes
+from store.db import open_store
+
 pytestmark = [needs_bpf, pytest.mark.bpf]
 LONG_LAUNCH = "long_launch() at train_steps.py"
 
@@ -102,11 +105,20 @@ def test_reclaim_in_a_pure_python_allocation_is_at_the_allocations_line(reclaime
     assert len(sites) == 1 and sites[0][0] and sites[0][0].endswith(alloc), sites
     report = json.loads(run_recorder("explain", "--db", str(db), "--step", "5", "--json", check=True).stdout)
     cause = report["primary_cause"]
-    assert cause and cause["kind"] == "memory_reclaim", report["symptom"]
-    # the report's line is the allocation's, with the reclaim's time on it; not the later sleep's
-    assert cause["python"].endswith(alloc) and sync not in cause["python"], cause["python"]
-    assert [(x["python"], x["dur_ns"], x["how"]) for x in cause["python_lines"]] == [
-        (sites[0][0], sites[0][2], "own")], cause["python_lines"]
+    excess = {}
+    for r in report["breakdown"]:
+        excess[r["cause"]] = excess.get(r["cause"], 0) + r["excess_dur_ns"]
+    if cause["kind"] == "memory_reclaim":
+        # the report's line is the allocation's, with the reclaim's time on it; not the later sleep's
+        assert cause["python"].endswith(alloc) and sync not in cause["python"], cause["python"]
+        lines = cause["python_lines"]
+    else:
+        # a busy machine (another test run): the thread waited longer for a CPU than it reclaimed, and
+        # the report rightly says so; the reclaim's lines are those the report gives that cause
+        assert cause["kind"] == "cpu_contention" and excess["cpu_wait"] > excess["reclaim"], excess
+        with open_store(db, readonly=True) as store:
+            lines = causes.lost_lines(store, {"step_mark_id": step}, {"kind": "memory_reclaim"})
+    assert [(x["python"], x["dur_ns"], x["how"]) for x in lines] == [(sites[0][0], sites[0][2], "own")], lines
 
 
 @pytest.fixture(scope="module")
