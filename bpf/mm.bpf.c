@@ -2,7 +2,11 @@
  *
  * - direct reclaim: one interval per mm_vmscan_direct_reclaim_begin/end (global shortage) or
  *   mm_vmscan_memcg_reclaim_begin/end (memory cgroup limit) pair of a target thread: the time an
- *   allocation of the thread spent reclaiming memory itself;
+ *   allocation of the thread spent reclaiming memory itself. The begin runs in the allocating
+ *   thread (a page fault of a loop touching new memory, or a syscall), so it captures the thread's
+ *   Python stack there (PYSTACK_CAPTURE_TP): the line that allocated, which no other event of the
+ *   thread names when the allocation runs in pure Python. One capture per syscall (pystack_key):
+ *   a syscall's reclaims share it with its other events; a page fault's is its own;
  * - balance_dirty_pages: each pause a target thread is put to sleep for dirtying pages faster
  *   than the disk writes them back;
  * - oom:mark_victim: every OOM victim (the kernel's choice, rare: not filtered);
@@ -21,12 +25,16 @@ static __always_inline void mm_send(void *rec, u32 size)
  * kill) leaves its entry, overwritten when its tid is reused; a full map is counted (PROBE_MM_MAP) */
 BPF_HASH(reclaim_open, u32, struct reclaim_event, 4096);
 
-static __always_inline void reclaim_begin(u32 kind, int order, u64 gfp_flags)
+/* Opens the thread's reclaim; returns the key of the Python stack capture the probe must make now
+ * (PYSTACK_CAPTURE_TP), 0 when none: not a target, or the stack of an earlier capture in the same
+ * syscall is reused. */
+static __always_inline u64 reclaim_begin(u32 kind, int order, u64 gfp_flags)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
-        return;
+        return 0;
     u32 tid = id;
+    int fresh = 0;
     struct reclaim_event e = {};
     e.ts = bpf_ktime_get_ns();
     e.gfp_flags = gfp_flags;
@@ -35,9 +43,13 @@ static __always_inline void reclaim_begin(u32 kind, int order, u64 gfp_flags)
     e.pid = id >> 32;
     e.tid = tid;
     e.cgroup_id = bpf_get_current_cgroup_id();
+    e.stack_ts = pystack_key(syscall_epoch(tid), e.ts, &fresh);
     bpf_get_current_comm(e.comm, sizeof(e.comm));
-    if (reclaim_open.update(&tid, &e))
+    if (reclaim_open.update(&tid, &e)) {
         count_drop(PROBE_MM_MAP);
+        return 0;
+    }
+    return fresh ? e.ts : 0;
 }
 
 static __always_inline void reclaim_end(u64 nr_reclaimed)
@@ -57,7 +69,9 @@ static __always_inline void reclaim_end(u64 nr_reclaimed)
 /* the machine is short of memory: the allocating thread reclaims */
 TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin)
 {
-    reclaim_begin(RECLAIM_DIRECT, args->order, args->gfp_flags);
+    u64 key = reclaim_begin(RECLAIM_DIRECT, args->order, args->gfp_flags);
+    if (key)
+        PYSTACK_CAPTURE_TP(args, key);
     return 0;
 }
 
@@ -72,7 +86,9 @@ TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end)
 /* the thread's memory cgroup is at its limit: the allocating thread reclaims from it */
 TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin)
 {
-    reclaim_begin(RECLAIM_MEMCG, args->order, args->gfp_flags);
+    u64 key = reclaim_begin(RECLAIM_MEMCG, args->order, args->gfp_flags);
+    if (key)
+        PYSTACK_CAPTURE_TP(args, key);
     return 0;
 }
 

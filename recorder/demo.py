@@ -441,7 +441,7 @@ def oom_reclaim(s: Synth) -> int:
         for i in range(3):  # three allocations, each reclaiming for ~300 ms
             dur = 300 * MS + i * 10 * MS
             s.add("reclaim_interval", ts=t, dur=dur, thread_id=job.thread_id, kind="memcg", alloc_order=0,
-                  gfp_flags=0xCC0, pages_reclaimed=12 + i, cgroup_id=7)
+                  gfp_flags=0xCC0, pages_reclaimed=12 + i, cgroup_id=7, python_stack_id=s.stack(STACK_COLLATE))
             s.offcpu(job.thread_id, t + 2 * MS, dur - 4 * MS, STATE_D, None, wakeup_ts=t + dur - 2 * MS,
                      stack=STACK_COLLATE)
             t += dur + 200 * US

@@ -385,9 +385,11 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
         for r in store.query(f"SELECT * FROM {table} WHERE session_id = :s AND ts < :b AND ts + dur > :a", w):
             if r["thread_id"] in threads:
                 label = "direct reclaim" if table == "reclaim_interval" else "dirty throttle"
-                args = {k: v for k, v in r.items() if k not in ("id", "session_id", "ts", "dur", "thread_id")}
+                args = {k: v for k, v in r.items()
+                        if k not in ("id", "session_id", "ts", "dur", "thread_id", "python_stack_id")}
                 thread_group(r["thread_id"]).slices.append(Slice(
-                    r["ts"], r["dur"], f"{label}: {r[name]}", "memory", args, (table, r["id"])))
+                    r["ts"], r["dur"], f"{label}: {r[name]}", "memory", args, (table, r["id"]),
+                    stack=r.get("python_stack_id")))
 
     for r in store.query("SELECT * FROM lineage_interval WHERE session_id = :s AND tag != 0"
                          " AND ts < :b AND ts + dur > :a", w):

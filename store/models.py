@@ -329,9 +329,10 @@ class PythonLine(Part):
     python: str | None = Field(description="'qualname() at file:line'; null: the intervals' line is not known")
     dur_ns: int = Field(description="ns of the cause's time at that line")
     intervals: int = Field(description="intervals (off-CPU or reclaim) summed")
-    how: str | None = Field(description="how their line was found: 'own' (the interval's stack), 'in_call' (the "
-                                        "CUDA or NCCL call in progress), 'before' (the thread's latest stack "
-                                        "before it); comma-separated when several")
+    how: str | None = Field(description="how their line was found: 'own' (the interval's stack: where it blocked, "
+                                        "or where a reclaim began), 'in_wait' (a wait inside a reclaim that has "
+                                        "none), 'in_call' (the CUDA or NCCL call in progress), 'before' (the "
+                                        "thread's latest stack before it); comma-separated when several")
 
 
 class PrimaryCause(Part):

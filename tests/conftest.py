@@ -8,6 +8,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,30 @@ def loop_dev(tmp_path):
         yield Path(loop).name
     finally:
         subprocess.run(["losetup", "-d", loop], check=False)
+
+
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")  # the cgroup v1 memory controller
+
+
+def cgroup_v1(root: Path, settings: dict[str, str]):
+    """A generator: yields a new cgroup under the cgroup v1 controller `root` with `settings`
+    written, and removes it (its processes moved back to `root`) when resumed. Skips the test
+    where that controller is not mounted."""
+    if not (root / "cgroup.procs").exists():
+        pytest.skip(f"needs the cgroup v1 controller at {root}")
+    path = root / f"stall-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        for name, value in settings.items():
+            (path / name).write_text(value)
+        yield path
+    finally:
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        path.rmdir()
 
 
 def q(db: Path | str, sql: str, params: tuple = ()) -> list[tuple]:

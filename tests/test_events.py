@@ -33,3 +33,8 @@ def test_unpadded_layout_is_refused():
 
     with pytest.raises(ValueError, match="multiple of 8"):
         events.Layout("bad", (("a", "u64"), ("b", "u32")), "not padded")
+
+
+def test_the_mm_rings_records_differ_in_size():
+    sizes = [layout.size for layout in events.MM_RING_LAYOUTS]
+    assert len(set(sizes)) == len(sizes), {layout.name: layout.size for layout in events.MM_RING_LAYOUTS}

@@ -163,3 +163,22 @@ def test_gpu_utilisation_in_the_symptom_and_drops(tmp_path: Path) -> None:
     assert rows[80041]["util_gpu_mean"] == 97 and rows[80041]["samples"] >= 1
     assert len(drops) == 1 and drops[0]["usual_util_gpu"] == 97 and drops[0]["samples"] >= 6
     assert step["ts"] <= drops[0]["ts"] < step["ts"] + step["dur"]
+
+
+def test_a_reclaim_takes_its_own_stack_else_a_wait_inside_it(tmp_path: Path) -> None:
+    """step_lost_time puts a reclaim on the stack captured where it began ('own'); a reclaim without
+    one (recorded before reclaims had stacks) on the stack of a wait of its thread inside it."""
+    import sqlite3
+
+    db = tmp_path / "r.db"
+    write_scenario("oom-reclaim", db)
+    sql = "SELECT python_line, how, intervals FROM step_lost_line WHERE cause = 'reclaim'"
+    conn = sqlite3.connect(db)
+    assert conn.execute(sql).fetchall() == [("collate() at data.py:120", "own", 3)]
+    # its own stack first, whatever a wait inside it says
+    conn.execute("UPDATE reclaim_interval SET python_stack_id = (SELECT python_stack_id FROM step_mark LIMIT 1)")
+    [(line, how, _)] = conn.execute(sql).fetchall()
+    assert how == "own" and line != "collate() at data.py:120" and line, line
+    conn.execute("UPDATE reclaim_interval SET python_stack_id = NULL")
+    assert conn.execute(sql).fetchall() == [("collate() at data.py:120", "in_wait", 3)]
+    conn.close()

@@ -8,17 +8,15 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
+from conftest import MEMORY_V1, ROOT, cgroup_v1, needs_bpf, q, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "io_calls.py")
 SIZED = str(ROOT / "tests" / "workloads" / "sized_io.py")
 BLKIO = Path("/sys/fs/cgroup/blkio")
-MEMORY = Path("/sys/fs/cgroup/memory")
 RATE = 2 * 1024 * 1024  # bytes/s allowed by the throttle
 
 
@@ -46,28 +44,10 @@ def ext4_loop(tmp_path):
         subprocess.run(["losetup", "-d", loop], check=False)
 
 
-def _cgroup(root: Path, settings: dict[str, str]):
-    if not (root / "cgroup.procs").exists():
-        pytest.skip(f"needs the cgroup v1 controller at {root}")
-    path = root / f"stall-test-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    try:
-        for name, value in settings.items():
-            (path / name).write_text(value)
-        yield path
-    finally:
-        for pid in (path / "cgroup.procs").read_text().split():
-            try:
-                (root / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass
-        path.rmdir()
-
-
 @pytest.fixture
 def throttled(ext4_loop):
     mnt, majmin, name = ext4_loop
-    gen = _cgroup(BLKIO, {"blkio.throttle.write_bps_device": f"{majmin} {RATE}",
+    gen = cgroup_v1(BLKIO, {"blkio.throttle.write_bps_device": f"{majmin} {RATE}",
                           "blkio.throttle.read_bps_device": f"{majmin} {RATE}"})
     cg = next(gen)
     yield mnt, majmin, name, cg
@@ -174,7 +154,7 @@ def test_memcg_reclaim_is_recorded(tmp_path, ext4_loop):
     subprocess.run(["dd", "if=/dev/zero", f"of={mnt}/big.bin", "bs=1M", "count=96", "conv=fsync"],
                    check=True, capture_output=True)
     Path("/proc/sys/vm/drop_caches").write_text("1")
-    gen = _cgroup(MEMORY, {"memory.limit_in_bytes": str(24 * 1024 * 1024)})
+    gen = cgroup_v1(MEMORY_V1, {"memory.limit_in_bytes": str(24 * 1024 * 1024)})
     cg = next(gen)
     try:
         db = tmp_path / "m.db"

@@ -1,6 +1,7 @@
 """What a report says of real recordings, with real BPF: the Python line of a cause without a stack of
-its own (a hog that preempts the training thread inside a long kernel launch), the names of threads
-that set none, and, for a script without steps or CUDA calls, its longest waits and no negative it has no evidence for.
+its own (a hog that preempts the training thread inside a long kernel launch; memory reclaim in the
+page faults of a pure-Python allocation), the names of threads that set none, and, for a script
+without steps or CUDA calls, its longest waits and no negative it has no evidence for.
 Skipped with the reason where root or BPF is missing."""
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder, workload_output
+from conftest import MEMORY_V1, RECORDER, ROOT, cgroup_v1, needs_bpf, q, run_recorder, workload_output
+
+from store import causes
+from store.db import open_store
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 LONG_LAUNCH = "long_launch() at train_steps.py"
@@ -63,6 +67,58 @@ def test_a_thread_gone_before_it_was_read_is_named_by_its_command(hogged):
                  " WHERE t.tid = ? AND t.traced", (tid,))
     assert len(rows) == 1 and rows[0][0] and rows[0][0] == rows[0][1], rows
     assert not q(db, "SELECT tid FROM thread_info WHERE thread_name IS NULL AND traced")
+
+
+@pytest.fixture(scope="module")
+def reclaimed(tmp_path_factory):
+    """A marked loop in a memory cgroup (v1) limited to 96 MiB, each step touching 8 MiB: step 4 ends
+    writing 72 MiB to a file (dirty page cache, charged to the cgroup) and step 5 allocates and
+    touches 48 MiB in pure Python (bytearray) and then sleeps on a later line: the allocation's page
+    faults reclaim the cache (memcg direct reclaim, waiting for its writeback)."""
+    tmp = tmp_path_factory.mktemp("reclaim")
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True, text=True).stdout.strip()
+    if fs in ("tmpfs", "ramfs"):
+        pytest.skip(f"needs a disk-backed temporary folder ({tmp} is on {fs}: its pages cannot be reclaimed)")
+    gen = cgroup_v1(MEMORY_V1, {"memory.limit_in_bytes": str(96 << 20)})
+    cg = next(gen)
+    try:
+        db = tmp / "r.db"
+        res = run_recorder("record", "--db", str(db), "--", sys.executable,
+                           str(ROOT / "tests" / "workloads" / "alloc_touch.py"), "--file", str(tmp / "fill.bin"),
+                           "--cgroup-procs", str(cg / "cgroup.procs"), "--steps", "8", "--reclaim-step", "5",
+                           "--mib", "48", "--step-mib", "8", "--fill-mib", "72", timeout=300)
+    finally:
+        next(gen, None)
+    assert res.returncode == 0, res.stderr
+    return db, workload_output(res.stdout)
+
+
+def test_reclaim_in_a_pure_python_allocation_is_at_the_allocations_line(reclaimed):
+    db, out = reclaimed
+    alloc, sync = (f"alloc_touch.py:{out['lines'][k]}" for k in ("alloc", "sync"))
+    # every reclaim of the step carries the stack captured where it began: the allocation's line
+    step = q(db, "SELECT id FROM step_mark WHERE step = 5")[0][0]
+    sites = q(db, "SELECT s.text, count(*), sum(r.overlap_dur) FROM step_reclaim r"
+                  " JOIN reclaim_interval x ON x.id = r.reclaim_id"
+                  " LEFT JOIN python_call_site s ON s.stack_id = x.python_stack_id"
+                  " WHERE r.step_mark_id = ? GROUP BY s.text", (step,))
+    assert len(sites) == 1 and sites[0][0] and sites[0][0].endswith(alloc), sites
+    report = json.loads(run_recorder("explain", "--db", str(db), "--step", "5", "--json", check=True).stdout)
+    cause = report["primary_cause"]
+    excess = {}
+    for r in report["breakdown"]:
+        excess[r["cause"]] = excess.get(r["cause"], 0) + r["excess_dur_ns"]
+    if cause["kind"] == "memory_reclaim":
+        # the report's line is the allocation's, with the reclaim's time on it; not the later sleep's
+        assert cause["python"].endswith(alloc) and sync not in cause["python"], cause["python"]
+        lines = cause["python_lines"]
+    else:
+        # a busy machine (another test run): the thread waited longer for a CPU than it reclaimed, and
+        # the report rightly says so; the reclaim's lines are those the report gives that cause
+        assert cause["kind"] == "cpu_contention" and excess["cpu_wait"] > excess["reclaim"], excess
+        with open_store(db, readonly=True) as store:
+            lines = causes.lost_lines(store, {"step_mark_id": step}, {"kind": "memory_reclaim"})
+    assert [(x["python"], x["dur_ns"], x["how"]) for x in lines] == [(sites[0][0], sites[0][2], "own")], lines
 
 
 @pytest.fixture(scope="module")

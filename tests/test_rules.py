@@ -185,6 +185,7 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
                           ("tcp_retransmit", "process_id"), ("tcp_retransmit", "peer_process_id"),
                           ("cuda_call", "open"), ("nccl_call", "open"), ("cuda_call", "driver_api_id"),
                           ("session", "stop_reason"), ("session", "written_ts"),
+                          ("reclaim_interval", "python_stack_id"),
                           *(("process", c) for c in ("environ_status", "job_rank", "job_local_rank",
                                                      "job_world_size", "master_addr", "run_id", "slurm_job_id",
                                                      "slurm_step_id", "pod_uid", "pod_namespace", "pod_name",

@@ -267,11 +267,16 @@ RECLAIM = Layout(
         ("gfp_flags", "u64"),
         ("nr_reclaimed", "u64"),  # pages
         ("cgroup_id", "u64"),
+        # key (ts) of the thread's Python stack record: captured where the reclaim began (the
+        # allocating line), or the capture made earlier in the same syscall
+        ("stack_ts", "u64"),
         ("pid", "u32"),
         ("tid", "u32"),
         ("order", "s32"),
         ("kind", "u32"),  # RECLAIM_DIRECT (global memory short) or RECLAIM_MEMCG (its memory cgroup's limit)
         ("comm", "char16"),
+        # the mm ring tells its records apart by size (MM_RING_LAYOUTS): not oom_event's nor checkpoint_event's
+        ("pad", "char16"),
     ),
     "one direct-reclaim interval of a traced thread, sent at its end",
 )
@@ -395,6 +400,8 @@ CHECKPOINT = Layout(
 )
 
 LAYOUTS = (*LAYOUTS, BLOCK, RECLAIM, DIRTY, OOM, TCP, DMA, NVME_AI, CHECKPOINT)
+# the records of bpf/mm.bpf.c's one ring, which user space tells apart by their size
+MM_RING_LAYOUTS = (RECLAIM, DIRTY, OOM, CHECKPOINT)
 
 _IO_PROBES = ("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_MM", "PROBE_NET", "PROBE_DMA", "PROBE_BLOCK_UNCOMPLETED",
               "PROBE_MM_MAP")

@@ -6,14 +6,14 @@ The CUDA, NCCL and marker entry probes end with PYSTACK_CAPTURE(ctx, ts), which 
 ts. The CUDA entries use PYSTACK_CAPTURE_BY_DIGEST: once a stack is resolved for good here, its
 digest is confirmed to the walker (`pystack_known`), and a call repeating it sends no record; its
 event carries the digest instead (`py_digest`), which `digests()` maps to the stack id.
-sched_switch (a traced thread blocking) and the block layer (a target's bio or I/O intent) end
-with PYSTACK_CAPTURE_TP: their events carry the key of their stack record (`stack_ts`), which the
-events of one syscall share. `StackRecorder.add()` resolves the records as they arrive and keeps
-each stack id under its key until the event's row takes it (`join()`). A call's native stack is a
-digest under which the `native_stacks` map holds its frames (bpf/cuda.bpf.c walks them);
-`native_id()` reads a digest's frames once per process and symbolises them (the mapped ELF objects'
-symbols, read in bulk by recorder/core/elfsyms.py), cached per object and address. Both are interned:
-a million calls from one line cost one stack row.
+sched_switch (a traced thread blocking), the block layer (a target's bio or I/O intent) and the
+start of a target's direct reclaim end with PYSTACK_CAPTURE_TP: their events carry the key of their
+stack record (`stack_ts`), which the events of one syscall share. `StackRecorder.add()` resolves
+the records as they arrive and keeps each stack id under its key until the event's row takes it
+(`join()`). A call's native stack is a digest under which the `native_stacks` map holds its frames
+(bpf/cuda.bpf.c walks them); `native_id()` reads a digest's frames once per process and symbolises
+them (the mapped ELF objects' symbols, read in bulk by recorder/core/elfsyms.py), cached per object
+and address. Both are interned: a million calls from one line cost one stack row.
 
 Per process (start, fork, exec) `seen()` configures the walker and one `capability` row says whether
 its Python frames are read and, if not, why. A Python whose libpython is not mapped yet at exec
@@ -70,7 +70,7 @@ _PYTHON_NAME = re.compile(r"python\d|libpython")
 
 
 # the event tables whose rows carry the Python stack captured for them
-STACK_EVENT_TABLES = ("cuda_call", "offcpu_interval", "block_request", "nccl_call")
+STACK_EVENT_TABLES = ("cuda_call", "offcpu_interval", "block_request", "nccl_call", "reclaim_interval")
 # python_stack.status of a stack whose frames were read (all of them, or the innermost ones)
 READ_STATUSES = ("ok", "truncated")
 

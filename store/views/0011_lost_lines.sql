@@ -7,10 +7,12 @@
 -- The time a step's thread lost, interval by interval, each put on the Python stack the thread was
 -- at: the waits for a CPU (cause 'cpu_wait') and the blocked time (cause 'blocked', detail: the
 -- reason) of its off-CPU intervals (step_offcpu), and its direct reclaim (cause 'reclaim', detail:
--- direct or memcg; step_reclaim). A preemption is recorded without a stack (bpf/sched.bpf.c), and
--- so is a reclaim, so an interval takes, in this order (`how`):
---   'own':     its own stack (a blocked interval: where it blocked); for a reclaim, the stack of a
---              wait of the thread inside the reclaim;
+-- direct or memcg; step_reclaim). A preemption is recorded without a stack (bpf/sched.bpf.c), so
+-- an interval takes, in this order (`how`):
+--   'own':     its own stack (a blocked interval: where it blocked; a reclaim: where it began, the
+--              allocating line, bpf/mm.bpf.c);
+--   'in_wait': a reclaim without a stack of its own (recorded before it had one, or its capture
+--              lost): the stack of a wait of the thread inside the reclaim;
 --   'in_call': the stack of the thread's CUDA or NCCL call in progress when it began;
 --   'before':  the stack of the thread's latest event in the step before it (a CUDA or NCCL
 --              call, a wait, a block request, the step's own mark): the line last known to run;
@@ -22,7 +24,7 @@ SELECT l.step_mark_id, l.session_id, l.thread_id, l.cause, l.detail,
        l.dur,                                                 -- ns of the step lost in it
        l.offcpu_id, l.reclaim_id,                             -- the interval: offcpu_interval / reclaim_interval id
        coalesce(l.own_stack, l.call_stack, l.before_stack) AS python_stack_id, -- the stack it is put on
-       CASE WHEN l.own_stack IS NOT NULL THEN 'own' WHEN l.call_stack IS NOT NULL THEN 'in_call'
+       CASE WHEN l.own_stack IS NOT NULL THEN l.own_how WHEN l.call_stack IS NOT NULL THEN 'in_call'
             WHEN l.before_stack IS NOT NULL THEN 'before' END AS how -- how that stack was found (above)
 FROM (
     SELECT i.*,
@@ -57,21 +59,23 @@ FROM (
         SELECT o.step_mark_id, o.session_id, m.thread_id, m.ts AS step_ts, 'cpu_wait' AS cause, NULL AS detail,
                -- the CPU wait ends the interval: it is spent where the thread blocked, if it did
                o.ts + o.overlap_dur - o.runq_dur AS ts, o.runq_dur AS dur, o.offcpu_id, NULL AS reclaim_id,
-               o.python_stack_id AS own_stack
+               o.python_stack_id AS own_stack, 'own' AS own_how
         FROM step_offcpu o JOIN step_mark m ON m.id = o.step_mark_id
         WHERE o.runq_dur > 0
         UNION ALL
         SELECT o.step_mark_id, o.session_id, m.thread_id, m.ts, 'blocked', o.reason, o.ts, o.blocked_dur,
-               o.offcpu_id, NULL, o.python_stack_id
+               o.offcpu_id, NULL, o.python_stack_id, 'own'
         FROM step_offcpu o JOIN step_mark m ON m.id = o.step_mark_id
         WHERE o.blocked_dur > 0
         UNION ALL
         SELECT r.step_mark_id, r.session_id, m.thread_id, m.ts, 'reclaim', r.kind, max(r.ts, m.ts), r.overlap_dur,
                NULL, r.reclaim_id,
-               (SELECT w.python_stack_id FROM offcpu_interval w, reclaim_interval x
-                 WHERE x.id = r.reclaim_id AND w.thread_id = m.thread_id AND w.ts >= x.ts AND w.ts < x.ts + x.dur
-                   AND w.python_stack_id IS NOT NULL ORDER BY w.ts LIMIT 1)
-        FROM step_reclaim r JOIN step_mark m ON m.id = r.step_mark_id
+               coalesce(x.python_stack_id,
+                        (SELECT w.python_stack_id FROM offcpu_interval w
+                          WHERE w.thread_id = m.thread_id AND w.ts >= x.ts AND w.ts < x.ts + x.dur
+                            AND w.python_stack_id IS NOT NULL ORDER BY w.ts LIMIT 1)),
+               CASE WHEN x.python_stack_id IS NOT NULL THEN 'own' ELSE 'in_wait' END
+        FROM step_reclaim r JOIN step_mark m ON m.id = r.step_mark_id JOIN reclaim_interval x ON x.id = r.reclaim_id
         WHERE r.overlap_dur > 0
     ) i
 ) l;

@@ -72,7 +72,7 @@ BLOCK_COLUMNS = (
     "requeues", "merges", "io_tag", "cgroup_id", "python_stack_id",
 )
 RECLAIM_COLUMNS = ("session_id", "ts", "dur", "thread_id", "kind", "alloc_order", "gfp_flags", "pages_reclaimed",
-                   "cgroup_id")
+                   "cgroup_id", "python_stack_id")
 DIRTY_COLUMNS = ("session_id", "ts", "dur", "thread_id", "bdi", "period_dur", "think_dur", "dirty_pages",
                  "limit_pages", "task_ratelimit_kbps", "pages_dirtied", "cgroup_ino")
 OOM_COLUMNS = ("session_id", "ts", "pid", "comm", "uid", "oom_score_adj", "total_vm_bytes", "anon_rss_bytes",
@@ -346,10 +346,22 @@ class IoLayer(BaseLayer):
             self.writer.extend("block_request", rows)
             self.events += len(rows)
             raw["block"].clear()
-        if raw["mm"]:
+        if raw["mm"] or (self.stacks and self.stacks.held("reclaim")):
+            reclaims = []
             for chunk in raw["mm"]:
-                self._mm_row(chunk)
+                if len(chunk) == events.RECLAIM.size:
+                    reclaims.append(events.RECLAIM.unpack(chunk))
+                else:
+                    self._mm_row(chunk)
             raw["mm"].clear()
+            # a reclaim's stack record was sent at its begin, before the reclaim's own record
+            joined = (self.stacks.join("reclaim", reclaims, _reclaim_stack_key, shared=True) if self.stacks
+                      else ((rec, None) for rec in reclaims))
+            for rec, py_stack in joined:
+                ts, dur, gfp, pages, cg, _stack_ts, pid, tid, order, kind, comm, _pad = rec
+                self.writer.add("reclaim_interval", (sid, ts, dur, self._thread(tid, pid, comm, ts),
+                                                     "memcg" if kind == C["RECLAIM_MEMCG"] else "direct", order,
+                                                     gfp, pages, cg, py_stack))
         if raw["net"]:
             for rec in events.TCP.iter_unpack(b"".join(raw["net"])):
                 ts, cg, pid, tid, state, err, sport, dport, family, _pad, saddr, daddr, comm = rec
@@ -383,12 +395,7 @@ class IoLayer(BaseLayer):
     def _mm_row(self, chunk: bytes) -> None:
         sid = self.session_id
         size = len(chunk)
-        if size == events.RECLAIM.size:
-            ts, dur, gfp, pages, cg, pid, tid, order, kind, comm = events.RECLAIM.unpack(chunk)
-            self.writer.add("reclaim_interval", (sid, ts, dur, self._thread(tid, pid, comm, ts),
-                                                 "memcg" if kind == C["RECLAIM_MEMCG"] else "direct", order,
-                                                 gfp, pages, cg))
-        elif size == events.DIRTY.size:
+        if size == events.DIRTY.size:
             (ts, pause, period, think, dirty, limit, ratelimit, cg_ino, pid, tid, dirtied, _pad, bdi,
              comm) = events.DIRTY.unpack(chunk)
             self.writer.add("dirty_throttle", (sid, ts, pause, self._thread(tid, pid, comm, ts), _text(bdi),
@@ -410,6 +417,14 @@ _STACK_TS, _PID, _TID = (events.BLOCK.names.index(n) for n in ("stack_ts", "pid"
 def _block_stack_key(rec: tuple) -> tuple[int, int, int] | None:
     """(stack_ts, pid, tid) of a block request's submitter stack record; None for kernel threads."""
     return (rec[_STACK_TS], rec[_PID], rec[_TID]) if rec[_STACK_TS] else None
+
+
+_RECLAIM_STACK_TS, _RECLAIM_PID, _RECLAIM_TID = (events.RECLAIM.names.index(n) for n in ("stack_ts", "pid", "tid"))
+
+
+def _reclaim_stack_key(rec: tuple) -> tuple[int, int, int] | None:
+    """(stack_ts, pid, tid) of the Python stack record of a reclaim's thread where it began."""
+    return (rec[_RECLAIM_STACK_TS], rec[_RECLAIM_PID], rec[_RECLAIM_TID]) if rec[_RECLAIM_STACK_TS] else None
 
 
 def _signed(value: int) -> int:
