@@ -115,19 +115,16 @@ def live(args) -> dict:
             "final_db_mb": round(main / 1e6, 1), "loadavg": os.getloadavg()}
 
 
-def synthetic(args) -> dict:
+def _recording(db: Path, started: int) -> tuple:
+    """A new recording with one thread and one CUDA API, and a background Writer of off-CPU
+    intervals and CUDA calls: (store, session id, writer)."""
     from store.db import Writer, open_store
-    from store.flight import Retention, event_tables, used_bytes
-    from store.session import parse_duration
 
-    keep = parse_duration(args.keep)
-    folder = Path(tempfile.mkdtemp(prefix="bench-flight-"))
-    db = folder / "flight.db"
     store = open_store(db, create=True)
     sid = store.db["session"].insert({
-        "started_ts": 0, "wall_offset_ns": 0, "status": "recording", "recorder_pid": os.getpid(), "hostname": "b",
-        "kernel_release": "k", "boot_id": "b", "cpu_count": 1, "target": "bench", "command": "bench",
-        "tool_version": "0"}).last_pk
+        "started_ts": started, "wall_offset_ns": 0, "status": "recording", "recorder_pid": os.getpid(),
+        "hostname": "b", "kernel_release": "k", "boot_id": "b", "cpu_count": 1, "target": "bench",
+        "command": "bench", "tool_version": "0"}).last_pk
     store.conn.execute("INSERT INTO thread (id, session_id, tid, name, first_ts) VALUES (1, ?, 1, 'w', 0)", (sid,))
     store.conn.execute("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES "
                        "(0, 'cudaLaunchKernel', 'cudaLaunchKernel', 'runtime', 'launch_rt')")
@@ -135,6 +132,17 @@ def synthetic(args) -> dict:
     writer = Writer(store, background=True)
     writer.table("offcpu_interval", ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id"))
     writer.table("cuda_call", ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "stream", "cgroup_id"))
+    return store, sid, writer
+
+
+def synthetic(args) -> dict:
+    from store.flight import Retention, event_tables, used_bytes
+    from store.session import parse_duration
+
+    keep = parse_duration(args.keep)
+    folder = Path(tempfile.mkdtemp(prefix="bench-flight-"))
+    db = folder / "flight.db"
+    store, sid, writer = _recording(db, 0)
     retention = Retention(event_tables(store.conn))
     for sql in retention.setup:
         writer.execute(sql)
@@ -177,24 +185,12 @@ def sized(args) -> dict:
 
     from recorder.core.clock import now_ns
     from recorder.flight import FlightOptions, FlightRecorder, parse_size
-    from store.db import Writer, open_store
     from store.session import parse_duration
 
     folder = Path(tempfile.mkdtemp(prefix="bench-flight-"))
     db = folder / "flight.db"
-    store = open_store(db, create=True)
     started = now_ns()
-    sid = store.db["session"].insert({
-        "started_ts": started, "wall_offset_ns": 0, "status": "recording", "recorder_pid": os.getpid(),
-        "hostname": "b", "kernel_release": "k", "boot_id": "b", "cpu_count": 1, "target": "bench",
-        "command": "bench", "tool_version": "0"}).last_pk
-    store.conn.execute("INSERT INTO thread (id, session_id, tid, name, first_ts) VALUES (1, ?, 1, 'w', 0)", (sid,))
-    store.conn.execute("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES "
-                       "(0, 'cudaLaunchKernel', 'cudaLaunchKernel', 'runtime', 'launch_rt')")
-    store.conn.commit()
-    writer = Writer(store, background=True)
-    writer.table("offcpu_interval", ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id"))
-    writer.table("cuda_call", ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "stream", "cgroup_id"))
+    store, sid, writer = _recording(db, started)
     max_bytes = parse_size(args.max_size)
     options = FlightOptions(keep_ns=parse_duration(args.keep), max_bytes=max_bytes, before_ns=S, after_ns=S)
     session = SimpleNamespace(db_path=db, writer=writer, session_id=sid, started_ts=started)
