@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_step_explain import new_recording  # noqa: E402
 
 from store import open_store  # noqa: E402
 from store.datasette import QUERIES  # noqa: E402
@@ -52,15 +55,7 @@ GPU = ("session_id", "ts", "gpu_index", "pci_address", "name", "util_gpu", "util
 
 def build(steps: int, db: str) -> dict:
     """Write the recording; returns its row count and the ids of a stalled and a normal step."""
-    for p in (db, db + "-wal", db + "-shm"):
-        if os.path.exists(p):
-            os.remove(p)
-    s = open_store(db, create=True)
-    from recorder.layers import cuda
-
-    s.conn.executemany("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES (?,?,?,?,?)",
-                       [(i, a.name, a.family, a.library, a.layout) for i, a in enumerate(cuda.APIS)])
-    launch, sync = cuda.API_INDEX["cudaLaunchKernel"], cuda.API_INDEX["cudaStreamSynchronize"]
+    s, launch, sync = new_recording(db)
     s.conn.execute("INSERT INTO process (id, session_id, pid, name, first_ts) VALUES (1, 1, 10, 'python3', 0),"
                    " (2, 1, 30, 'pt_data_worker', 0), (3, 1, 50, 'hog', 0)")
     s.conn.execute("INSERT INTO thread (id, session_id, tid, process_id, name, first_ts, traced) VALUES"

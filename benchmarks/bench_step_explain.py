@@ -27,7 +27,9 @@ T0 = 10**12
 CALLS, SLEEPS, READS = 240, 250, 8
 
 
-def build(steps: int, db: str) -> tuple[int, float]:
+def new_recording(db: str):
+    """A new recording at `db` (an older one there is removed) with the CUDA API table filled:
+    (store, id of cudaLaunchKernel, id of cudaStreamSynchronize)."""
     for p in (db, db + "-wal", db + "-shm"):
         if os.path.exists(p):
             os.remove(p)
@@ -37,6 +39,11 @@ def build(steps: int, db: str) -> tuple[int, float]:
     s.conn.executemany("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES (?,?,?,?,?)",
                        [(i, a.name, a.family, a.library, a.layout) for i, a in enumerate(cuda.APIS)])
     launch, sync = cuda.API_INDEX["cudaLaunchKernel"], cuda.API_INDEX["cudaStreamSynchronize"]
+    return s, launch, sync
+
+
+def build(steps: int, db: str) -> tuple[int, float]:
+    s, launch, sync = new_recording(db)
     s.conn.execute("INSERT INTO process (id, session_id, pid, name, first_ts) VALUES (1, 1, 10, 'train', 0),"
                    " (2, 1, 20, 'hog', 0)")
     s.conn.execute("INSERT INTO thread (id, session_id, tid, process_id, name, first_ts, traced) VALUES"
