@@ -15,8 +15,8 @@ import sqlite3
 import sys
 
 import pytest
-from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
-from test_io_bpf import BLKIO, _cgroup, ext4_loop  # noqa: F401  (fixture)
+from conftest import ROOT, cgroup_v1, needs_bpf, q, run_recorder, workload_output
+from test_io_bpf import BLKIO, ext4_loop  # noqa: F401  (fixture)
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "ckpt_steps.py")
@@ -26,7 +26,7 @@ RATE = 2 * 1024 * 1024
 @pytest.fixture
 def write_throttled(ext4_loop):  # noqa: F811
     mnt, majmin, name = ext4_loop
-    gen = _cgroup(BLKIO, {"blkio.throttle.write_bps_device": f"{majmin} {RATE}"})
+    gen = cgroup_v1(BLKIO, {"blkio.throttle.write_bps_device": f"{majmin} {RATE}"})
     cg = next(gen)
     yield mnt, majmin, name, cg
     next(gen, None)
