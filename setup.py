@@ -7,6 +7,6 @@ setup(
         Extension("recorder._markers", ["recorder/_markers.c"], optional=True),
         # the ingest fast path; without them rows are built and bound in Python
         Extension("recorder._ingest", ["recorder/_ingest.c"], optional=True),
-        Extension("store._insert", ["store/_insert.c"], optional=True, libraries=["dl"]),
+        Extension("store.db._insert", ["store/db/_insert.c"], optional=True, libraries=["dl"]),
     ],
 )

@@ -14,7 +14,7 @@ is 3.7 MB).
 Measured, on the complete recording (links stored at the stop) and, --live, on the same rows
 with nothing stored (a recording still being written, or one from an older recorder):
 a step's links (`WHERE from_table = 'step_mark' AND from_id = ?`), `SELECT count(*) FROM
-causal_link`, and every Datasette canned query (store/datasette.py). Needs no root.
+causal_link`, and every Datasette canned query (store/exports/datasette.py). Needs no root.
 
     .venv/bin/python benchmarks/bench_causal_sql.py [--steps 12000] [--db /tmp/bench_causal.db] [--reuse]
     .venv/bin/python benchmarks/bench_causal_sql.py --live --steps 2000   # the unstored path too
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step_explain import new_recording  # noqa: E402
 
 from store import open_store  # noqa: E402
-from store.datasette import QUERIES  # noqa: E402
 from store.db import Writer  # noqa: E402
+from store.exports.datasette import QUERIES  # noqa: E402
 
 US, MS, S = 1_000, 1_000_000, 1_000_000_000
 T0 = 10**12

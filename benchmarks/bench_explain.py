@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from store import open_store  # noqa: E402
-from store.report import explain  # noqa: E402
+from store.report.build import explain  # noqa: E402
 
 
 def build(n: int, db: str) -> float:

@@ -136,8 +136,8 @@ def _recording(db: Path, started: int) -> tuple:
 
 
 def synthetic(args) -> dict:
+    from store.db.session import parse_duration
     from store.flight import Retention, event_tables, used_bytes
-    from store.session import parse_duration
 
     keep = parse_duration(args.keep)
     folder = Path(tempfile.mkdtemp(prefix="bench-flight-"))
@@ -185,7 +185,7 @@ def sized(args) -> dict:
 
     from recorder.core.clock import now_ns
     from recorder.flight import FlightOptions, FlightRecorder, parse_size
-    from store.session import parse_duration
+    from store.db.session import parse_duration
 
     folder = Path(tempfile.mkdtemp(prefix="bench-flight-"))
     db = folder / "flight.db"

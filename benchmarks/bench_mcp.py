@@ -9,7 +9,7 @@ on 8 threads, 1 in 1000 slow), half off-CPU intervals, one preemption inside eac
 store's stop-time indexes are built. It is cached in build/bench/mcp-<N>.db. The benchmark starts
 `recorder mcp --db` as a subprocess through the SDK's stdio client (as Claude Code or Cursor do), and
 times explain_stall (whole session, and --worst) from request to parsed result; `recorder explain`
-in process (store.report.explain) is timed alongside to separate query cost from the MCP layer.
+in process (store.report.build.explain) is timed alongside to separate query cost from the MCP layer.
 run_sql is timed on a trivial statement (SELECT 1) and a count over cuda_call: each query runs in a
 process forked from a forkserver (killed at its time limit), and the trivial one shows that cost.
 Target from the issue: <= 300 ms on a 10M-event database.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from store.db import open_store  # noqa: E402
-from store.report import explain  # noqa: E402
+from store.report.build import explain  # noqa: E402
 
 THREADS = 8
 SLOW_EVERY = 1000

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from store import open_store  # noqa: E402
-from store.report import explain  # noqa: E402
+from store.report.build import explain  # noqa: E402
 
 MS = 1_000_000
 T0 = 10**12

@@ -2,7 +2,7 @@
 that each wait 20 ms on a queue fed by a worker process (the main thread's read woken by the
 worker's feeder thread, itself woken by the worker after its disk read: a chain of 2 hops per step,
 plus ~100 short futex waits of each thread); one step in 500 waits 400 ms on a throttled read.
-Measures `explain(step=N)` of a stalled step (its cause a wait chain), `store.waits.chain()` of one
+Measures `explain(step=N)` of a stalled step (its cause a wait chain), `store.analysis.waits.chain()` of one
 wait, and the plain-SQL `wait_chain` view for one root and over the whole session. Needs no root.
 
     .venv/bin/python benchmarks/bench_wait_chain.py [STEPS] [DB]   # default 5000 /tmp/bench_waits.db
@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from store import open_store, waits  # noqa: E402
-from store.report import explain  # noqa: E402
+from store import open_store  # noqa: E402
+from store.analysis import waits  # noqa: E402
+from store.report.build import explain  # noqa: E402
 
 MS = 1_000_000
 T0 = 10**12

@@ -1,4 +1,4 @@
-"""The `cluster_explain` MCP tool: the cluster view (store/cluster.py) for MCP clients.
+"""The `cluster_explain` MCP tool: the cluster view (store/cluster/__init__.py) for MCP clients.
 
 Which recordings it reads is the operator's choice, never the client's: the paths in
 $STALL_RECORDER_CLUSTER (separated by ':'; node recordings, folders of them, or Parquet exports),

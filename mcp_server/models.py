@@ -10,7 +10,7 @@ Conventions, checked by the models:
 - ``note`` appears only when there is something to say.
 
 explain_stall's report is `store.models.StallReport` (the same as `recorder explain --json`; JSON Schema
-in docs/report-schema.json), built and checked by store.report.explain. It is kept open here
+in docs/report-schema.json), built and checked by store.report.build.explain. It is kept open here
 (``extra="allow"``) because the text in it recorded from the traced machine is sent marked as data,
 which turns those strings into ``UntrustedText`` objects.
 """
@@ -75,7 +75,7 @@ class Sessions(Result):
 
 
 class ProcessInfo(Result):
-    """A recorded process and its place in the job, from its environment and cgroup (store/jobs.py);
+    """A recorded process and its place in the job, from its environment and cgroup (store/analysis/jobs.py);
     a field the process does not carry is null, never guessed."""
 
     process_id: int
@@ -124,7 +124,7 @@ class LayerStatus(Result):
 
 
 class DroppedByProbe(Result):
-    """Records of one kind the session lost (store/losses.py): its layer, what and why, and when."""
+    """Records of one kind the session lost (store/analysis/losses.py): its layer, what and why, and when."""
 
     probe: OptText
     dropped: int

@@ -1,6 +1,6 @@
 """Queries only the MCP tools need: listings and drill-downs over the store's tables and views.
 
-The stall report itself is store.report.explain(); these functions add the listings an assistant
+The stall report itself is store.report.build.explain(); these functions add the listings an assistant
 walks through (sessions, capabilities, kernel-log events, the rows behind a causal link) and answer
 for layers this recorder does not record yet by saying so, from the capability table, instead of
 returning numbers that do not exist. Times are ns of CLOCK_MONOTONIC (``*_ns``), with UTC next to them.
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from store import jobs
-from store.causes import all_steps, find_stalls
+from store.analysis import jobs
+from store.analysis.causes import all_steps, find_stalls
+from store.analysis.losses import losses
 from store.db import Store
+from store.db.rules import slow_call_rule, stall_rule
 from store.errors import UserError
-from store.listing import STALLS_ANALYSED
-from store.losses import losses
-from store.report import LAYERS, analyse_step, resolve_window, session_row, session_state, slow_calls, utc
-from store.rules import slow_call_rule, stall_rule
+from store.report.build import LAYERS, analyse_step, resolve_window, session_row, session_state, slow_calls, utc
+from store.report.listing import STALLS_ANALYSED
 
 MAX_LIMIT = 500
 SLOWEST_REQUESTS = 5  # per device and op in io_latency
@@ -146,7 +146,7 @@ def steps(store: Store, session_id: int | None, limit: int) -> dict:
 
 def stalled_steps(store: Store, session: dict, start: int, end: int, limit: int) -> tuple[list[dict], int]:
     """The stalled steps starting in [start, end), worst first, each with the primary cause the step
-    report gives it (store.report.analyse_step), and how many stalled steps the window holds."""
+    report gives it (store.report.build.analyse_step), and how many stalled steps the window holds."""
     stalls = find_stalls(store, session["id"], start, end)
     out = []
     for r in stalls[:limit]:

@@ -25,7 +25,7 @@ from mcp_server.cluster_tool import register_cluster_tool
 from mcp_server.schema import schema_text
 from store.db import Store, open_store
 from store.errors import UserError
-from store.report import explain
+from store.report.build import explain
 
 log = logging.getLogger("stall_recorder.mcp")
 

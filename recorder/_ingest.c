@@ -2,12 +2,12 @@
  *
  * drain_records() reads a ring of variable-size records (the pystacks ring) in one call,
  * join_known_stacks() joins the stack records seen before, and pack_cuda() makes cuda_call rows
- * from the cuda_events ring's records, packed for store._insert.
+ * from the cuda_events ring's records, packed for store.db._insert.
  *
  * Why: at 100k+ calls/s the recorder's one busy core spends ~1.5 us per call building a 19-value
  * Python tuple (struct unpacking, dictionary lookups, grid/block strings) and ~5 us binding it in
  * the sqlite3 module. Here a call costs three dictionary lookups and 192 bytes of packed
- * integers, and store._insert binds them without the GIL in the writer thread.
+ * integers, and store.db._insert binds them without the GIL in the writer thread.
  *
  * pack_cuda() does exactly what Session._cuda_rows does for a record whose thread, Python stack
  * and native stack are already known (the common case: a process makes the same calls from the

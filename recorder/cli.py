@@ -281,7 +281,7 @@ def _flight_options(args):
     """--keep and its companions as FlightOptions, or None without --keep."""
     from recorder.flight import FlightOptions, parse_size
     from recorder.incident_hook import HookOptions
-    from store.session import parse_duration
+    from store.db.session import parse_duration
 
     if not args.keep:
         if args.max_size:
@@ -448,7 +448,7 @@ def cmd_dump(args) -> int:
     from recorder.flight import incident_name, save_incident
     from store.db import open_store
     from store.flight import incidents_dir
-    from store.report import parse_duration, session_end, session_row
+    from store.report.build import parse_duration, session_end, session_row
 
     db = args.db.resolve()
     with open_store(db, readonly=True) as store:
@@ -482,7 +482,7 @@ def cmd_dump(args) -> int:
 
 def cmd_explain(args) -> int:
     from store.db import open_store
-    from store.report import explain, render_text
+    from store.report.build import explain, render_text
 
     with open_store(args.db, readonly=True) as store:
         report = explain(store, args.session, args.window, args.since, args.worst, args.step)
@@ -492,7 +492,7 @@ def cmd_explain(args) -> int:
 
 def cmd_steps(args) -> int:
     from store.db import open_store
-    from store.listing import render_steps, steps
+    from store.report.listing import render_steps, steps
 
     with open_store(args.db, readonly=True) as store:
         result = steps(store, args.session, slow_only=args.slow, limit=args.limit)
@@ -502,7 +502,7 @@ def cmd_steps(args) -> int:
 
 def cmd_top(args) -> int:
     from store.db import open_store
-    from store.listing import render_top, top
+    from store.report.listing import render_top, top
 
     with open_store(args.db, readonly=True) as store:
         result = top(store, args.session, limit=args.limit)
@@ -530,18 +530,18 @@ def cmd_export(args) -> int:
         raise UserError("--window and --step choose what --perfetto FILE exports: add --perfetto FILE")
     written = []
     if args.parquet:
-        from store.parquet_export import export_parquet
+        from store.exports.parquet import export_parquet
 
         result = export_parquet(args.db, args.parquet, args.session)
         written.append({"format": "parquet", **result})
     with open_store(args.db, readonly=True) as store:
         if args.perfetto:
-            from store.export_perfetto import export_perfetto
+            from store.exports.perfetto import export_perfetto
 
             written.append({"format": "perfetto", **export_perfetto(store, args.perfetto, args.session,
                                                                      args.window, args.step)})
         if args.datasette_metadata:
-            from store.datasette import export_datasette_metadata
+            from store.exports.datasette import export_datasette_metadata
 
             written.append({"format": "datasette-metadata",
                             **export_datasette_metadata(store, args.datasette_metadata)})
@@ -566,7 +566,7 @@ def cmd_export(args) -> int:
 
 def cmd_report(args) -> int:
     from store.db import open_store
-    from store.html_report import write_html
+    from store.report.html import write_html
 
     with open_store(args.db, readonly=True) as store:
         info = write_html(store, args.html, args.session, args.window, args.step)
@@ -581,7 +581,7 @@ def cmd_report(args) -> int:
 def cmd_demo(args) -> int:
     from recorder.demo import SCENARIOS, write_scenario
     from store.db import open_store
-    from store.report import explain, render_text
+    from store.report.build import explain, render_text
 
     if args.list:
         width = max(map(len, SCENARIOS))

@@ -1,4 +1,4 @@
-"""`recorder cluster explain|steps|demo`: the command line of the cluster view (store/cluster.py)."""
+"""`recorder cluster explain|steps|demo`: the command line of the cluster view (store/cluster/__init__.py)."""
 
 from __future__ import annotations
 

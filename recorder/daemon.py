@@ -145,7 +145,7 @@ def _reply_error(fd: int, message: str) -> None:
 def not_running(db: Path) -> UserError:
     """Why no recorder is running on `db`, as an error: one that stopped by itself (a full disk)
     or died (kill -9, a crash; its session is finalized here) is said, with what it left."""
-    from store.report import recording_end
+    from store.report.build import recording_end
 
     base = f"no recorder is running on {db}"
     if not db.exists():
@@ -180,7 +180,7 @@ def finalize_dead(db: Path) -> int | None:
         row = store.one("SELECT id, recorder_pid FROM session WHERE status = 'recording' ORDER BY id DESC LIMIT 1")
         if row is None:
             return None
-        from store.report import session_end
+        from store.report.build import session_end
 
         end = session_end(store, store.one("SELECT * FROM session WHERE id = ?", (row["id"],)))
         store.conn.execute("UPDATE session SET status = 'incomplete', stopped_ts = ?, stop_reason = ? "

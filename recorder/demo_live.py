@@ -19,7 +19,7 @@ from recorder.core.loader import check_privileges
 from recorder.daemon import record_command
 from store.db import open_store
 from store.errors import UserError
-from store.report import explain, render_text
+from store.report.build import explain, render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

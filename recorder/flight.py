@@ -1,7 +1,7 @@
 """The flight recorder: a session that keeps only its last minutes and saves the incidents by itself.
 
 `recorder start --keep 10m` runs a normal session whose Writer also deletes what fell out of the
-window (store/flight.py); once a second `FlightRecorder.tick()` looks for a trigger in what was
+window (store/flight/__init__.py); once a second `FlightRecorder.tick()` looks for a trigger in what was
 just written (a stalled step by the report's stall rule, marked or, for a process that marks none,
 inferred live as the report infers them (recorder/steps_live.py); on a thread with no steps either
 way a CUDA call slow against its own baseline (recorder/slow_calls.py); a kernel-log device error or
@@ -36,6 +36,7 @@ from recorder.slow_calls import SlowCallWatch
 from recorder.steps_infer import infer_steps
 from recorder.steps_live import InferredStepWatch
 from store.db import Store, open_store, sqlite_uri
+from store.db.rules import slow_call_rule, stall_rule
 from store.errors import UserError
 from store.flight import (
     Retention,
@@ -47,7 +48,6 @@ from store.flight import (
     used_bytes,
     wal_bytes,
 )
-from store.rules import slow_call_rule, stall_rule
 
 NS = 1_000_000_000
 VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
@@ -132,7 +132,7 @@ def incident_name(ts_unix_ns: int, trigger: str) -> str:
 def incident_facts(path: Path) -> dict:
     """What a saved incident's report says: {'stall', 'step', 'cause_kind', 'cause'} (None where it
     says nothing; an incident without a report, e.g. an empty window, is no stall)."""
-    from store.report import analyse
+    from store.report.build import analyse
 
     try:
         with open_store(path, readonly=True) as store:

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from store.analysis.losses import describe
 from store.errors import UserError
-from store.losses import describe
 
 INTERVAL_S = 5.0  # how often the file is rewritten while recording
 PREFIX = "stall_recorder_"
@@ -83,7 +83,7 @@ def check_metrics_path(path: Path) -> None:
 
 
 def loss_layer(probe: str) -> str:
-    """The layer a `loss.probe` name is of, as the loss report names it (store/losses.py)."""
+    """The layer a `loss.probe` name is of, as the loss report names it (store/analysis/losses.py)."""
     return describe(probe)[0]
 
 
@@ -169,7 +169,7 @@ def collect(s: Snapshot) -> list[Metric]:
             out.append(Metric("last_stall_step", "gauge", "the stalled step of the last stall (its marker's number)")
                        .add(stall["step"]))
         out.append(Metric("last_stall_cause_info", "gauge",
-                          "the primary cause kind of the last stall (store/causes.py kinds; value 1)")
+                          "the primary cause kind of the last stall (store/analysis/causes.py kinds; value 1)")
                    .add(1, cause_kind=stall["cause_kind"] or "none", trigger=stall["trigger"]))
     return out
 

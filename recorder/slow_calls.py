@@ -20,7 +20,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable
 
-from store.rules import SlowCallRule, StallRule
+from store.db.rules import SlowCallRule, StallRule
 
 BASELINE_SECONDS = 30
 

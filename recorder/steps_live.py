@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from recorder.steps_infer import Pattern, SyncCall, find_pattern, sync_call_rows
-from store.rules import StallRule
+from store.db.rules import StallRule
 from store.units import utc
 
 NS = 1_000_000_000

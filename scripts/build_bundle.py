@@ -322,7 +322,7 @@ def build(args: argparse.Namespace) -> Path:
     # unchecked-hash: the bytecode is used as built, whatever the files' times after unpacking
     run([str(out / "bin/python3"), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
          str(out / f"lib/python{PYVER}"), str(out / "lib/python3/dist-packages")], stdout=subprocess.DEVNULL)
-    run([str(out / "bin/python3"), "-c", "import bcc, recorder._ingest, recorder._markers, store._insert, "
+    run([str(out / "bin/python3"), "-c", "import bcc, recorder._ingest, recorder._markers, store.db._insert, "
          "pydantic, mcp, recorder.cli"])
     log(f"assembled {out.relative_to(ROOT)} ({du(out)}) in {time.monotonic() - t0:.0f} s")
     if args.no_tar:

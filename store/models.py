@@ -1,4 +1,4 @@
-"""The stall report as typed models: what store/analysis.py builds, store/render.py words and
+"""The stall report as typed models: what store/analysis/explain.py builds, store/report/render.py words and
 `recorder explain --json` prints (`StallReport.to_json()`). docs/report-schema.json is
 `StallReport.model_json_schema()`, checked by tests/test_report_model.py.
 
@@ -52,7 +52,7 @@ class NotObserved(Part):
 
 
 class LostData(Part):
-    """Records of one kind a layer lost in the report's window (store/losses.py): that layer was not
+    """Records of one kind a layer lost in the report's window (store/analysis/losses.py): that layer was not
     checked there, whatever it recorded."""
 
     layer: str
@@ -77,7 +77,7 @@ class Thread(Part):
     name: str | None = None
     process: str | None = None
     # its process's place in the job, from its environment and cgroup: 'rank 1 of 2 (local rank 1),
-    # torchrun run r42'; None when the process carries none (store/jobs.py)
+    # torchrun run r42'; None when the process carries none (store/analysis/jobs.py)
     job: str | None = None
 
 
@@ -336,7 +336,7 @@ class PythonLine(Part):
 
 
 class PrimaryCause(Part):
-    """A step's root cause (store/causes.py kinds, rows of cause_kind): what it is, how much of the
+    """A step's root cause (store/analysis/causes.py kinds, rows of cause_kind): what it is, how much of the
     stall it explains, its evidence and next actions, and the facts of its kind."""
 
     kind: str

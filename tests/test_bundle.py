@@ -118,7 +118,7 @@ def test_the_chroot_has_no_bcc_compiler_or_python_package_and_another_glibc(node
 
 def test_the_bundle_loads_nothing_from_the_node(node):
     """Every file the bundle's interpreter maps (with BCC and the recorder's extensions loaded) is the bundle's."""
-    code = ("import bcc, recorder._ingest, recorder._markers, store._insert, pydantic_core, sys\n"
+    code = ("import bcc, recorder._ingest, recorder._markers, store.db._insert, pydantic_core, sys\n"
             "maps = {l.split()[-1] for l in open('/proc/self/maps') if '/' in l}\n"
             "print(sys.version_info[:2], sys.prefix, sys.executable); print('\\n'.join(sorted(maps)))")
     r = in_chroot(str(node / "bin/python3"), "-c", code)

@@ -13,7 +13,7 @@ import pytest
 from conftest import q
 
 from recorder.demo import write_scenario
-from store.datasette import QUERIES
+from store.exports.datasette import QUERIES
 
 LINK = "session_id, from_table, from_id, relation, to_table, to_id, dur"
 

@@ -221,10 +221,10 @@ def test_mcp_cluster_explain_is_the_cli_json(job, monkeypatch):
 def test_materialised_nccl_views_give_the_report_the_same_rows(tmp_path):
     """A node's recording with 8 ranks and 1,040 collectives: the late rank's explanation reads the
     NCCL views from indexed temporary tables; every analysis must equal the one over the views."""
-    from store.causes import lookup_steps
+    from store.analysis.causes import lookup_steps
     from store.cluster import _materialise_nccl
     from store.db import open_store
-    from store.report import analyse_step, session_row
+    from store.report.build import analyse_step, session_row
 
     (db,) = write_cluster(tmp_path, ClusterSpec(nodes=1, steps=130, late_rank=3, stall_step=80_100))
     results = []
@@ -273,7 +273,7 @@ def test_parquet_export_names_ranks_by_their_job_identity_as_the_recordings_do(j
     rank, and takes the communicator's ranks from the environment, exactly as the SQLite files do."""
     import sqlite3
 
-    from store.parquet_export import export_parquet
+    from store.exports.parquet import export_parquet
 
     nodes, out = tmp_path / "nodes", tmp_path / "pq"
     nodes.mkdir()

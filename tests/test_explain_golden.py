@@ -20,7 +20,7 @@ import pytest
 
 from recorder.demo import SCENARIOS, write_scenario
 from store.db import open_store
-from store.report import explain, render_text
+from store.report.build import explain, render_text
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("STALL_RECORDER_UPDATE_GOLDEN") == "1"
@@ -115,7 +115,7 @@ def test_report_baselines_equal_the_views(name: str, tmp_path: Path) -> None:
     """The report reads step baselines from the views; listings compute them in one pass in Python
     (store/causes.all_steps) for speed. Both must give the same rows (tests/test_rules.py: under
     changed rules too)."""
-    from store.causes import all_steps, find_stalls, lookup_steps
+    from store.analysis.causes import all_steps, find_stalls, lookup_steps
 
     db = tmp_path / f"{name}.db"
     sid = write_scenario(name, db)

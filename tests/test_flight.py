@@ -319,7 +319,7 @@ def test_the_stall_trigger_infers_the_steps_of_a_process_that_marks_none(tmp_pat
     marks are watched instead) fire nothing; the pattern is searched a few times, not every second."""
     from recorder import steps_live
     from recorder.steps_live import InferredStepWatch
-    from store.rules import stall_rule
+    from store.db.rules import stall_rule
     from store.units import utc
 
     store, writer, _, sid = _recording(tmp_path / "inf.db")

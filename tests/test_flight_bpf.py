@@ -167,7 +167,7 @@ def _stalls_by_rule(db: Path, tid: int) -> set[str]:
     """The UTC starts of the inferred steps of a thread that the live rule calls stalls, computed on
     the recorded steps (those the stop inferred): each against the median of the steps before it."""
     from store.db import open_store
-    from store.rules import stall_rule
+    from store.db.rules import stall_rule
     from store.units import utc
 
     with open_store(db, readonly=True) as store:

@@ -19,8 +19,8 @@ from PIL import Image
 
 from recorder.demo import write_scenario
 from store.db import open_store
-from store.html_report import BASE, STALL
-from store.report import explain, render_text
+from store.report.build import explain, render_text
+from store.report.html import BASE, STALL
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Attributes through which a page makes the browser fetch something.
@@ -216,7 +216,7 @@ def test_step_window_stall_table_and_gpu_lane(pages, tmp_path):
     conn.execute("DELETE FROM step_mark")
     conn.commit()
     conn.close()
-    from store.html_report import write_html
+    from store.report.html import write_html
 
     page = tmp_path / "window.html"
     with open_store(db, readonly=True) as store:  # the CLI's --window, in this process (faster)

@@ -1,4 +1,4 @@
-"""The packed cuda_call path (recorder/_ingest.c + store/_insert.c) against the Python one, without
+"""The packed cuda_call path (recorder/_ingest.c + store/db/_insert.c) against the Python one, without
 BPF: the same cuda_event records through the CUDA layer's row building both ways give the same rows, and
 the packed writer stores exactly what executemany stores. The BPF tests (test_record_bpf.py and
 the rest) exercise the packed path end to end, as it is the default where it is built."""
@@ -24,7 +24,7 @@ from store.db import Writer, open_store, packed_inserter
 
 try:
     from recorder import _ingest  # noqa: F401
-    from store import _insert  # noqa: F401
+    from store.db import _insert  # noqa: F401
     BUILT = True
 except ImportError:
     BUILT = False
@@ -236,9 +236,9 @@ def test_a_packed_batch_that_does_not_fit_the_program_is_refused(tmp_path: Path)
 
 
 def test_without_the_extensions_there_is_no_packed_writer(tmp_path: Path, monkeypatch) -> None:
-    import store as store_package
+    import store.db as store_package
 
-    monkeypatch.setitem(sys.modules, "store._insert", None)  # import fails, as when not built
+    monkeypatch.setitem(sys.modules, "store.db._insert", None)  # import fails, as when not built
     monkeypatch.delattr(store_package, "_insert", raising=False)
     store = open_store(tmp_path / "plain.db", create=True)
     assert packed_inserter(store) is None

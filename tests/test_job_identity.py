@@ -1,5 +1,5 @@
 """A process's place in its job, from its environment and cgroup path (recorder/core/job.py), and
-the phrase reports print (store/jobs.py). No root needed: the texts are the kernel's formats."""
+the phrase reports print (store/analysis/jobs.py). No root needed: the texts are the kernel's formats."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from recorder.core.job import job_identity, parse_environ, read_job_identity
-from store.jobs import job_label
+from store.analysis.jobs import job_label
 
 TORCHRUN = {"RANK": "17", "LOCAL_RANK": "1", "WORLD_SIZE": "32", "MASTER_ADDR": "10.0.0.3", "MASTER_PORT": "29500",
             "TORCHELASTIC_RUN_ID": "4711"}

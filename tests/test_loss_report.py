@@ -12,9 +12,9 @@ import pytest
 from conftest import run_recorder
 
 from recorder.demo import write_scenario
+from store.analysis.losses import describe
 from store.db import open_store
-from store.losses import describe
-from store.report import analyse
+from store.report.build import analyse
 from store.units import utc
 
 NS = 1_000_000_000

@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import MEMORY_V1, RECORDER, ROOT, cgroup_v1, needs_bpf, q, run_recorder, workload_output
 
-from store import causes
+from store.analysis import causes
 from store.db import open_store
 
 pytestmark = [needs_bpf, pytest.mark.bpf]

@@ -12,10 +12,10 @@ import pytest
 from pydantic import ValidationError
 
 from recorder.demo import write_scenario
-from store.analysis import analyse
+from store.analysis.explain import analyse
 from store.db import open_store
 from store.models import CallReport, StallReport, StepReport, json_schema
-from store.report import render_text
+from store.report.build import render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "docs" / "report-schema.json"

@@ -7,9 +7,9 @@ import sqlite3
 from pathlib import Path
 
 from recorder.demo import write_scenario
-from store.analysis import analyse
+from store.analysis.explain import analyse
 from store.db import open_store
-from store.render import render_text
+from store.report.render import render_text
 
 
 def test_a_request_below_its_devices_p99_is_not_called_slow(tmp_path: Path) -> None:

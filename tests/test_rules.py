@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from recorder.demo import write_scenario
-from store import causes
+from store.analysis import causes
 from store.db import open_store
-from store.report import explain, render_text
+from store.report.build import explain, render_text
 from tests.conftest import q
 
 STALL_KEYS = ("step_mark_id", "dur", "baseline_dur", "baseline_steps", "excess_dur", "ratio", "slow")
@@ -154,7 +154,7 @@ def test_every_mapped_cause_is_a_known_cause_kind(contention: tuple[Path, int]) 
 
 
 def test_the_listings_quote_the_stored_rule(contention: tuple[Path, int]) -> None:
-    from store.listing import render_steps, render_top, steps, top
+    from store.report.listing import render_steps, render_top, steps, top
 
     db, sid = contention
     with open_store(db, readonly=True) as store:

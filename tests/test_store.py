@@ -7,7 +7,7 @@ import pytest
 
 from store import SCHEMA_VERSION, StoreError, open_store
 from store.db import APPLICATION_ID
-from store.report import explain, render_text
+from store.report.build import explain, render_text
 
 
 def test_new_database_is_migrated_and_marked(tmp_path):

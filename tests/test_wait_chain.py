@@ -1,6 +1,6 @@
 """The wait-chain views on a recording written row by row (no BPF needed): wait_hop picks the waker's
 wait that overlapped the wait most, wait_chain follows the hops to wait_chain_rule.max_depth, a sleep
-is never followed, causal_link has a 'woken_after' row per hop, and store.waits.chain() (what a
+is never followed, causal_link has a 'woken_after' row per hop, and store.analysis.waits.chain() (what a
 report uses) gives the view's rows. tests/test_waits_bpf.py makes the same chains on real BPF."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import q
 
 from recorder.demo import MS, T0, Synth
-from store import waits
+from store.analysis import waits
 from store.db import open_store
 
 

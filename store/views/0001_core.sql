@@ -168,7 +168,7 @@ JOIN thread_info t ON t.thread_id = c.thread_id;
 -- CUDA calls that took at least slow_call_rule.ratio (2) x their baseline and min_excess_dur
 -- (200 us) more, over a baseline of at least min_baseline_calls (3) calls: the thresholds are the
 -- row of slow_call_rule (migration 0010), so a report quotes what it applied. A call that had not
--- returned at the stop (open = 1; also reported as a hang, store/hangs.py) is slow once the time it
+-- returned at the stop (open = 1; also reported as a hang, store/analysis/hangs.py) is slow once the time it
 -- had been in flight is: its dur is a lower bound.
 -- blocked_dur: ns of the call off-CPU but not waiting for a CPU (sleeping, I/O, futex).
 CREATE VIEW slow_cuda_call AS

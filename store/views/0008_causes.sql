@@ -6,7 +6,7 @@
 -- Xid, AER, IOMMU faults, SWIOTLB). causal_link joins them into one drill-down graph.
 -- Every per-step view is keyed by step_mark_id and finds its rows through (thread_id, ts) indexes,
 -- so `WHERE step_mark_id = ?` is cheap on large sessions. The thresholds and maps are the
--- tables of migration 0010 (stall_rule, device_event_cause...); store/analysis.py reads these views.
+-- tables of migration 0010 (stall_rule, device_event_cause...); store/analysis/explain.py reads these views.
 
 -- view: step_baseline
 -- Every step with its baseline: the median duration of up to 10 steps before and 10 complete steps
@@ -81,7 +81,7 @@ FROM (
 ) b;
 
 -- view: stall
--- The stalled steps (slow = 1) of step_baseline. A report finds them faster (store/causes.py
+-- The stalled steps (slow = 1) of step_baseline. A report finds them faster (store/analysis/causes.py
 -- find_stalls): it looks up in step_baseline_lookup only the steps at least stall_rule.ratio x the
 -- shortest of their neighbours (the median is never below the minimum), which decides.
 CREATE VIEW stall AS

@@ -133,7 +133,7 @@ WHERE o.state NOT IN (0, 256);
 -- thread ended) followed through its wakers: depth 0 is the wait itself, depth n the wait of the
 -- thread that woke depth n-1 before it did, up to wait_chain_rule.max_depth. The last row of a root
 -- is the end of the chain, the wait that explains the others. A recursive query: ask for one root
--- (`WHERE root_offcpu_id = ?`) on a large session, as a report does (store/waits.py).
+-- (`WHERE root_offcpu_id = ?`) on a large session, as a report does (store/analysis/waits.py).
 CREATE VIEW wait_chain AS
 WITH RECURSIVE chain(root_offcpu_id, depth, offcpu_id, woke_offcpu_id) AS (
     SELECT h.offcpu_id, 0, h.offcpu_id, NULL

@@ -4,8 +4,8 @@ always carry the same content."""
 
 from __future__ import annotations
 
+from store.db.session import STEP_LAYERS
 from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
-from store.session import STEP_LAYERS
 from store.units import NS, ms
 
 Report = StallReport | StepReport | CallReport | dict

@@ -1,7 +1,7 @@
 """Why a step was slow: the step's breakdown by cause against its neighbours, and the evidence.
 
 The numbers come from the views in store/views/0008_causes.sql (step_cause and the step_* link
-views) and the rules from the tables of store/migrations/0010_rules.sql (store/rules.py); this
+views) and the rules from the tables of store/migrations/0010_rules.sql (store/db/rules.py); this
 module decides which cause made the step slow and gathers what a report says about it. A cause's
 share of a stall is its time in the step minus its median time in the neighbouring steps (the
 same 20 steps the step's baseline is taken over): 300 ms asleep in a synchronisation
@@ -13,7 +13,7 @@ from __future__ import annotations
 from statistics import median
 
 from store.db import Store
-from store.rules import CauseRule, StallRule, cause_rule, stall_rule
+from store.db.rules import CauseRule, StallRule, cause_rule, stall_rule
 
 IO_REASONS = ("io", "uninterruptible")
 
@@ -198,8 +198,8 @@ def wait_candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
     """Causes found by following the step's waits to other threads and processes: a wait on the GIL
     (gil_wait, the thread that held it), retransmits on the process's own connections during a poll
     or read (tcp_retransmit), and a wait ended by a thread that was itself waiting (wait_chain, to
-    the end of the chain: store/waits.py)."""
-    from store import waits
+    the end of the chain: store/analysis/waits.py)."""
+    from store.analysis import waits
 
     sid = step["step_mark_id"]
     out: list[dict] = []

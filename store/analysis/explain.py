@@ -1,20 +1,18 @@
 """The analysis behind a stall report: queries of the views (store/views/) and the rules
-(store/rules.py) into a typed report (store/models.py, `analyse()`). It decides which call or step
+(store/db/rules.py) into a typed report (store/models.py, `analyse()`). It decides which call or step
 is the stall, which cause explains it and with what evidence, and states it in sentences (summary,
-symptom, negatives); store/render.py turns the result into text.
+symptom, negatives); store/report/render.py turns the result into text.
 """
 
 from __future__ import annotations
 
-from store.actions import CALL_ACTIONS, STEP_ACTIONS, fill
+from store.analysis.actions import CALL_ACTIONS, STEP_ACTIONS, fill
+from store.analysis.hangs import hang_facts
+from store.analysis.jobs import process_job
+from store.analysis.losses import losses, lossy_layers, wording
 from store.db import Store
-from store.errors import UserError
-from store.hangs import hang_facts
-from store.jobs import process_job
-from store.losses import losses, lossy_layers, wording
-from store.models import CallReport, Hang, StallReport, StepReport
-from store.rules import cause_rule, slow_call_rule, stall_rule
-from store.session import (
+from store.db.rules import cause_rule, slow_call_rule, stall_rule
+from store.db.session import (
     STEP_LAYERS,
     has_steps,
     recording_end,
@@ -23,6 +21,8 @@ from store.session import (
     session_row,
     session_state,
 )
+from store.errors import UserError
+from store.models import CallReport, Hang, StallReport, StepReport
 from store.units import NS, ms, utc
 
 SLOW_LIMIT = 5  # slow calls listed in a report
@@ -207,7 +207,7 @@ def explain(store: Store, session_id: int | None = None, window: str | None = No
 
 def _session_notes(store: Store, sid: int) -> dict:
     """What the session line needs said: {'incident': what saved it} for an incident recording
-    (store/flight.py); {'ended': ...} for a recording nobody stopped (a full disk, a recorder that
+    (store/flight/__init__.py); {'ended': ...} for a recording nobody stopped (a full disk, a recorder that
     died); {'window_kept': ...} for a flight recording whose window was shorter than
     --keep because of --max-size."""
     out = {}
@@ -407,12 +407,12 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
 
 # == step reports ====================================================================================
 # A session whose threads mark steps (recorder.step, or inferred) is explained step by step: the
-# stalled step, its breakdown by cause against its neighbours (store/causes.py), the root cause
+# stalled step, its breakdown by cause against its neighbours (store/analysis/causes.py), the root cause
 # and its evidence down to the device event and the Python line.
 
 
 def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
-    from store.causes import lookup_steps
+    from store.analysis.causes import lookup_steps
 
     rows = lookup_steps(store, sid, number)
     if not rows:
@@ -509,7 +509,7 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
     disk = request.get("device")
     dur = cand["dur_ns"]
     facts: dict = {"kind": kind, "dur_ns": dur, "excess_dur_ns": cand["excess_dur_ns"]}
-    context: dict = {}  # what the next actions name besides the facts (store/actions.py)
+    context: dict = {}  # what the next actions name besides the facts (store/analysis/actions.py)
     path: list[str] = []
     io_path = []
     if syscall:
@@ -559,7 +559,7 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                                 f"; the thread waited {ms(dur)} for I/O")
         path = io_path + [f"{kind.replace('_', ' ')} on {device}"]
     elif kind in ("slow_io", "io_queued", "io_throttled", "blocked_io"):
-        from store.causes import percentile
+        from store.analysis.causes import percentile
 
         pct = percentile(store, step["session_id"], request) if kind == "slow_io" else {}
         facts.update(device=disk, percentile=pct)
@@ -652,7 +652,7 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                                 "on the CPU inside the library (driver or device wait)" + _graph_detail(store, c))
         path = [f"{c.get('api')}", "on-CPU in the CUDA library"]
     elif kind == "wait_chain":
-        from store import waits
+        from store.analysis import waits
 
         hops = cand["chain"]
         end = hops[-1]
@@ -814,7 +814,7 @@ def gpu_text(gpu: dict) -> str:
 
 def analyse_step(store: Store, session: dict, step: dict) -> dict:
     """Everything a report says about one step (stalled or not)."""
-    from store import causes
+    from store.analysis import causes
 
     sid = session["id"]
     off = session["wall_offset_ns"]
@@ -910,7 +910,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
     if step is not None:
         rows = _step_rows(store, sid, step)
     else:
-        from store.causes import find_stalls
+        from store.analysis.causes import find_stalls
 
         stalls = find_stalls(store, sid, start, end)
         rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []

@@ -28,7 +28,7 @@ import sqlite_utils
 
 from store.errors import StoreError
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # store/: migrations/, views/ and indexes/ live there
 
 
 def _bind_none(value: None) -> None:
@@ -76,14 +76,14 @@ def _sqlite_library() -> str | None:
 
 
 def packed_inserter(store: Store) -> Callable | None:
-    """store._insert.insert bound to this process's SQLite when it is safe to use on
+    """store.db._insert.insert bound to this process's SQLite when it is safe to use on
     `store.conn` (the extension is built, the sqlite3 module links SQLite as a shared library,
     CPython's connection object has its known layout, and SQLite confirms the handle is this
     store's), else None: Writer.extend_packed is then not offered and callers build tuples."""
     if store.readonly or not (3, 8) <= sys.version_info[:2] <= (3, 14):
         return None
     try:
-        from store import _insert
+        from store.db import _insert
     except ImportError:
         return None
     lib = _sqlite_library()
@@ -471,7 +471,7 @@ class Writer:
         # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
         self.txn_rows: int | None = None
         # called (with the writer's connection and the piece's row count) before each piece of a
-        # batch is inserted: where a size bound deletes old rows to make room (store/flight.py)
+        # batch is inserted: where a size bound deletes old rows to make room (store/flight/__init__.py)
         self.make_room: Callable[[sqlite3.Connection, int], None] | None = None
         # the write-ahead log's size past which a commit checkpoints it and truncates it at once
         # (a reader that held it back from the automatic checkpoints lets it grow), None: never
@@ -503,13 +503,13 @@ class Writer:
 
     @property
     def packs(self) -> bool:
-        """Whether extend_packed() can be used (store._insert is built and safe here)."""
+        """Whether extend_packed() can be used (store.db._insert is built and safe here)."""
         return self._insert_packed is not None
 
     def packed_table(self, name: str, program: str) -> None:
         """Declare how packed rows of table `name` (declared with table()) become its columns:
         a letter per column, 'i' one integer slot, 'd' three slots as 'x,y,z' text
-        (store/_insert.c)."""
+        (store/db/_insert.c)."""
         cols = self._columns[name]
         if len(program) != len(cols):
             raise ValueError(f"{name}: the program has {len(program)} columns, the table {len(cols)}")

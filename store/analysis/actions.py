@@ -1,5 +1,5 @@
 """The recommended next actions of a report, as a table: per cause kind, the steps to take, each a
-template filled from the facts the analysis found (store/analysis.py builds the context).
+template filled from the facts the analysis found (store/analysis/explain.py builds the context).
 
 A template is a plain str.format string. An entry given as (template, key) is included only when
 the context's `key` is set (the OOM kill to restart after memory reclaim, the call's syscall).
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 Action = str | tuple[str, str]
 
-# A step's root cause (store/causes.py kinds) -> its next actions.
+# A step's root cause (store/analysis/causes.py kinds) -> its next actions.
 STEP_ACTIONS: dict[str, list[Action]] = {
     "nvme_timeout": [
         "Read the drive's health and error log: nvme smart-log /dev/{controller}; nvme error-log /dev/{controller} "

@@ -4,7 +4,7 @@ Real jobs span hosts and each host records itself (one SQLite file per node, pos
 ranks each). This module reads many recordings without copying them into one file, lines their
 ranks up through the NCCL communicator (`nccl_comm.comm_hash` is equal on every rank) and the step
 numbers the ranks mark, names the rank(s) that entered the step's collective late (or never),
-and asks each late rank's own recording why (`store.report.explain`).
+and asks each late rank's own recording why (`store.report.build.explain`).
 
 The engine is DuckDB, embedded: the few columns the alignment needs (communicators, collective
 calls, stream synchronisations, step marks) are read from each SQLite file with Python's sqlite3
@@ -29,13 +29,13 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from store import jobs
+from store.analysis import jobs
 from store.db import damaged, damaged_message
 from store.errors import UserError
 
 NS = 1_000_000_000
 NEIGHBOURS = 10  # steps on each side for a cluster step's baseline, as for one recording
-STALL_RATIO = 1.5  # as store.causes: a stall is 1.5x the rolling median ...
+STALL_RATIO = 1.5  # as store.analysis.causes: a stall is 1.5x the rolling median ...
 STALL_MIN_EXCESS = 1_000_000  # ... and 1 ms more
 LATE_SHARE = 0.5  # a rank is late when it entered at least half as late as the latest one ...
 LATE_MIN_NS = 1_000_000  # ... and at least 1 ms after the first rank ...
@@ -614,9 +614,9 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
 
 def rank_explanation(rec: Recording, process_id: int, step: int) -> dict:
     """Why one rank was slow in `step`, from its own recording (the per-recording report)."""
-    from store.causes import lookup_steps
+    from store.analysis.causes import lookup_steps
     from store.db import open_store
-    from store.report import analyse_step, explain, session_row
+    from store.report.build import analyse_step, explain, session_row
 
     if rec.db is None or not Path(rec.db).is_file():
         return {"available": False,
@@ -687,13 +687,13 @@ def _materialise_nccl(store) -> None:
 
 
 def _ms(ns: float | int | None) -> str:
-    from store.report import ms
+    from store.report.build import ms
 
     return ms(ns)
 
 
 def _utc(ns: int) -> str:
-    from store.report import utc
+    from store.report.build import utc
 
     return utc(ns)
 

@@ -1,6 +1,6 @@
 """`recorder report --html FILE`: the stall report as one self-contained page with plots.
 
-The page holds the text report (`store.report.explain` + `render_text`, the same content as
+The page holds the text report (`store.report.build.explain` + `render_text`, the same content as
 `recorder explain`), the step durations against their rolling baseline with the stalls marked, the
 stalled step's breakdown by cause, per-device block latency percentiles and the stalled step's
 timeline across layers (steps, CUDA, NCCL, off-CPU, block requests, kernel events), with the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from store.db import Store
 from store.errors import UserError
-from store.report import explain, ms, render_text, session_row
+from store.report.build import explain, ms, render_text, session_row
 
 STALL = "#d62728"       # stalls, slow rows
 BASE = "#1f77b4"        # ordinary steps
@@ -247,7 +247,7 @@ def first_event_ts(store: Store, sid: int, a: int, b: int) -> int | None:
 def stall_rows(store: Store, sid: int, a: int, b: int, limit: int = MAX_STALL_ROWS) -> tuple[list[dict], int]:
     """The stalled steps starting in [a, b), worst first, each with its primary cause and Python
     line (the report of that step): at most `limit`, and how many there are in all."""
-    from store.causes import find_stalls
+    from store.analysis.causes import find_stalls
 
     stalls = find_stalls(store, sid, a, b)
     out = []
@@ -339,7 +339,7 @@ def build_html(store: Store, session_id: int | None = None, window: str | None =
             if other:
                 threads = [(row["thread_id"], f"pid {step['thread']['pid']}"),
                            (other["thread_id"], f"rank {late['rank']} pid {late['pid']}")]
-    from store.session import resolve_window
+    from store.db.session import resolve_window
 
     lo_ts, hi_ts = resolve_window(store, session, window)
     stalls, total = stall_rows(store, sid, lo_ts, hi_ts)

@@ -159,7 +159,7 @@ def schema_docs() -> dict[str, dict]:
     """{name: {kind, description, columns: {column: comment}}} from the schema's SQL comments."""
     docs: dict[str, dict] = {}
     for folder in ("migrations", "views"):
-        for path in sorted((Path(__file__).parent / folder).glob("*.sql")):
+        for path in sorted((Path(__file__).resolve().parent.parent / folder).glob("*.sql")):
             cur: dict | None = None
             in_body = False
             for line in path.read_text().splitlines():

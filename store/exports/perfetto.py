@@ -27,7 +27,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from store.db import Store
 from store.errors import UserError
-from store.report import resolve_window, session_end, session_row
+from store.report.build import resolve_window, session_end, session_row
 
 SEQ_ID = 1  # every packet is written on one sequence
 

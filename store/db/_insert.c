@@ -1,4 +1,4 @@
-/* store._insert: write packed integer rows into a table through the connection Python's sqlite3
+/* store.db._insert: write packed integer rows into a table through the connection Python's sqlite3
  * module already holds, without a Python object per value and without the GIL.
  *
  * Why: a cuda_call row costs ~3 us through sqlite3.Connection.executemany on a small VM, and as
@@ -350,7 +350,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "store._insert",
+    PyModuleDef_HEAD_INIT, "store.db._insert",
     "Packed integer rows into SQLite through the sqlite3 module's own connection.", -1, methods,
 };
 

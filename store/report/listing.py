@@ -5,10 +5,10 @@ Both return plain dicts (the --json output) and render them as text tables.
 
 from __future__ import annotations
 
-from store.causes import all_steps, find_stalls
+from store.analysis.causes import all_steps, find_stalls
 from store.db import Store
-from store.report import analyse_step, ms, session_row, utc
-from store.rules import stall_rule
+from store.db.rules import stall_rule
+from store.report.build import analyse_step, ms, session_row, utc
 
 CAUSES_LISTED = 200  # stalls whose cause `steps --slow` works out (each is a few queries)
 STALLS_ANALYSED = 100  # stalls `top` attributes to lines and devices

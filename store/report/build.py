@@ -1,16 +1,16 @@
 """The stall report: what `recorder explain` prints and the MCP server returns.
 
 The work is split by concern; this module keeps the names other code imports:
-- store/session.py: which session and window a report is about, and the layers it observed;
-- store/analysis.py: the queries of the views and rules that build the report (`analyse` gives the
+- store/db/session.py: which session and window a report is about, and the layers it observed;
+- store/analysis/explain.py: the queries of the views and rules that build the report (`analyse` gives the
   typed StallReport of store/models.py, `explain` its JSON);
-- store/actions.py: the recommended next actions, a table per cause kind;
-- store/render.py: the report as text (`render_text`).
+- store/analysis/actions.py: the recommended next actions, a table per cause kind;
+- store/report/render.py: the report as text (`render_text`).
 """
 
 from __future__ import annotations
 
-from store.analysis import (
+from store.analysis.explain import (
     OTHER_STALLS,
     SLOW_LIMIT,
     analyse,
@@ -19,9 +19,7 @@ from store.analysis import (
     explain_steps,
     slow_calls,
 )
-from store.models import StallReport
-from store.render import render_step_text, render_text
-from store.session import (
+from store.db.session import (
     LAYERS,
     STEP_LAYERS,
     has_steps,
@@ -32,6 +30,8 @@ from store.session import (
     session_row,
     session_state,
 )
+from store.models import StallReport
+from store.report.render import render_step_text, render_text
 from store.units import NS, ms, utc
 
 __all__ = [

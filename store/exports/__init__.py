@@ -1,0 +1,1 @@
+"""Exports of a recording to other tools: Perfetto, Parquet, Datasette."""

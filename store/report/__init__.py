@@ -1,0 +1,1 @@
+"""The report: its model, how it is built from the analysis, and its text, HTML and listing forms."""
