@@ -170,7 +170,8 @@ class Timers:
         self.poll_s = self.stacks_s = self.pack_s = self.rows_s = self.write_s = 0.0
         self.last_commit = 0.0
         probes, writer, stacks = session.probes, session.writer, session.stacks
-        poll, cuda_rows, flush, add = probes.poll, session.cuda._cuda_rows, writer.flush, stacks.add
+        cuda = next(layer for layer in session.layers if layer.name == "cuda")
+        poll, cuda_rows, flush, add = probes.poll, cuda._cuda_rows, writer.flush, stacks.add
 
         def timed_poll(timeout_ms: int) -> None:
             t = time.perf_counter()
@@ -195,7 +196,7 @@ class Timers:
             self.write_s += self.last_commit - t
             return n
 
-        pack = session.cuda._pack_cuda_rows
+        pack = cuda._pack_cuda_rows
 
         def timed_pack(joined: bytes) -> bytes:
             t = time.perf_counter()
@@ -204,9 +205,9 @@ class Timers:
             return rest
 
         probes.poll = timed_poll
-        session.cuda._pack_cuda_rows = timed_pack
+        cuda._pack_cuda_rows = timed_pack
         stacks.add = timed_add
-        session.cuda._cuda_rows = timed_rows
+        cuda._cuda_rows = timed_rows
         writer.flush = timed_flush
 
 

@@ -82,19 +82,18 @@ class Child:
 
 
 def measure(round_trips: int, depth: int, reps: int) -> dict:
-    from recorder.core import events
     from recorder.core.loader import Probes, TargetSpec
-    from recorder.layers import bpf_sources, cuda
-    from recorder.layers.sched import set_offcpu_stacks
+    from recorder.layers import bpf_sources, cuda, definitions
+    from recorder.layers.sched import OFFCPU, set_offcpu_stacks
 
     cpu = max(os.sched_getaffinity(0))
     child = Child(cpu, depth)
     try:
         child.run(round_trips)  # warm-up
         unloaded = statistics.median(child.run(round_trips) for _ in range(reps))
-        probes = Probes(TargetSpec(pids=()), bpf_sources(), [cuda.bpf_programs()])
+        probes = Probes(TargetSpec(pids=()), bpf_sources(), [cuda.bpf_programs()], definitions=definitions())
         records = {"blocked": 0, "preempted": 0, "pystack": 0}
-        state_at = events.OFFCPU.offsets()["state"]
+        state_at = OFFCPU.offsets()["state"]
 
         def offcpu(data: bytes) -> None:
             state = int.from_bytes(data[state_at:state_at + 8], "little")

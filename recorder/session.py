@@ -20,12 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recorder.core import events
 from recorder.core.capability import CAPABILITY_COLUMNS
 from recorder.core.clock import now_ns
 from recorder.core.identity import Identity
-from recorder.core.layer import Context, Layer
-from recorder.core.libraries import cuda_library_kind, gpu_libraries, resolve, workload_library_kind
+from recorder.core.layer import Context, Layer, Phase, ProcessHooks
 from recorder.core.loader import Probes, TargetSpec
 from recorder.core.processes import (
     all_processes,
@@ -39,20 +37,15 @@ from recorder.core.settings import Settings
 from recorder.core.stacks import StackRecorder
 from recorder.errors import TargetError, UserError
 from recorder.flight import FlightOptions, FlightRecorder
-from recorder.layers.checkpoint import CheckpointLayer
-from recorder.layers.cuda import CudaLayer
-from recorder.layers.gpu import GpuLayer, GpuSettings
-from recorder.layers.io.layer import IoLayer
-from recorder.layers.kmsg.layer import KernelLog
-from recorder.layers.sched import SchedLayer
-from recorder.layers.task import TaskHooks, TaskLayer
-from recorder.layers.workload.layer import WorkloadLayer
+from recorder.layers import LAYERS, definitions
 from recorder.metrics import MetricsFile, Snapshot, loss_layer
 from recorder.steps_infer import infer_steps
 from store.db import Store, Writer, cannot_write, lock_path, open_store
 from store.flight import file_bytes
 
 VERSION = "0.1.0"
+# the session's own `loss.probe` word: (layer, kind, word, what, why) of layer_vocabulary
+UNEXPECTED_SIZE = ("recorder", "loss", "ring record of unexpected size", "ring records", "unexpected size")
 FLUSH_INTERVAL_S = 0.1
 HOUSEKEEPING_INTERVAL_S = 1.0
 
@@ -108,13 +101,13 @@ class Session:
     """A recording in progress. Use `Session.begin(...)`, then `run()` and `finish()`.
 
     The session owns what no layer owns (the lock, the session row, the writer, the thread identity,
-    the stack recorder, finding target processes and their libraries) and drives the layers through
-    the contract of recorder/core/layer.py. The order of the layers, and of each batch's steps,
-    is written in `layer_order()` and `flush_steps()`.
+    the stack recorder, finding target processes) and drives every layer of the registry
+    (recorder/layers/__init__.py `LAYERS`) through the hooks of recorder/core/layer.py, naming none:
+    the layers' order is the registry's, each batch's is their `flush_phase` (`flush()`).
     """
 
     def __init__(self, db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
-                 described_target: str | None = None, gpu: GpuSettings | None = None,
+                 described_target: str | None = None,
                  settings: Settings | None = None, flight: FlightOptions | None = None,
                  metrics_file: Path | None = None) -> None:
         self.db_path = db
@@ -132,9 +125,8 @@ class Session:
         # that the rescan reads the maps of the new ones only
         self.checked: set[int] = set()
         self.stopping = False
-        self.gpu_settings = gpu
         self.settings = settings
-        self.gpu: GpuLayer | None = None
+        self.layers: list[Layer] = []
         self.flight_options = flight
         self.flight: FlightRecorder | None = None  # with --keep: the window kept, incidents saved
         self.metrics = MetricsFile(metrics_file) if metrics_file else None  # --metrics-file
@@ -144,7 +136,6 @@ class Session:
     def begin(self) -> dict:
         """Lock, create the session, attach everything; returns the attach summary."""
         settings = self.settings or Settings.from_environment()
-        gpu_settings = self.gpu_settings or GpuSettings.from_settings(settings)
         self._take_lock()
         for pid in (*self.target.pids, *self.target.trees):
             check_target_pid(pid)
@@ -165,15 +156,20 @@ class Session:
         self.writer.table("loss", ("session_id", "ts", "probe", "dropped"))
         self.writer.table("library", ("session_id", "path", "kind", "first_ts", "found_by"))
         self.writer.table("incident", ("session_id", "ts", "trigger", "detail", "start_ts", "end_ts", "file"))
+        self.writer.table("layer_vocabulary", ("session_id", "layer", "kind", "word", "what", "why"))
         self.identity = Identity(self.store, self.writer, self.session_id)
         self.context = Context(self.store, self.writer, self.session_id, started, self.identity,
-                               self.counters.events)
-        self.layers = self.layer_order(settings, gpu_settings)
+                               self.counters.events, settings=settings,
+                               processes=ProcessHooks(scan=self._scan_process, known=self.known_pids.__contains__,
+                                                      exited=self._process_exited, dlopen=self._dlopen))
+        self.layers = [layer(self.context) for layer in LAYERS]
+        self._write_vocabulary()
         for layer in self.layers:
             layer.prepare()
         try:
             self.probes = Probes(self.target, [s for layer in self.layers for s in layer.sources],
-                                 [text for layer in self.layers if (text := layer.bpf_text())], settings)
+                                 [text for layer in self.layers if (text := layer.bpf_text())], settings,
+                                 definitions=definitions())
         except UserError:
             self._abandon()
             raise
@@ -188,10 +184,7 @@ class Session:
             if not Path(path).exists():
                 raise TargetError(f"--cuda-lib {path} does not exist: pass the path of libcudart.so, libcuda.so "
                                   "or libnccl.so")
-            if workload_library_kind(path):
-                self.workload.attach_library(path, workload_library_kind(path), "option")
-                continue
-            self.cuda.found(path, cuda_library_kind(path) or "runtime", "option")
+            any(layer.named_library(path) for layer in self.layers)  # the first that takes it
         sinks = {"pystacks": self.pystacks.append}
         blocks: dict[str, int] = {}
         for layer in self.layers:
@@ -202,12 +195,12 @@ class Session:
             self._attach_process(pid, "maps", started, worth_configuring(pid))
         self._rescan_members("maps")
         try:
-            self.gpu.start()
+            for layer in self.layers:
+                layer.start()
         except UserError:
             self._abandon()
             raise
         self._store_capabilities()
-        self.gpu.flush()
         self.writer.flush()
         if self.flight_options:
             self.flight = FlightRecorder(self, self.flight_options)
@@ -216,43 +209,18 @@ class Session:
         self.write_metrics(force=True)
         return self.summary_at_start()
 
-    def layer_order(self, settings: Settings, gpu_settings: GpuSettings) -> list[Layer]:
-        """Every layer of a session, in the order they compile, attach and open their rings."""
-        ctx = self.context
-        self.sched = SchedLayer(ctx, settings.offcpu_stacks, settings.offcpu_stack_min_us)
-        self.task = TaskLayer(ctx, TaskHooks(scan=self._scan_process, known=self.known_pids.__contains__,
-                                             exited=self._process_exited, dlopen=self._dlopen))
-        self.cuda = CudaLayer(ctx)
-        self.io = IoLayer(ctx)
-        self.checkpoints = CheckpointLayer(ctx)
-        self.workload = WorkloadLayer(ctx)  # its BPF text last: it uses what the layers before define
-        self.kernel_log = KernelLog(ctx)
-        self.gpu = GpuLayer(ctx, gpu_settings)  # sampling starts once the rings are open
-        return [self.sched, self.task, self.cuda, self.io, self.checkpoints, self.workload, self.kernel_log,
-                self.gpu]
+    def in_phase_order(self) -> list[Layer]:
+        """The layers in the order of their `flush_phase`, registry order within one."""
+        return sorted(self.layers, key=lambda layer: layer.flush_phase)
 
-    def flush_steps(self) -> tuple[Callable[[], None], ...]:
-        """One batch, in this order (each step's reason is what the next one needs)."""
-        return (
-            # forks and execs first, so this batch's events of a new process image get its identity
-            self.task.flush,
-            self._add_stacks,  # stack records before the events: each event's stack came before it
-            self.sched.flush,
-            self.cuda.flush,
-            self.workload.flush,  # before the exits below: an exit retires the thread's identity
-            self.checkpoints.flush,
-            self.io.flush,  # also before: a thread's block requests complete before it exits
-            # exits one flush late: rows held back for their stack record are written in the next
-            # flush, and a process's exit drops its stack caches (StackRecorder.exited); thread
-            # identities outlive exits anyway (Identity.departed)
-            self.task.retire,
-            self.kernel_log.flush,
-            self.gpu.flush,
-            self._store_capabilities,
-            self._flush_exits,
-            self._keep_window,  # a flight recording's deletions go in the batch's transaction
-            self.writer.flush,
-        )
+    def _write_vocabulary(self) -> None:
+        """Every word the layers (and the session) write into `loss`, with what it means, for the report."""
+        for layer in self.layers:
+            for loss in layer.losses:
+                self.writer.add("layer_vocabulary", (self.session_id, loss.layer, "loss", loss.probe, loss.what,
+                                                     loss.why))
+        self.writer.add("layer_vocabulary", (self.session_id, *UNEXPECTED_SIZE))
+        self.loss_layers = {loss.probe: loss.layer for layer in self.layers for loss in layer.losses}
 
     def _take_lock(self) -> None:
         path = lock_path(self.db_path)
@@ -277,8 +245,8 @@ class Session:
     def _abandon(self) -> None:
         """Startup failed after the session row was written: keep it, marked with no data."""
         give_back_reserve(self.db_path)
-        if self.gpu:
-            self.gpu.stop()
+        for layer in self.layers:
+            layer.stop()
         if self.store:
             if getattr(self, "writer", None):
                 self.writer.close()
@@ -290,8 +258,8 @@ class Session:
 
     def summary_at_start(self) -> dict:
         caps = [(c.layer, c.probe, c.status, c.detail) for c in (self.probes.capabilities if self.probes else [])]
-        if self.gpu:
-            caps.append(("gpu", "nvml", *self.gpu.status))
+        for layer in self.layers:
+            caps.extend(layer.summary())
         return {
             "session_id": self.session_id,
             "db": str(self.db_path),
@@ -345,14 +313,14 @@ class Session:
         self.identity.process(pid, ts)
         self.known_pids.add(pid)
         self.stacks.seen(pid, found_by)
-        for path, kind in gpu_libraries(pid):
-            self.cuda.found(resolve(pid, path), kind, found_by)
-        self.workload.scan(pid, found_by)
+        for layer in self.layers:
+            layer.scan(pid, found_by)
 
     def _process_exited(self, pid: int, ts: int) -> None:
         self.known_pids.discard(pid)
         self.stacks.exited(pid)
-        self.checkpoints.process_exited(pid, ts)
+        for layer in self.layers:
+            layer.process_exited(pid, ts)
 
     def _dlopen(self, pid: int) -> None:
         if pid not in self.known_pids:  # of a cgroup or --all target, not worth configuring until now
@@ -361,9 +329,8 @@ class Session:
             return
         self.stacks.retry_pending()  # a shared-build Python maps libpython after its exec
         self.stacks.natives.forget(pid)  # its native stacks may now pass through the new library
-        for path, lib_kind in gpu_libraries(pid):
-            self.cuda.found(resolve(pid, path), lib_kind, "dlopen")
-        self.workload.scan(pid, "dlopen")
+        for layer in self.layers:
+            layer.scan(pid, "dlopen")
 
     def _store_capabilities(self) -> None:
         caps = self.probes.capabilities
@@ -380,7 +347,7 @@ class Session:
             self.probes.poll(50)
             now = time.monotonic()
             # exec and dlopen may have mapped a CUDA library: attach before the next call
-            if self.task.pending() or now - last_flush >= FLUSH_INTERVAL_S:
+            if any(layer.wants_flush() for layer in self.layers) or now - last_flush >= FLUSH_INTERVAL_S:
                 self.flush()
                 last_flush = now
             if now - last_house >= HOUSEKEEPING_INTERVAL_S:
@@ -390,9 +357,22 @@ class Session:
                 return
 
     def flush(self) -> None:
-        """Turn the raw records collected so far into rows and write them in one transaction."""
-        for step in self.flush_steps():
-            step()
+        """Turn the raw records collected so far into rows and write them in one transaction: the
+        layers in `flush_phase` order, with the session's own steps where the phases say."""
+        layers = self.in_phase_order()
+        for phase in Phase:
+            if phase is Phase.THREADS:
+                self._add_stacks()  # stack records before the events: each event's stack came before it
+            elif phase is Phase.DEVICES:
+                for layer in layers:  # exits one flush late: rows held back for their stack record first
+                    layer.retire()
+            for layer in layers:
+                if layer.flush_phase is phase:
+                    layer.flush()
+        self._store_capabilities()
+        self._flush_exits()
+        self._keep_window()  # a flight recording's deletions go in the batch's transaction
+        self.writer.flush()
 
     def _add_stacks(self) -> None:
         self.stacks.add(self.pystacks)
@@ -409,26 +389,26 @@ class Session:
     def housekeeping(self) -> None:
         ts = now_ns()
         second = ts - ts % 1_000_000_000
-        for probe, dropped in enumerate(self.probes.read_drops()):
+        for probe, dropped in self.probes.read_drops():
             if dropped:
                 self.counters.dropped += dropped
-                self._lost(second, events.PROBE_NAMES[probe], dropped)
+                self._lost(second, probe, dropped)
         for probe, missed in self.probes.read_recursion_misses():
             self.counters.dropped += missed
             self._lost(second, probe, missed)
         skipped = self.probes.skipped_records()
         if skipped:
-            self._lost(second, "ring record of unexpected size", skipped)
+            self._lost(second, UNEXPECTED_SIZE[2], skipped)
         for reason, n in self.stacks.housekeeping(ts).items():
             self._lost(second, reason, n)
-        self.io.sweep(ts)  # in-flight block requests nothing ended, into `loss`
+        for layer in self.layers:
+            layer.tick(ts)
         for pid in list(self.known_pids):
             if not Path(f"/proc/{pid}").exists():
                 self.known_pids.discard(pid)
                 continue
-            for path, kind in gpu_libraries(pid):
-                self.cuda.found(resolve(pid, path), kind, "rescan")
-            self.workload.scan(pid, "rescan")
+            for layer in self.layers:
+                layer.scan(pid, "rescan")
         self._rescan_members("rescan")
         if self.flight:
             self.flight.tick()
@@ -440,14 +420,16 @@ class Session:
     def _lost(self, second: int, probe: str, n: int) -> None:
         """One `loss` row, counted by layer for the metrics file."""
         self.writer.add("loss", (self.session_id, second, probe, n))
-        layer = loss_layer(probe)
+        layer = self.loss_layers.get(probe) or loss_layer(probe)
         self.dropped_by_layer[layer] = self.dropped_by_layer.get(layer, 0) + n
 
     def write_metrics(self, force: bool = False, up: bool = True) -> None:
         """--metrics-file: rewritten every few seconds (recorder/metrics.py)."""
         if self.metrics is None:
             return
-        events_seen = {**self.counters.events, "block": self.io.events, "checkpoint": self.checkpoints.events}
+        events_seen = dict(self.counters.events)
+        for layer in self.layers:
+            events_seen.update(layer.counted())
         self.metrics.write(Snapshot(
             session_id=self.session_id, db=str(self.db_path), target=self.described_target,
             started_unix=self.started_unix, events=events_seen, dropped_by_layer=dict(self.dropped_by_layer),
@@ -492,11 +474,14 @@ class Session:
         """Drain the buffers, close open intervals, mark the session complete, build indexes."""
         if self.writer.stopped is not None:
             return self.finish_stopped()
-        self.gpu.stop()  # its last samples go out with the flush below
-        self.io.settle(now_ns())  # requests in flight at the end complete: rows, not losses
+        for layer in self.layers:
+            layer.stop()  # a sampler's last samples go out with the flush below
+        for layer in self.layers:
+            layer.settle(now_ns())  # e.g. requests in flight at the end complete: rows, not losses
         self.probes.consume()
         self.flush()
-        self.io.finish(now_ns())  # block requests whose completion was never seen, into `loss`
+        for layer in self.layers:
+            layer.unfinished(now_ns())  # e.g. block requests whose completion was never seen, into `loss`
         self.housekeeping()
         stop = now_ns()
         self.stacks.finish()
@@ -504,13 +489,12 @@ class Session:
         self.flush()  # the calls held back for their stack record, and the capability rows
         for reason, n in self.stacks.housekeeping(stop).items():  # the stacks those never got
             self.writer.add("loss", (self.session_id, stop - stop % 1_000_000_000, reason, n))
-        self.task.finish(stop)  # the last exits, now that nothing is held back
-        self.sched.finish(stop)  # intervals still open end at the stop
+        for layer in self.in_phase_order():
+            layer.finish(stop)  # the last exits, now that nothing is held back; intervals still open end
         self.stacks.report_misses()
         self._store_capabilities()
-        self.kernel_log.finish(stop)
-        self.io.flush()
-        self.checkpoints.finish(stop)  # waits for the last hashes (bounded)
+        for layer in self.in_phase_order():
+            layer.close(stop)  # e.g. waits for the last hashes (bounded)
         if self.flight:  # incidents still waiting end at the stop (the maps tell what is in flight)
             self.writer.sync()
             self.flight.finish(stop)
@@ -544,7 +528,8 @@ class Session:
         """The disk took no more: detach everything (the target runs on untouched), mark the session
         with why and when it stopped writing, leave what was committed readable."""
         w = self.writer
-        self.gpu.stop()
+        for layer in self.layers:
+            layer.stop()
         w.close()  # what is still queued is counted, not written
         if self.flight:
             self.flight.abandon()

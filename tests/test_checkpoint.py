@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from recorder.core import events
 from recorder.core.identity import Identity
 from recorder.core.layer import Context
 from recorder.layers.checkpoint import (
+    CKPT_IO,
+    CKPT_OPEN,
+    CKPT_RENAME,
+    CKPT_SCOPE,
+    RECORDS,
     XATTR,
     CheckpointLayer,
     Hasher,
@@ -29,7 +33,7 @@ from recorder.layers.checkpoint import (
 from store.db import Writer, open_store
 from store.errors import StoreError
 
-C = events.CONSTANTS
+C = RECORDS.constants
 O_WRONLY_CREAT_TRUNC = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 
@@ -162,22 +166,22 @@ class Feed:
 
     def scope(self, pid: int, tid: int, phase: int, path: Path, tag: int = 0) -> None:
         raw = os.fsencode(path)
-        self.sink(events.CKPT_SCOPE.pack(self.clock(0), phase, tag, 0, len(raw), pid, tid, raw))
+        self.sink(CKPT_SCOPE.pack(self.clock(0), phase, tag, 0, len(raw), pid, tid, raw))
 
     def open(self, pid: int, tid: int, fd: int, path: str | Path, in_scope: bool,
              flags: int = O_WRONLY_CREAT_TRUNC, dirfd: int = -100) -> int:
         self.next_id += 1
-        self.sink(events.CKPT_OPEN.pack(self.clock(1000), 1000, self.next_id, flags, pid, tid, fd, dirfd,
+        self.sink(CKPT_OPEN.pack(self.clock(1000), 1000, self.next_id, flags, pid, tid, fd, dirfd,
                                         int(in_scope), 0, os.fsencode(path)))
         return self.next_id
 
     def io(self, pid: int, tid: int, fd: int, open_id: int, op: str, offset: int = 0, count: int = 0,
            ret: int = 0) -> None:
-        self.sink(events.CKPT_IO.pack(self.clock(2000), 2000, open_id, offset, count, ret, pid, tid, fd,
+        self.sink(CKPT_IO.pack(self.clock(2000), 2000, open_id, offset, count, ret, pid, tid, fd,
                                       C[f"CKPT_OP_{op.upper()}"]))
 
     def rename(self, pid: int, tid: int, old: Path, new: Path, ret: int = 0) -> None:
-        self.sink(events.CKPT_RENAME.pack(self.clock(3000), 3000, ret, pid, tid, -100, -100, 0, 0, os.fsencode(old),
+        self.sink(CKPT_RENAME.pack(self.clock(3000), 3000, ret, pid, tid, -100, -100, 0, 0, os.fsencode(old),
                                           os.fsencode(new)))
 
     def flush(self) -> None:
@@ -185,7 +189,7 @@ class Feed:
         self.writer.flush()
 
     def finish(self) -> None:
-        self.layer.finish()
+        self.layer.close(0)
         self.identity.flush_exits()
         self.writer.close()
 

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from recorder.core import events
 from recorder.core.identity import Identity
 from recorder.core.layer import Context
 from recorder.core.pyframes import STATUS_NO_THREAD_STATE
 from recorder.core.stacks import StackRecorder
 from recorder.layers import cuda
 from recorder.layers.cuda import CUDA_COLUMNS, CudaLayer
+from recorder.layers.cuda.records import CUDA, RECORDS
 from store.db import Writer, open_store, packed_inserter
 
 try:
@@ -33,8 +33,8 @@ needs_build = pytest.mark.skipif(not BUILT, reason="the C extensions are not bui
 
 PID = 4242
 API = {api.name: i for i, api in enumerate(cuda.APIS)}
-NO_API = events.CONSTANTS["CUDA_NO_API"]
-NO_STACK = events.CONSTANTS["CUDA_FLAG_NO_STACK"]
+NO_API = RECORDS.constants["CUDA_NO_API"]
+NO_STACK = RECORDS.constants["CUDA_FLAG_NO_STACK"]
 
 
 def cuda_record(ts: int, tid: int, api: str, *, size: int = 0, stream: int = 0, function: int = 0,
@@ -42,7 +42,7 @@ def cuda_record(ts: int, tid: int, api: str, *, size: int = 0, stream: int = 0, 
                 shmem: int = 0, flags: int = 0, native: int = 7, ret: int = 0, dur: int = 1500,
                 digest: int = 0, driver_api: int = NO_API) -> bytes:
     """One framed cuda_event (8-byte ring header, then the record), as the block reader gives it."""
-    return bytes(8) + events.CUDA.pack(ts, dur, 99, ret, size, stream, function, pointer, handle,
+    return bytes(8) + CUDA.pack(ts, dur, 99, ret, size, stream, function, pointer, handle,
                                        digest, PID, tid, API[api], kind, *grid, *block, shmem, flags,
                                        driver_api, 0, native)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from recorder.core import events
 from recorder.core.identity import Identity
 from recorder.core.layer import Context
+from recorder.layers.io import records
 from recorder.layers.io.layer import IoLayer
 from store.db import Writer, open_store
 from tests import ftrace_raw
@@ -37,7 +37,7 @@ from tests.conftest import ROOT, q
 FIXTURE = ROOT / "tests" / "fixtures" / "kernel-series-boot"
 FORMATS = ROOT / "kernel-patches" / "tracefs-formats.txt"
 DUMP_AT = 8 << 20  # where boot/init.c writes the dump on the raw disk
-C = events.CONSTANTS
+C = records.RECORDS.constants
 MIB = 1 << 20
 
 # the tags boot/init.c sets (TAG_*)
@@ -84,20 +84,20 @@ def ring_record(name: str, ts: int, f: dict) -> tuple[str, bytes] | None:
             # sector, so block_done finds no in-flight entry for it and sends nothing
             return None
         nbytes = f["nr_sector"] << 9
-        return "block_events", events.BLOCK.pack(
+        return "block_events", records.BLOCK.pack(
             ts, 0, 0, 0, ts, f["sector"], 0, f["io_tag"], 0, f["dev"], nbytes, 0, 0, f["error"], 0, 0,
             C["BLOCK_FLAG_AI"], f["rwbs"].encode(), b"")
     if name == "nvme/nvme_timeout":
-        return "nvme_ai_events", events.NVME_AI.pack(
+        return "nvme_ai_events", records.NVME_AI.pack(
             ts, f["sector"], f["io_tag"], f["ctrl_id"], f["qid"], f["rq_tag"], f["nr_bytes"], 0, 0, f["cid"],
             f["opcode"], f["action"], 0, f["disk"].encode())
     if name == "dma/dma_map_latency":
         flags = (C["DMA_FLAG_DIRECT"] if f["direct"] else 0) | (C["DMA_FLAG_BOUNCED"] if f["bounced"] else 0)
-        return "dma_events", events.DMA.pack(
+        return "dma_events", records.DMA.pack(
             ts - f["latency_ns"], f["latency_ns"], f["phys_addr"], f["dma_addr"], f["size"], f["attrs"], 0, 0,
             C["DMA_KIND_AI_MAP"], f["dir"], f["nents"], flags, f["device"].encode(), b"")
     if name == "io_tag/io_tag_write":
-        return "mm_events", events.CHECKPOINT.pack(
+        return "mm_events", records.CHECKPOINT.pack(
             ts, f["ino"], f["pos"], f["count"], f["io_tag"], f["dev"], 0, 0, 0, f["name"].encode())
     raise ValueError(f"no program of the recorder reads {name}")
 

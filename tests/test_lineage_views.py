@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import recorder
-from recorder.core import events
 from recorder.core.identity import Identity
 from recorder.core.layer import Context
 from recorder.layers.io.layer import IoLayer
+from recorder.layers.io.records import BLOCK, RECORDS
 from recorder.layers.workload.layer import signed64
 from store.db import Writer, open_store
 
@@ -129,11 +129,11 @@ def test_io_tag_from_the_kernel_is_stored_signed_and_finds_its_label(tmp_path):
     writer = Writer(s)
     io = IoLayer(Context(s, writer, sid, 0, Identity(s, writer, sid), {}))
     io.prepare()
-    record = {name: b"" if ctype.startswith("char") else 0 for name, ctype in events.BLOCK.fields}
+    record = {name: b"" if ctype.startswith("char") else 0 for name, ctype in BLOCK.fields}
     record.update(ts=1000, bio_queue_ts=1000, issue_ts=1100, complete_ts=1500, io_tag=tag, dev=(7 << 20) | 99,
-                  nr_bytes=4096, pid=os.getpid(), tid=os.getpid(), flags=events.CONSTANTS["BLOCK_FLAG_AI"],
+                  nr_bytes=4096, pid=os.getpid(), tid=os.getpid(), flags=RECORDS.constants["BLOCK_FLAG_AI"],
                   rwbs=b"W", comm=b"python")
-    io.sinks()["block_events"](events.BLOCK.pack(*record.values()))
+    io.sinks()["block_events"](BLOCK.pack(*record.values()))
     io.flush()
     writer.close()
     row = s.one("SELECT tag, tag_source, label FROM block_request_lineage")

@@ -77,14 +77,22 @@ def test_a_layer_that_lost_records_in_the_window_is_named_and_not_checked(record
 
 
 def test_every_loss_name_the_recorder_writes_has_a_layer_and_a_reason() -> None:
-    from recorder.core import events
+    """Each layer declares its loss words with what they mean; those the store knew before read the
+    same for a recording made before (no layer_vocabulary rows)."""
+    from recorder.layers import LAYERS
+    from store.analysis.losses import KNOWN
 
-    known = {"sched", "cuda", "task", "block", "mm", "net", "dma", "nccl", "markers", "checkpoint", "gpu",
-             "recorder", "python"}
-    for name in [*events.PROBE_NAMES.values(), events.BLOCK_AGED_OUT, "nvml_sample",
-                 "ring record of unexpected size", "python stack ring buffer"]:
+    declared = [loss for layer in LAYERS for loss in layer.losses]
+    assert len({loss.probe for loss in declared}) == len(declared)
+    for loss in declared:
+        assert loss.layer and loss.what and loss.why and loss.why != loss.probe, loss
+        if loss.probe in KNOWN:
+            assert KNOWN[loss.probe] == (loss.layer, loss.what, loss.why), loss
+        assert describe(loss.probe, {loss.probe: (loss.layer, loss.what, loss.why)}) == (loss.layer, loss.what,
+                                                                                        loss.why)
+    for name in ["ring record of unexpected size", "python stack ring buffer"]:
         layer, what, why = describe(name)
-        assert layer in known and what and why and why != name, (name, layer, what, why)
+        assert layer in ("recorder", "python") and what and why and why != name, (name, layer, what, why)
     assert describe("bpf program tracepoint__sched__sched_waking skipped (sched)") == (
         "sched", "sched_waking runs", "the kernel skipped them: another BPF program was running on the CPU")
 

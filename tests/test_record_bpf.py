@@ -208,10 +208,11 @@ def test_tracepoint_missing_from_the_kernel_is_recorded_as_absent(tmp_path):
     """A layer whose tracepoint this kernel lacks is left out and said so; the rest loads."""
     from recorder.core import loader as probes
     from recorder.core.layer import BpfSource
-    from recorder.layers import bpf_sources, cuda
+    from recorder.layers import bpf_sources, cuda, definitions
 
     sources = (*bpf_sources(), BpfSource("ghost", "sched.bpf.c", ("ghost:no_such_event",)))
-    p = probes.Probes(probes.TargetSpec(pids=(os.getpid(),)), sources, [cuda.bpf_programs()])
+    p = probes.Probes(probes.TargetSpec(pids=(os.getpid(),)), sources, [cuda.bpf_programs()],
+                     definitions=definitions())
     try:
         # the I/O layer's optional tracepoints (recorder/layers/io/layer.py) are absent or not on their own
         absent = [c for c in p.capabilities if c.status == "absent" and c.layer in ("ghost", "sched", "task")]

@@ -154,7 +154,8 @@ class Probes:
     """The session's BPF object and everything attached to it."""
 
     def __init__(self, target: TargetSpec, sources: Sequence[BpfSource], generated: Sequence[str] = (),
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, *, definitions: events.Definitions) -> None:
+        """`definitions`: every layer's records (recorder/layers/__init__.py `definitions()`)."""
         check_privileges()
         if not ensure_tracefs():
             raise ProbeError("tracefs is not mounted and could not be: mount -t tracefs nodev /sys/kernel/tracing")
@@ -172,6 +173,7 @@ class Probes:
         self.target = target
         self.settings = settings or Settings.from_environment()
         self.sources = tuple(sources)
+        self.definitions = definitions
         self.capabilities: list[Capability] = []
         self.layers: list[str] = []  # the layers whose BPF sources were compiled
         self.optional: dict[str, tuple[str, ...]] = {}  # layer -> optional tracepoints present
@@ -196,7 +198,7 @@ class Probes:
             except Exception as e:  # every record then says "walker not installed"
                 self.cap("python", probe, "failed", str(e).splitlines()[0][:200])
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
-        self.drop_counts = [0] * events.CONSTANTS["PROBE_COUNT"]
+        self.drop_counts = [0] * len(definitions.probe_names)
         self._misses: dict[str, int] = {}  # program -> recursion misses read so far
         self._layers_of_programs: dict[str, str] | None = None
         self.rings: ringbuf.RingSet | None = None  # set by open_rings() where the fast reader works
@@ -210,7 +212,7 @@ class Probes:
         t = self.target
         cg_id, cg_level = cgroup_identity(t.cgroup) if t.cgroup else (0, 0)
         parts = [
-            events.c_definitions(),
+            self.definitions.c_text(),
             f"#define TARGET_MODE {t.mode}",
             f"#define TARGET_CGROUP_ID {cg_id}ull",
             f"#define TARGET_CGROUP_LEVEL {cg_level}",
@@ -338,13 +340,13 @@ class Probes:
         delta, self._skipped_seen = total - self._skipped_seen, total
         return delta
 
-    def read_drops(self) -> list[int]:
-        """Per-probe events lost since the last call."""
+    def read_drops(self) -> list[tuple[str, int]]:
+        """(`loss.probe`, events lost since the last call) of every drop counter (`definitions.probe_names`)."""
         table = self.bpf["drops"]
         deltas = []
-        for i in range(events.CONSTANTS["PROBE_COUNT"]):
+        for i, name in enumerate(self.definitions.probe_names):
             total = sum(table[ctypes.c_int(i)])
-            deltas.append(total - self.drop_counts[i])
+            deltas.append((name, total - self.drop_counts[i]))
             self.drop_counts[i] = total
         return deltas
 

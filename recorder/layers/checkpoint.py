@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recorder.core import events
 from recorder.core.clock import now_ns
-from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.events import Layout, Loss, Records
+from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
 from recorder.core.libraries import workload_library_kind
 from store.errors import StoreError
 
@@ -53,16 +53,98 @@ CHUNK_BYTES = 1 << 20
 AT_FDCWD = -100
 O_TRUNC = 0o1000
 
+CKPT_OPEN = Layout(
+    "ckpt_open_event",
+    (
+        ("ts", "u64"),  # openat entered
+        ("dur", "u64"),  # entry -> return, ns
+        ("open_id", "u64"),  # with pid and fd, names this open until its close
+        ("flags", "u64"),  # O_* flags as passed
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("fd", "s32"),  # the new descriptor (opens that failed are not sent)
+        ("dirfd", "s32"),  # directory a relative path is relative to, -100 = AT_FDCWD
+        ("in_scope", "u32"),  # 1: the opening thread was inside recorder.checkpoint()
+        ("pad", "u32"),
+        ("path", "char256"),  # as passed, cut at 255 bytes
+    ),
+    "a target opened a file for writing (classified by user space unless in a checkpoint scope)",
+)
+
+CKPT_IO = Layout(
+    "ckpt_io_event",
+    (
+        ("ts", "u64"),  # syscall entered
+        ("dur", "u64"),  # entry -> return, ns
+        ("open_id", "u64"),
+        ("offset", "s64"),  # file offset written at (writes), new length (ftruncate); -1 unknown (O_APPEND)
+        ("count", "u64"),  # bytes asked for (writes)
+        ("ret", "s64"),  # the syscall's return: bytes written, 0, or -errno
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("fd", "s32"),
+        ("op", "u32"),  # CKPT_OP_*
+    ),
+    "a write, fsync, fdatasync, ftruncate or close on a file opened for writing",
+)
+
+CKPT_RENAME = Layout(
+    "ckpt_rename_event",
+    (
+        ("ts", "u64"),
+        ("dur", "u64"),
+        ("ret", "s64"),  # 0 or -errno
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("olddirfd", "s32"),  # -100 = AT_FDCWD
+        ("newdirfd", "s32"),
+        ("flags", "u32"),  # renameat2 RENAME_* flags
+        ("pad", "u32"),
+        ("oldpath", "char256"),
+        ("newpath", "char256"),
+    ),
+    "rename/renameat/renameat2 by a target",
+)
+
+CKPT_SCOPE = Layout(
+    "ckpt_scope_event",
+    (
+        ("ts", "u64"),
+        ("phase", "u64"),  # 1 begin, 2 end
+        ("tag", "u64"),  # lineage tag current on the thread
+        ("path_addr", "u64"),  # the path stays alive in the process during the scope
+        ("path_len", "u64"),
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("path", "char256"),  # the first 255 bytes of the path
+    ),
+    "recorder.checkpoint(path) entered or left (uprobe on stall_recorder_checkpoint)",
+)
+
+RECORDS = Records((CKPT_OPEN, CKPT_IO, CKPT_RENAME, CKPT_SCOPE), {
+    "CKPT_OP_WRITE": 1, "CKPT_OP_PWRITE64": 2, "CKPT_OP_WRITEV": 3, "CKPT_OP_PWRITEV": 4,
+    "CKPT_OP_PWRITEV2": 5, "CKPT_OP_SENDFILE": 6, "CKPT_OP_COPY_FILE_RANGE": 7, "CKPT_OP_FSYNC": 8,
+    "CKPT_OP_FDATASYNC": 9, "CKPT_OP_FTRUNCATE": 10, "CKPT_OP_CLOSE": 11,
+    "CKPT_OP_OPEN": 12, "CKPT_OP_LSEEK": 13, "CKPT_OP_RENAME": 14,  # stashed between entry and exit only
+    "CKPT_PENDING": 0,  # not classified by user space yet: its events are sent and held there
+    "CKPT_OPTED": 1,  # a checkpoint file: events sent
+    "CKPT_IGNORED": 2,  # not a checkpoint: nothing sent
+}, (
+    ("PROBE_CKPT", Loss("checkpoint ring buffer", "checkpoint", "checkpoint events", "ring buffer full")),
+    # its descriptors or calls in flight
+    ("PROBE_CKPT_MAP", Loss("checkpoint map full", "checkpoint", "checkpoint file operations",
+                            "descriptor or call map full")),
+))
+
 _SYSCALL_OPS = ("write", "pwrite64", "writev", "pwritev", "pwritev2", "sendfile", "copy_file_range")
 _OTHER_OPS = ("fsync", "fdatasync", "ftruncate", "close")
-_C = events.CONSTANTS
+_C = RECORDS.constants
 _OP_NAMES = {_C[f"CKPT_OP_{name.upper()}"]: name for name in _SYSCALL_OPS + _OTHER_OPS}
 _WRITES = {_C[f"CKPT_OP_{name.upper()}"] for name in _SYSCALL_OPS}
 _VECTORED = {_C["CKPT_OP_WRITEV"], _C["CKPT_OP_PWRITEV"], _C["CKPT_OP_PWRITEV2"]}
 _CLOSE, _TRUNCATE = _C["CKPT_OP_CLOSE"], _C["CKPT_OP_FTRUNCATE"]
 _OPTED, _IGNORED = _C["CKPT_OPTED"], _C["CKPT_IGNORED"]
-_SIZES = {layout.size: layout for layout in (events.CKPT_OPEN, events.CKPT_IO, events.CKPT_RENAME,
-                                               events.CKPT_SCOPE)}
+_SIZES = {layout.size: layout for layout in RECORDS.layouts}
 assert len(_SIZES) == 4, "checkpoint records are told apart by their size"
 
 SOURCES = (BpfSource(
@@ -337,15 +419,14 @@ class OpenFile:
 
 
 class CheckpointLayer(BaseLayer):
-    """Rows for checkpoint_file, checkpoint_extent, checkpoint_op and checkpoint_verify; one per session.
-
-    Besides the contract, the session calls `process_exited()` for every process exit.
-    """
+    """Rows for checkpoint_file, checkpoint_extent, checkpoint_op and checkpoint_verify; one per session."""
 
     name = "checkpoint"
     sources = SOURCES
     tables = ("checkpoint_file", "checkpoint_extent", "checkpoint_op", "checkpoint_verify")
-    losses = events.probe_names("PROBE_CKPT", "PROBE_CKPT_MAP")
+    records = RECORDS
+    losses = RECORDS.losses()
+    flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -420,13 +501,13 @@ class CheckpointLayer(BaseLayer):
         self.events += len(chunks)
         for chunk in chunks:
             layout = _SIZES.get(len(chunk))
-            if layout is events.CKPT_IO:
+            if layout is CKPT_IO:
                 self._io(*layout.unpack(chunk))
-            elif layout is events.CKPT_OPEN:
+            elif layout is CKPT_OPEN:
                 self._open(*layout.unpack(chunk))
-            elif layout is events.CKPT_RENAME:
+            elif layout is CKPT_RENAME:
                 self._rename(*layout.unpack(chunk))
-            elif layout is events.CKPT_SCOPE:
+            elif layout is CKPT_SCOPE:
                 self._scope(*layout.unpack(chunk))
         self._classify()
         self._look()
@@ -756,7 +837,10 @@ class CheckpointLayer(BaseLayer):
             self.sid, file_id, v.ts, v.dur, trigger, v.method, db_text(v.path), v.state, v.ino, v.size_bytes,
             v.mtime_ns, v.mtime_ts, v.sha256, v.detail))
 
-    def finish(self, ts: int = 0) -> None:
+    def counted(self) -> dict[str, int]:
+        return {"checkpoint": self.events}
+
+    def close(self, ts: int = 0) -> None:
         """At the stop: the exits not judged yet, the hashes still due (up to STOP_HASH_DEADLINE_S),
         then a stat of every hashed file."""
         if not self.enabled:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recorder.core.clock import now_ns
-from recorder.core.layer import BaseLayer, Context
+from recorder.core.events import Loss
+from recorder.core.layer import BaseLayer, Context, Phase
 from recorder.core.settings import DEFAULT_GPU_INTERVAL_MS, Settings
 from recorder.errors import UserError
 from store.db import Writer
@@ -295,18 +296,24 @@ class GpuLayer(BaseLayer):
 
     name = "gpu"
     tables = ("gpu_sample",)
-    losses = (LOSS_PROBE,)
+    losses = (Loss(LOSS_PROBE, "gpu", "GPU samples", "the GPU did not answer"),)
+    flush_phase = Phase.DEVICES
 
-    def __init__(self, context: Context, settings: GpuSettings) -> None:
+    def __init__(self, context: Context) -> None:
         super().__init__(context)
-        self.sampler = GpuSampler(context.writer, context.session_id, settings)
+        self.sampler = GpuSampler(context.writer, context.session_id, GpuSettings.from_settings(context.settings))
 
     @property
     def status(self) -> tuple[str, str]:
         return self.sampler.status
 
-    def start(self) -> bool:
-        return self.sampler.start()
+    def summary(self) -> tuple[tuple[str, str, str, str], ...]:
+        return (("gpu", "nvml", *self.status),)
+
+    def start(self) -> None:
+        """Sampling starts once the rings are open; the capability rows it made go out now."""
+        self.sampler.start()
+        self.flush()
 
     def flush(self) -> None:
         self.sampler.flush()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ctypes
 
-from recorder.core import events
-from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.events import Layout, Loss, Records
+from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
 from recorder.core.settings import DEFAULT_OFFCPU_STACK_MIN_US
 
 # where the kernel has them, a wake-up from a timer, interrupt or softirq is told from one by a task
@@ -21,6 +21,46 @@ WAKER_CONTEXT_TRACEPOINTS = ("irq:irq_handler_entry", "irq:softirq_entry", "time
 SOURCES = (BpfSource("sched", "sched.bpf.c", ("sched:sched_switch", "sched:sched_waking",
                                                "raw_syscalls:sys_enter", "raw_syscalls:sys_exit"),
                      WAKER_CONTEXT_TRACEPOINTS),)
+OFFCPU = Layout(
+    "offcpu_event",
+    (
+        ("ts", "u64"),  # switch-out, ns CLOCK_MONOTONIC
+        ("dur", "u64"),  # until switch-in, ns
+        ("cgroup_id", "u64"),
+        ("state", "s64"),  # sched_switch prev_state as the tracepoint reports it
+        ("wakeup_ts", "u64"),  # when it was woken (became runnable again), 0 if never asleep
+        ("contender_run", "u64"),  # ns the contender ran on in_cpu while this thread was runnable
+        # key (ts) of its Python stack record: the switch-out, an earlier capture in the same
+        # syscall, or the one promised at the syscall's exit (OFFCPU_FLAG_PROMISED); 0: none
+        # (preempted, a short wait in a syscall, or captures turned off)
+        ("stack_ts", "u64"),
+        ("futex_addr", "u64"),  # futex word of the futex() it blocked in (args[0]), 0 outside one
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("cpu", "u32"),  # cpu it left
+        ("next_tid", "u32"),  # task that took the cpu at switch-out
+        ("waker_tid", "u32"),  # task that woke it (0: none seen, e.g. preempted)
+        ("waker_cpu", "u32"),
+        ("syscall", "s32"),  # syscall in progress at switch-out, -1 none
+        ("flags", "u32"),  # OFFCPU_FLAG_*
+        ("in_cpu", "u32"),  # cpu it came back on
+        ("contender_tid", "u32"),  # task that ran longest on in_cpu while this one was runnable
+        ("comm", "char16"),
+        ("next_comm", "char16"),
+        ("waker_comm", "char16"),
+        ("contender_comm", "char16"),
+    ),
+    "one off-CPU interval of a traced thread, sent at switch-in",
+)
+RECORDS = Records((OFFCPU,), {
+    "OFFCPU_FLAG_OPEN": 1,  # still off-CPU when the session stopped: dur runs to the stop
+    "OFFCPU_FLAG_PROMISED": 2,  # stack_ts is captured at the syscall's exit (bpf/sched.bpf.c)
+    # the kernel reported no switch-in (bpf/sched.bpf.c): the end is the return from the syscall it
+    # blocked in, or else its wake-up (0 when it was never woken: its end is not known)
+    "OFFCPU_FLAG_END_SYSCALL": 4,
+    "OFFCPU_FLAG_END_WAKEUP": 8,
+}, (("PROBE_SCHED", Loss("sched:offcpu ring buffer", "sched", "off-CPU intervals", "ring buffer full")),
+      ("PROBE_SCHED_MAP", Loss("sched off-CPU map full", "sched", "off-CPU intervals", "off-CPU map full"))))
 # waker names bpf/sched.bpf.c gives a wake-up from interrupt context (with waker tid 0)
 WAKER_CONTEXTS = {b"timer": "timer", b"interrupt": "interrupt", b"softirq": "softirq"}
 OFFCPU_COLUMNS = (
@@ -28,11 +68,10 @@ OFFCPU_COLUMNS = (
     "waker_thread_id", "waker_cpu", "wakeup_ts", "in_cpu", "contender_thread_id", "contender_run_dur", "cgroup_id",
     "open", "python_stack_id", "waker_context", "futex_addr", "end_seen",
 )
-_OFF_STACK, _OFF_PID, _OFF_TID, _OFF_FLAGS = (events.OFFCPU.names.index(n)
-                                              for n in ("stack_ts", "pid", "tid", "flags"))
-_PROMISED = events.CONSTANTS["OFFCPU_FLAG_PROMISED"]
-_END_SYSCALL = events.CONSTANTS["OFFCPU_FLAG_END_SYSCALL"]
-_END_WAKEUP = events.CONSTANTS["OFFCPU_FLAG_END_WAKEUP"]
+_OFF_STACK, _OFF_PID, _OFF_TID, _OFF_FLAGS = (OFFCPU.names.index(n) for n in ("stack_ts", "pid", "tid", "flags"))
+_PROMISED = RECORDS.constants["OFFCPU_FLAG_PROMISED"]
+_END_SYSCALL = RECORDS.constants["OFFCPU_FLAG_END_SYSCALL"]
+_END_WAKEUP = RECORDS.constants["OFFCPU_FLAG_END_WAKEUP"]
 
 
 def set_offcpu_stacks(probes, on: bool, min_us: int = DEFAULT_OFFCPU_STACK_MIN_US) -> None:
@@ -67,13 +106,14 @@ class SchedLayer(BaseLayer):
     name = "sched"
     sources = SOURCES
     tables = ("offcpu_interval",)
-    losses = events.probe_names("PROBE_SCHED", "PROBE_SCHED_MAP")
+    records = RECORDS
+    losses = RECORDS.losses()
+    flush_phase = Phase.THREADS
 
-    def __init__(self, context: Context, offcpu_stacks: bool = True,
-                 stack_min_us: int = DEFAULT_OFFCPU_STACK_MIN_US) -> None:
+    def __init__(self, context: Context) -> None:
         super().__init__(context)
-        self.offcpu_stacks = offcpu_stacks
-        self.stack_min_us = stack_min_us
+        self.offcpu_stacks = context.settings.offcpu_stacks
+        self.stack_min_us = context.settings.offcpu_stack_min_us
         self.raw: list[bytes] = []
 
     def prepare(self) -> None:
@@ -94,20 +134,20 @@ class SchedLayer(BaseLayer):
         return {"offcpu_events": self.raw.append}
 
     def blocks(self) -> dict[str, int]:
-        return {"offcpu_events": events.OFFCPU.size}
+        return {"offcpu_events": OFFCPU.size}
 
     def flush(self) -> None:
         ctx = self.context
         raw_off = self.raw
         stacks = ctx.stacks
         joined_off = b"".join(raw_off)  # blocks of framed records (Probes.open_rings)
-        ctx.events["offcpu"] += len(joined_off) // events.OFFCPU.framed_size
+        ctx.events["offcpu"] += len(joined_off) // OFFCPU.framed_size
         if not (raw_off or stacks.held("offcpu")):
             return
         sid, ident = ctx.session_id, ctx.identity
         rows = []
         threads = ident.threads
-        for rec, py_stack in stacks.join("offcpu", events.OFFCPU.iter_framed(joined_off),
+        for rec, py_stack in stacks.join("offcpu", OFFCPU.iter_framed(joined_off),
                                          offcpu_stack_key, shared=True, patient=offcpu_stack_promised):
             (ts, dur, cg, state, wakeup_ts, contender_run, stack_ts, futex_addr, pid, tid, cpu, next_tid, waker_tid,
              waker_cpu, syscall, flags, in_cpu, contender, comm, next_comm, waker_comm,

@@ -2,21 +2,20 @@
 
 It writes no table of its own: each event changes what the session knows (a new process to scan for
 libraries, a new process image, a thread that ended). The session hands it the reactions
-(`TaskHooks`); this layer decides their order within a batch: forks and execs before the batch's
-other rows, so a new process image's events get its identity; exits one flush late, after every
-other layer, so rows held back for their stack record still find the process's caches.
+(`context.processes`, recorder/core/layer.py ProcessHooks); this layer decides their order within a
+batch: forks and execs before the batch's other rows (`flush_phase` PROCESSES), so a new process
+image's events get its identity; exits one flush late (`retire()`), after every other layer, so rows
+held back for their stack record still find the process's caches.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from recorder.core import events
+from recorder.core.events import Layout, Loss, Records
 from recorder.core.identity import read_tgid
-from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, ProcessHooks, Sink
 from recorder.core.loader import tracepoint_field_offset
 
 SOURCES = (BpfSource("task", "task.bpf.c",
@@ -27,27 +26,39 @@ SOURCES = (BpfSource("task", "task.bpf.c",
 # a process that opens a CUDA/NCCL library is held at its dlopen's return until the library's
 # probes are attached (bpf/task.bpf.c task_openat)
 OPENAT = "syscalls:sys_enter_openat"
-_C = events.CONSTANTS
-
-
-@dataclass(frozen=True)
-class TaskHooks:
-    """What the session does when a process appears, ends or maps a library."""
-
-    scan: Callable[[int, str, int], None]  # (pid, found_by, ts): a process to look at
-    known: Callable[[int], bool]  # pid already looked at
-    exited: Callable[[int, int], None]  # (pid, ts): a whole process ended
-    dlopen: Callable[[int], None]  # pid mapped a library
+TASK = Layout(
+    "task_event",
+    (
+        ("ts", "u64"),
+        ("kind", "u32"),  # TASK_FORK / TASK_EXEC / TASK_EXIT / TASK_DLOPEN / TASK_RENAME
+        ("pid", "u32"),  # tgid of the task doing it
+        ("tid", "u32"),
+        ("child_tid", "u32"),  # fork: the new task
+        ("comm", "char16"),  # the task's name; for TASK_RENAME its new name
+    ),
+    "process lifecycle of traced tasks, their renames, and library loads that need a rescan",
+)
+RECORDS = Records((TASK,), {
+    "TASK_FORK": 1,
+    "TASK_EXEC": 2,
+    "TASK_EXIT": 3,
+    "TASK_DLOPEN": 4,
+    "TASK_RENAME": 5,  # tid is the renamed task, which may be another thread of the process
+}, (("PROBE_TASK", Loss("task ring buffer", "task", "process and thread events", "ring buffer full")),))
+_C = RECORDS.constants
 
 
 class TaskLayer(BaseLayer):
     name = "task"
     sources = SOURCES
-    losses = events.probe_names("PROBE_TASK")
+    records = RECORDS
+    losses = RECORDS.losses()
+    flush_phase = Phase.PROCESSES
 
-    def __init__(self, context: Context, hooks: TaskHooks) -> None:
+    def __init__(self, context: Context) -> None:
         super().__init__(context)
-        self.hooks = hooks
+        assert context.processes is not None, "the session's reactions to processes come first"
+        self.hooks: ProcessHooks = context.processes
         self.raw: list[bytes] = []
         self._deferred_exits: list[tuple] = []  # exit records retired at the next flush
         self._batch_exits: list[tuple] = []
@@ -86,14 +97,14 @@ class TaskLayer(BaseLayer):
     def sinks(self) -> dict[str, Sink]:
         return {"task_events": self.raw.append}
 
-    def pending(self) -> bool:
+    def wants_flush(self) -> bool:
         """Records waiting: an exec or dlopen may have mapped a library to attach before its calls."""
         return bool(self.raw)
 
     def flush(self) -> None:
         """Forks, execs and dlopens of this batch now; its exits are kept for the next `retire()`."""
         self.context.events["task"] += len(self.raw)
-        tasks = list(events.TASK.iter_unpack(b"".join(self.raw))) if self.raw else []
+        tasks = list(TASK.iter_unpack(b"".join(self.raw))) if self.raw else []
         self.raw.clear()
         # an exec renames the task to the new program just before its exec record: that name
         # comes with the exec, and is no rename of the old program's thread

@@ -2,8 +2,10 @@
 
 A `loss` row is a count of records of one kind (`probe`) lost in the one-second window starting at `ts`
 (for block requests aged out of the in-flight map: the second their bios were queued). The probe names
-are the recorder's (recorder/core/events.py PROBE_NAMES and the layers' own); each is read here as the
-layer it belongs to, what was lost and why. A name this module does not know keeps its own words.
+are the recorder layers' own: each layer declares its names with the layer they belong to, what was
+lost and why, and the session stores them in `layer_vocabulary` at its start; they are read from there.
+`KNOWN` holds the words of sessions recorded before that table (and of recordings written without a
+recorder, the demos). A name neither knows keeps its own words.
 
 A layer with a loss in a report's window has not been "checked and clean" there: `lossy_layers()` says
 which, and the report words each loss as "block I/O requests: 16,680 requests lost after 12:03:07
@@ -16,7 +18,8 @@ from store.db import Store
 
 NS = 1_000_000_000
 
-# probe -> (layer, what was lost, why)
+# probe -> (layer, what was lost, why) of sessions without `layer_vocabulary` rows; the layers declare
+# their words since (recorder/layers/*: `losses`), so a new layer's words are not added here
 KNOWN: dict[str, tuple[str, str, str]] = {
     "sched:offcpu ring buffer": ("sched", "off-CPU intervals", "ring buffer full"),
     "sched off-CPU map full": ("sched", "off-CPU intervals", "off-CPU map full"),
@@ -50,8 +53,16 @@ PREFIXES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def describe(probe: str) -> tuple[str, str, str]:
-    """(layer, what was lost, why) of a `loss.probe` name."""
+def vocabulary(store: Store, session_id: int) -> dict[str, tuple[str, str, str]]:
+    """probe -> (layer, what was lost, why) of the loss words the session's layers declared."""
+    return {r["word"]: (r["layer"], r["what"], r["why"]) for r in store.query(
+        "SELECT word, layer, what, why FROM layer_vocabulary WHERE session_id = ? AND kind = 'loss'", (session_id,))}
+
+
+def describe(probe: str, declared: dict[str, tuple[str, str, str]] | None = None) -> tuple[str, str, str]:
+    """(layer, what was lost, why) of a `loss.probe` name, from the session's declared words if given."""
+    if declared and probe in declared:
+        return declared[probe]
     if probe in KNOWN:
         return KNOWN[probe]
     for prefix, layer, what in PREFIXES:
@@ -76,8 +87,9 @@ def losses(store: Store, session_id: int, start: int | None = None, end: int | N
     rows = store.query(f"SELECT probe, sum(dropped) AS n, min(ts) AS first, max(ts) AS last FROM loss"
                        f" WHERE {where} GROUP BY probe HAVING n > 0 ORDER BY n DESC, probe", tuple(params))
     out = []
+    declared = vocabulary(store, session_id) if rows else {}
     for r in rows:
-        layer, what, why = describe(r["probe"])
+        layer, what, why = describe(r["probe"], declared)
         out.append({"layer": layer, "probe": r["probe"], "what": what, "reason": why, "count": r["n"],
                     "first_ts": r["first"], "last_ts": r["last"] + NS})
     return out

@@ -8,11 +8,17 @@ import os
 import struct
 from collections.abc import Callable, Iterable
 
-from recorder.core import events
 from recorder.core.clock import now_ns
+from recorder.core.events import Loss
 from recorder.core.inflight import in_flight
-from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
-from recorder.core.libraries import exported_functions
+from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
+from recorder.core.libraries import (
+    cuda_library_kind,
+    exported_functions,
+    gpu_libraries,
+    resolve,
+    workload_library_kind,
+)
 from recorder.layers.cuda.apis import (
     API_INDEX,
     APIS,
@@ -24,6 +30,7 @@ from recorder.layers.cuda.apis import (
     is_launch,
     return_program,
 )
+from recorder.layers.cuda.records import CUDA, RECORDS
 
 SOURCES = (BpfSource("cuda", "cuda.bpf.c"),)
 
@@ -70,21 +77,24 @@ CUDA_PACK_FIELDS = ("ts", "dur", "cgroup_id", "ret", "size", "stream", "function
                     "block_y", "block_z", "shared_mem", "flags", "native_digest", "driver_api")
 # cuda_event unpacked with its 64-bit fields signed: SQLite's INTEGER is a signed 64-bit value, so a
 # value above 2**63 - 1 (a size_t of -1 passed to cudaMalloc) is stored as its two's complement
-_CUDA_SIGNED = struct.Struct("=8x" + events.CUDA.fmt[1:].replace("Q", "q"))
-_CUDA_PID, _CUDA_TID, _CUDA_DIGEST, _CUDA_FLAGS = (events.CUDA.names.index(n)
+_CUDA_SIGNED = struct.Struct("=8x" + CUDA.fmt[1:].replace("Q", "q"))
+_CUDA_PID, _CUDA_TID, _CUDA_DIGEST, _CUDA_FLAGS = (CUDA.names.index(n)
                                                    for n in ("pid", "tid", "py_digest", "flags"))
-_NO_STACK = events.CONSTANTS["CUDA_FLAG_NO_STACK"]
-_NO_API = events.CONSTANTS["CUDA_NO_API"]
+_NO_STACK = RECORDS.constants["CUDA_FLAG_NO_STACK"]
+_NO_API = RECORDS.constants["CUDA_NO_API"]
 
 
 # `loss.probe` of a call in flight at stop that could not be stored (its thread had ended)
 OPEN_LOST = "cuda call in flight, thread gone"
+_OPEN_LOST = Loss(OPEN_LOST, "cuda", "CUDA calls in flight at the stop", "their thread had ended")
 # where kernel launches are probed (LaunchRoute)
 LAUNCHES_AT_DRIVER = "launches are probed at the driver: every runtime launch went through it"
 ROUTE_EVIDENCE = 1000  # runtime launches seen through the driver before the runtime's probes go
 ROUTE_CHECK_NS = 1_000_000_000
 # `loss.probe` of a runtime launch in flight when the runtime's launch probes were detached
 ROUTE_LOST = "cuda launch in flight when the runtime's launch probes were detached"
+_ROUTE_LOST = Loss(ROUTE_LOST, "cuda", "CUDA kernel launches",
+                   "in flight when the runtime's launch probes were detached")
 _OPEN_INSERT = f"INSERT INTO cuda_call ({','.join(CUDA_COLUMNS)}, open) VALUES ({','.join('?' * len(CUDA_COLUMNS))}, 1)"
 _RET = CUDA_COLUMNS.index("ret")
 
@@ -112,7 +122,9 @@ class CudaLayer(BaseLayer):
     name = "cuda"
     sources = SOURCES
     tables = ("cuda_api", "cuda_call", "library")
-    losses = events.probe_names("PROBE_CUDA", "PROBE_CUDA_MAP", "PROBE_CUDA_DISPATCH") + (OPEN_LOST, ROUTE_LOST)
+    records = RECORDS
+    losses = (*RECORDS.losses(), _OPEN_LOST, _ROUTE_LOST)
+    flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -184,17 +196,29 @@ class CudaLayer(BaseLayer):
         if len(probes.attached_libraries) > before:
             self.context.writer.add("library", (self.context.session_id, path, kind, now_ns(), found_by))
 
+    def named_library(self, path: str) -> bool:
+        """--cuda-lib: every library but NCCL and the marker extension (the workload layer's) is
+        taken as a CUDA one, the runtime unless its name says driver."""
+        if workload_library_kind(path):
+            return False
+        self.found(path, cuda_library_kind(path) or "runtime", "option")
+        return True
+
+    def scan(self, pid: int, found_by: str) -> None:
+        for path, kind in gpu_libraries(pid):
+            self.found(resolve(pid, path), kind, found_by)
+
     def sinks(self) -> dict[str, Sink]:
         return {"cuda_events": self.raw.append}
 
     def blocks(self) -> dict[str, int]:
-        return {"cuda_events": events.CUDA.size}
+        return {"cuda_events": CUDA.size}
 
     def flush(self) -> None:
         ctx = self.context
         self.route.check()
         joined_cuda = b"".join(self.raw)  # blocks of framed records (Probes.open_rings)
-        ctx.events["cuda"] += len(joined_cuda) // events.CUDA.framed_size
+        ctx.events["cuda"] += len(joined_cuda) // CUDA.framed_size
         if self.raw or ctx.stacks.held("cuda"):
             if self._pack_cuda and joined_cuda:
                 joined_cuda = self._pack_cuda_rows(joined_cuda)
@@ -209,14 +233,14 @@ class CudaLayer(BaseLayer):
         if ingest is None:
             return None
         writer.packed_table("cuda_call", CUDA_PROGRAM)
-        self._cuda_offsets = tuple(events.CUDA.offsets()[name] for name in CUDA_PACK_FIELDS)
+        self._cuda_offsets = tuple(CUDA.offsets()[name] for name in CUDA_PACK_FIELDS)
         return ingest.pack_cuda
 
     def _pack_cuda_rows(self, joined: bytes) -> bytes:
         """Write the cuda_call rows of the records whose thread and stacks are known, packed
         (recorder/_ingest.c, the same values _cuda_rows() gives); returns the other records."""
         ctx = self.context
-        framed = events.CUDA.framed_size
+        framed = CUDA.framed_size
         packed, misses = self._pack_cuda(
             joined, framed, self._cuda_offsets, ctx.session_id, ctx.identity.threads,
             ctx.stacks.join_keys(), ctx.stacks.digests(), ctx.stacks.native_cache(),
@@ -257,7 +281,7 @@ class CudaLayer(BaseLayer):
                 r.ts, ts - r.ts, r.cgroup_id, 0, _signed(r.size), _signed(r.stream), _signed(r.function),
                 _signed(r.pointer), _signed(r.handle), r.py_digest, call.pid, call.tid, r.api,
                 r.memcpy_kind, r.grid_x, r.grid_y, r.grid_z, r.block_x, r.block_y, r.block_z, r.shared_mem,
-                events.CONSTANTS["CUDA_FLAG_POINTER_UNREAD"] | (_NO_STACK if launch else 0),  # not written yet
+                RECORDS.constants["CUDA_FLAG_POINTER_UNREAD"] | (_NO_STACK if launch else 0),  # not written yet
                 r.driver_api, 0, r.native_digest))
         digests = stacks.digests()
 

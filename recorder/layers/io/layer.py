@@ -16,10 +16,23 @@ import os
 import time
 from pathlib import Path
 
-from recorder.core import events
-from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
+from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
 from recorder.core.settings import DEFAULT_INFLIGHT_MAX_AGE_S
 from recorder.layers.io.devices import BlockDeviceTable
+from recorder.layers.io.records import (
+    AGED_OUT,
+    BLOCK,
+    BLOCK_AGED_OUT,
+    CHECKPOINT,
+    DIRTY,
+    DMA,
+    NVME_AI,
+    OOM,
+    RECLAIM,
+    RECORDS,
+    TCP,
+    UNCOMPLETED,
+)
 from recorder.layers.io.sockets import SocketOwners
 
 # Tracepoints used when present (HAVE_TP_<system>_<name> is defined for the BPF source); each is
@@ -93,7 +106,7 @@ _DMA_KINDS = {1: "map", 2: "swiotlb_bounce", 3: "iommu_fault", 4: "map_latency"}
 _DIRECTIONS = {0: "bidirectional", 1: "to_device", 2: "from_device", 3: "none"}
 _NVME_ACTIONS = {0: "polled", 1: "abort", 2: "reset", 3: "disable", 4: "rearm"}
 PF_KTHREAD = 0x00200000
-C = events.CONSTANTS
+C = RECORDS.constants
 
 
 def dev_numbers(dev: int) -> tuple[int, int]:
@@ -172,8 +185,9 @@ class IoLayer(BaseLayer):
     sources = SOURCES
     tables = ("block_request", "reclaim_interval", "dirty_throttle", "oom_victim", "tcp_retransmit", "dma_event",
               "nvme_timeout_action", "checkpoint_write", "block_device")
-    losses = (*events.probe_names("PROBE_BLOCK", "PROBE_BLOCK_MAP", "PROBE_BLOCK_UNCOMPLETED", "PROBE_MM", "PROBE_NET",
-                                  "PROBE_DMA", "PROBE_MM_MAP"), events.BLOCK_AGED_OUT)
+    records = RECORDS
+    losses = (*RECORDS.losses(), AGED_OUT)
+    flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -209,8 +223,11 @@ class IoLayer(BaseLayer):
             self._fill_partitions(probes.bpf)
         self.devices.record_present()
 
-    def settle(self, now: int) -> int:
-        """At stop, before `finish`, with the probes still attached: wait (at most SETTLE_MAX_S)
+    def settle(self, ts: int) -> None:
+        self.wait_for_recent(ts)
+
+    def wait_for_recent(self, now: int) -> int:
+        """At stop, before `unfinished`, with the probes still attached: wait (at most SETTLE_MAX_S)
         for the requests issued in the last SETTLE_RECENT_S to complete, reading the rings, so a
         request in flight when the workload ended (a journal commit, a writeback of the target's
         pages) is a row rather than a completion not seen. Older issued entries are left alone: a
@@ -232,7 +249,10 @@ class IoLayer(BaseLayer):
             time.sleep(SETTLE_POLL_S)
             self.probes.consume()
 
-    def finish(self, ts: int) -> int:  # type: ignore[override]
+    def unfinished(self, ts: int) -> None:
+        self.count_uncompleted(ts)
+
+    def count_uncompleted(self, ts: int) -> int:
         """At stop, after the last records were read: requests issued whose completion never
         reached the probe (still in flight after `settle`, or their completion program skipped:
         bpf/block.bpf.c, block_done) go to `loss`; returns how many."""
@@ -244,8 +264,17 @@ class IoLayer(BaseLayer):
             return 0
         if uncompleted:
             self.writer.add("loss", (self.session_id, ts - ts % 1_000_000_000,
-                                     events.PROBE_NAMES[C["PROBE_BLOCK_UNCOMPLETED"]], uncompleted))
+                                     UNCOMPLETED, uncompleted))
         return uncompleted
+
+    def tick(self, ts: int) -> None:
+        self.sweep(ts)  # in-flight block requests nothing ended, into `loss`
+
+    def close(self, ts: int) -> None:
+        self.flush()
+
+    def counted(self) -> dict[str, int]:
+        return {"block": self.events}
 
     def sweep(self, now: int, force: bool = False) -> int:
         """Remove the in-flight block entries nothing ended within the session's INFLIGHT_MAX_AGE_S
@@ -276,7 +305,7 @@ class IoLayer(BaseLayer):
             second = queued - queued % 1_000_000_000
             per_second[second] = per_second.get(second, 0) + 1
         for second, n in sorted(per_second.items()):
-            self.writer.add("loss", (self.session_id, second, events.BLOCK_AGED_OUT, n))
+            self.writer.add("loss", (self.session_id, second, BLOCK_AGED_OUT, n))
         return sum(per_second.values())
 
     def _fill_partitions(self, bpf) -> None:
@@ -321,7 +350,7 @@ class IoLayer(BaseLayer):
         sid = self.session_id
         if raw["block"] or (self.stacks and self.stacks.held("block")):
             rows = []
-            records = events.BLOCK.iter_unpack(b"".join(raw["block"]))
+            records = BLOCK.iter_unpack(b"".join(raw["block"]))
             joined = (self.stacks.join("block", records, _block_stack_key, shared=True) if self.stacks
                       else ((rec, None) for rec in records))
             for rec, py_stack in joined:
@@ -349,8 +378,8 @@ class IoLayer(BaseLayer):
         if raw["mm"] or (self.stacks and self.stacks.held("reclaim")):
             reclaims = []
             for chunk in raw["mm"]:
-                if len(chunk) == events.RECLAIM.size:
-                    reclaims.append(events.RECLAIM.unpack(chunk))
+                if len(chunk) == RECLAIM.size:
+                    reclaims.append(RECLAIM.unpack(chunk))
                 else:
                     self._mm_row(chunk)
             raw["mm"].clear()
@@ -363,7 +392,7 @@ class IoLayer(BaseLayer):
                                                      "memcg" if kind == C["RECLAIM_MEMCG"] else "direct", order,
                                                      gfp, pages, cg, py_stack))
         if raw["net"]:
-            for rec in events.TCP.iter_unpack(b"".join(raw["net"])):
+            for rec in TCP.iter_unpack(b"".join(raw["net"])):
                 ts, cg, pid, tid, state, err, sport, dport, family, _pad, saddr, daddr, comm = rec
                 src, dst = _ip(saddr, family), _ip(daddr, family)
                 self.writer.add("tcp_retransmit", (
@@ -372,7 +401,7 @@ class IoLayer(BaseLayer):
                     self.sockets.owner((dst, dport, src, sport))))
             raw["net"].clear()
         if raw["dma"]:
-            for rec in events.DMA.iter_unpack(b"".join(raw["dma"])):
+            for rec in DMA.iter_unpack(b"".join(raw["dma"])):
                 (ts, dur, addr, dma_addr, size, attrs, pid, tid, kind, direction, nents, flags, device,
                  comm) = rec
                 self.writer.add("dma_event", (
@@ -383,7 +412,7 @@ class IoLayer(BaseLayer):
                     flags >> 16 if kind == C["DMA_KIND_IOMMU_FAULT"] else None))
             raw["dma"].clear()
         if raw["nvme_ai"]:
-            for rec in events.NVME_AI.iter_unpack(b"".join(raw["nvme_ai"])):
+            for rec in NVME_AI.iter_unpack(b"".join(raw["nvme_ai"])):
                 (ts, sector, io_tag, ctrl, qid, rq_tag, nbytes, req_pid, req_tid, cid, opcode, action, _pad,
                  disk) = rec
                 self.writer.add("nvme_timeout_action", (
@@ -395,23 +424,23 @@ class IoLayer(BaseLayer):
     def _mm_row(self, chunk: bytes) -> None:
         sid = self.session_id
         size = len(chunk)
-        if size == events.DIRTY.size:
+        if size == DIRTY.size:
             (ts, pause, period, think, dirty, limit, ratelimit, cg_ino, pid, tid, dirtied, _pad, bdi,
-             comm) = events.DIRTY.unpack(chunk)
+             comm) = DIRTY.unpack(chunk)
             self.writer.add("dirty_throttle", (sid, ts, pause, self._thread(tid, pid, comm, ts), _text(bdi),
                                                period, think, dirty, limit, ratelimit, dirtied, cg_ino))
-        elif size == events.OOM.size:
-            ts, vm, anon, file, shmem, pgt, pid, uid, adj, killer, comm = events.OOM.unpack(chunk)
+        elif size == OOM.size:
+            ts, vm, anon, file, shmem, pgt, pid, uid, adj, killer, comm = OOM.unpack(chunk)
             self.writer.add("oom_victim", (sid, ts, pid, _text(comm), uid, adj, vm * 1024, anon * 1024,
                                            file * 1024, shmem * 1024, pgt * 1024, killer))
-        elif size == events.CHECKPOINT.size:
-            ts, ino, pos, count, io_tag, dev, pid, tid, _pad, name = events.CHECKPOINT.unpack(chunk)
+        elif size == CHECKPOINT.size:
+            ts, ino, pos, count, io_tag, dev, pid, tid, _pad, name = CHECKPOINT.unpack(chunk)
             major, minor = dev_numbers(dev)
             self.writer.add("checkpoint_write", (sid, ts, self._thread(tid, pid, b"", ts), major, minor, ino,
                                                  _text(name), pos, count, _signed(io_tag)))
 
 
-_STACK_TS, _PID, _TID = (events.BLOCK.names.index(n) for n in ("stack_ts", "pid", "tid"))
+_STACK_TS, _PID, _TID = (BLOCK.names.index(n) for n in ("stack_ts", "pid", "tid"))
 
 
 def _block_stack_key(rec: tuple) -> tuple[int, int, int] | None:
@@ -419,7 +448,7 @@ def _block_stack_key(rec: tuple) -> tuple[int, int, int] | None:
     return (rec[_STACK_TS], rec[_PID], rec[_TID]) if rec[_STACK_TS] else None
 
 
-_RECLAIM_STACK_TS, _RECLAIM_PID, _RECLAIM_TID = (events.RECLAIM.names.index(n) for n in ("stack_ts", "pid", "tid"))
+_RECLAIM_STACK_TS, _RECLAIM_PID, _RECLAIM_TID = (RECLAIM.names.index(n) for n in ("stack_ts", "pid", "tid"))
 
 
 def _reclaim_stack_key(rec: tuple) -> tuple[int, int, int] | None:

@@ -4,7 +4,7 @@ blocking, into the tables of store/migrations/0002_kernel_log.sql."""
 from __future__ import annotations
 
 from recorder.core.clock import now_ns
-from recorder.core.layer import BaseLayer, Context
+from recorder.core.layer import BaseLayer, Context, Phase
 from recorder.layers import kmsg
 
 
@@ -14,6 +14,7 @@ class KernelLog(BaseLayer):
     name = "kmsg"
     tables = tuple(kmsg.TABLE_COLUMNS)
     losses = ()  # records the kernel overwrote before they were read are counted by the reader only
+    flush_phase = Phase.DEVICES
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -63,9 +64,10 @@ class KernelLog(BaseLayer):
         return len(entries)
 
     def finish(self, ts: int = 0) -> None:
-        self.close()
+        """At the stop: the lines logged up to now."""
+        self.close_reader()
 
-    def close(self) -> None:
+    def close_reader(self) -> None:
         if self.reader is not None:
             self.poll()
             self.reader.close()

@@ -13,12 +13,13 @@ import os
 from collections.abc import Iterable
 
 import bpf
-from recorder.core import events
 from recorder.core.clock import now_ns
+from recorder.core.events import Loss
 from recorder.core.inflight import in_flight
-from recorder.core.layer import BaseLayer, Context, Sink
+from recorder.core.layer import BaseLayer, Context, Phase, Sink
 from recorder.core.libraries import exported_functions, mapped_files, resolve, workload_library_kind
 from recorder.layers.workload import nccl
+from recorder.layers.workload.records import MARKER, NCCL, RECORDS
 
 NCCL_CALL_COLUMNS = ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "count", "datatype", "op",
                      "peer", "handle", "stream", "cgroup_id", "python_stack_id")
@@ -27,11 +28,11 @@ MARKER_SYMBOLS = {"stall_recorder_step": "marker_step", "stall_recorder_lineage"
                   "stall_recorder_checkpoint": "marker_checkpoint"}
 # `loss.probe` of a call in flight at stop that could not be stored (its thread had ended)
 OPEN_LOST = "nccl call in flight, thread gone"
+_OPEN_LOST = Loss(OPEN_LOST, "nccl", "NCCL calls in flight at the stop", "their thread had ended")
 _OPEN_INSERT = (f"INSERT INTO nccl_call ({','.join(NCCL_CALL_COLUMNS)}, open)"
                 f" VALUES ({','.join('?' * len(NCCL_CALL_COLUMNS))}, 1)")
 _KIND = {i: api.kind for i, api in enumerate(nccl.APIS)}
-_STEP, _LINEAGE, _CHECKPOINT = (events.CONSTANTS[k] for k in ("MARKER_STEP", "MARKER_LINEAGE",
-                                                               "MARKER_CHECKPOINT"))
+_STEP, _LINEAGE, _CHECKPOINT = (RECORDS.constants[k] for k in ("MARKER_STEP", "MARKER_LINEAGE", "MARKER_CHECKPOINT"))
 
 
 def signed64(value: int) -> int:
@@ -46,7 +47,9 @@ class WorkloadLayer(BaseLayer):
     name = "workload"
     tables = ("nccl_api", "nccl_call", "nccl_comm", "step_mark", "lineage_mark", "lineage_label", "checkpoint_mark",
               "library")
-    losses = events.probe_names("PROBE_NCCL", "PROBE_NCCL_MAP", "PROBE_MARKER") + (OPEN_LOST,)
+    records = RECORDS
+    losses = (*RECORDS.losses(), _OPEN_LOST)
+    flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -75,6 +78,13 @@ class WorkloadLayer(BaseLayer):
         w.table("checkpoint_mark", ("session_id", "ts", "thread_id", "phase", "tag", "path", "python_stack_id"))
 
     # -- attaching --------------------------------------------------------------------------------
+    def named_library(self, path: str) -> bool:
+        """--cuda-lib naming NCCL or the marker extension."""
+        kind = library_kind(path)
+        if kind:
+            self.attach_library(path, kind, "option")
+        return kind is not None
+
     def scan(self, pid: int, found_by: str) -> None:
         for path in mapped_files(pid):
             kind = library_kind(path)
@@ -117,7 +127,7 @@ class WorkloadLayer(BaseLayer):
             s.count(kind, len(records))
         stacks = s.stacks  # each marker and NCCL entry captured its Python stack under (ts, pid, tid)
         if self.raw["marker"] or stacks.held("marker"):
-            records = events.MARKER.iter_unpack(b"".join(self.raw["marker"]))
+            records = MARKER.iter_unpack(b"".join(self.raw["marker"]))
             for (ts, value, tag, text_addr, text_len, pid, tid, kind, _pad, text), py_stack in stacks.join(
                     "marker", records, _marker_stack_key):
                 th = ident.thread(tid, pid, None, ts)
@@ -134,7 +144,7 @@ class WorkloadLayer(BaseLayer):
                     w.add("checkpoint_mark", (sid, ts, th, value, signed64(tag), path, py_stack))
             self.raw["marker"].clear()
         if self.raw["nccl"] or stacks.held("nccl"):
-            records = events.NCCL.iter_unpack(b"".join(self.raw["nccl"]))
+            records = NCCL.iter_unpack(b"".join(self.raw["nccl"]))
             w.extend("nccl_call", self._nccl_rows(stacks.join("nccl", records, _nccl_stack_key)))
             self.raw["nccl"].clear()
 
