@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder
 
+from recorder.metrics import loss_layer
+
 pytestmark = [needs_bpf, pytest.mark.bpf, pytest.mark.slow]
 parser = pytest.importorskip("prometheus_client.parser")
 
@@ -121,9 +123,18 @@ def test_the_metrics_file_has_the_recordings_values_after_it_stopped(flight):
     (offcpu,), = q(db, "SELECT count(*) FROM offcpu_interval")
     assert _value(final, "stall_recorder_events_total", layer="sched", kind="offcpu") >= offcpu > 0
     assert _value(final, "stall_recorder_events_total", layer="cuda", kind="cuda") > 0
-    lost = sum(n for n, in q(db, "SELECT dropped FROM loss"))
-    counted = sum(s.value for s in final.get("stall_recorder_dropped_events", []))
-    assert counted <= lost  # the stop's own accounting (block sweep) is not in the metrics
+    # drops: the metric counts the whole recording; the file keeps the loss rows of its 30 s window,
+    # and the stop's own accounting (requests whose completion was not seen), which the metric does not
+    lost: dict[str, int] = {}
+    for probe, n in q(db, "SELECT probe, dropped FROM loss WHERE probe != 'block request completion not seen'"):
+        lost[loss_layer(probe)] = lost.get(loss_layer(probe), 0) + n
+    counted = {s.labels["layer"]: s.value for s in final.get("stall_recorder_dropped_events", [])}
+    for layer, n in lost.items():
+        assert counted.get(layer, 0) >= n, (layer, counted, lost)
+    (span_s,), = q(db, "SELECT (stopped_ts - started_ts) / 1e9 FROM session")
+    if span_s < 30:  # nothing pruned: every drop counted is in the file
+        (in_file,), = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss")
+        assert sum(counted.values()) <= in_file, (counted, in_file)
     assert _value(final, "stall_recorder_database_bytes") > 100_000
     assert _value(final, "stall_recorder_window_kept_seconds") == 30
     # the last stall: step 300, with the primary cause kind its incident's report names
@@ -147,9 +158,12 @@ def test_on_incident_ran_with_each_incidents_path_and_summary(flight):
         assert r["env"]["STALL_RECORDER_INCIDENT_TRIGGER"] == files[path]
         assert r["env"]["STALL_RECORDER_DB"] == str(db)
         assert "\n" not in summary and f"{files[path]} incident at " in summary
-    ours = [r for r in runs if "step 300 took" in r["argv"][-1]]
+    # the incident that holds step 300's 1.2 s stall (on a loaded machine another slow step may have
+    # saved the incident whose window took it in: then that one names its own step)
+    ours = [r for r in runs if r["env"]["STALL_RECORDER_INCIDENT_TRIGGER"] == "stall"
+            and q(r["argv"][-2], "SELECT count(*) FROM step WHERE step = 300 AND dur > 1e9") == [(1,)]]
     assert len(ours) == 1, [r["argv"][-1] for r in runs]
-    assert "step 300 stalled, primary cause " in ours[0]["argv"][-1]
-    assert ours[0]["env"]["STALL_RECORDER_INCIDENT_STEP"] == "300"
+    step = ours[0]["env"]["STALL_RECORDER_INCIDENT_STEP"]
+    assert f"step {step} stalled, primary cause " in ours[0]["argv"][-1]
     assert _value(flight["final"], "stall_recorder_hook_runs_total") == len(runs)
     assert _value(flight["final"], "stall_recorder_hook_failures_total") == 0
