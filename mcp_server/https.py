@@ -78,7 +78,7 @@ def addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     except (socket.gaierror, UnicodeError) as e:
         raise UserError(f"--http host {host!r} is not an address this machine can bind ({e}): "
                         "give an IP address, e.g. 127.0.0.1") from None
-    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
 def binds_everywhere(host: str) -> bool:

@@ -179,7 +179,7 @@ TASK = Layout(
     "process lifecycle of traced tasks, their renames, and library loads that need a rescan",
 )
 
-LAYOUTS = (OFFCPU, CUDA, TASK)
+LAYOUTS: tuple[Layout, ...] = (OFFCPU, CUDA, TASK)
 
 # Constants shared by C and Python.
 CONSTANTS: dict[str, int] = {

@@ -207,6 +207,7 @@ class NativeSymbolizer:
                 out.append(NativeFrame(addr, m.path, None, file_offset))
                 continue
             key, syms = obj
+            assert syms is not None  # obj[1] checked above
             # a caller's address is where the call returns to: look up the call instruction
             vaddr = syms.vaddr(file_offset - (1 if depth else 0))
             ck = (key, vaddr)
@@ -410,9 +411,8 @@ class StackRecorder:
             elif pid not in reported and pid not in pending:
                 self._report(pid)
             key = (pid, ev.status, ev.frames)
-            stack_id = self._raw.get(key)
-            if stack_id is None:
-                stack_id = self._python_stack(ev)
+            known = self._raw.get(key)
+            stack_id = known if known is not None else self._python_stack(ev)
             if key in self._raw:  # resolved for good: the same bytes mean the same stack
                 seen[(pid, data[_RECORD_KEY.size:])] = (stack_id, waits)
                 if ev.digest and ev.digest not in self._digests:

@@ -807,7 +807,7 @@ def verify_checkpoints(store: Store, session_id: int | None = None) -> list[dict
     by default), store each result in checkpoint_verify (trigger 'recheck') and return them with
     `matches`: True when the content is what was hashed then. Safe to run any time, in any order."""
     if session_id is None:
-        session_id = store.one("SELECT max(id) AS id FROM session")["id"]
+        session_id = store.row("SELECT max(id) AS id FROM session")["id"]
         if session_id is None:
             raise StoreError(f"{store.path} holds no session: record one with 'recorder record' first")
     elif store.one("SELECT id FROM session WHERE id = ?", (session_id,)) is None:
