@@ -67,10 +67,19 @@ Sink = Callable[[bytes], None]
 class Layer(Protocol):
     """The contract every layer implements (see the module docstring for when each is called)."""
 
-    name: str
-    sources: tuple[BpfSource, ...]  # what it attaches through tracepoints
-    tables: tuple[str, ...]  # what it writes
-    losses: tuple[str, ...]  # the `loss.probe` names its lost records are counted under
+    # read-only (properties) so that a layer's class attributes, e.g. tables = ("offcpu_interval",),
+    # satisfy them for the type checker
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sources(self) -> tuple[BpfSource, ...]: ...  # what it attaches through tracepoints
+
+    @property
+    def tables(self) -> tuple[str, ...]: ...  # what it writes
+
+    @property
+    def losses(self) -> tuple[str, ...]: ...  # the `loss.probe` names its lost records are counted under
 
     def prepare(self) -> None: ...
 

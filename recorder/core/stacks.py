@@ -489,7 +489,7 @@ class StackRecorder:
         """Whether events of `kind` are held back for their stack record (see join())."""
         return bool(self._held.get(kind))
 
-    def join(self, kind: str, records: Iterable[tuple], key: Callable[[tuple], Key | None],
+    def join(self, kind: str, records: Iterable[tuple], key: Callable[[tuple], Key | int | None],
              shared: bool = False, patient: Callable[[tuple], bool] | None = None
              ) -> Iterator[tuple[tuple, int | None]]:
         """The events of `kind` held back at the last call, then `records`, each with its Python
@@ -513,7 +513,7 @@ class StackRecorder:
             if k is None:
                 yield rec, None
                 continue
-            if type(k) is int:  # a stack sent as its digest
+            if isinstance(k, int):  # a stack sent as its digest
                 stack_id = self._digests.get(k)
             else:
                 stack_id = self.take(k, shared) if shared else pop(k, None)
