@@ -17,12 +17,14 @@ demo: setup
 test: setup-test
 	@$(PY) -m ruff check recorder store mcp_server bpf tests benchmarks
 	@.venv/bin/lint-imports --no-cache
+	@$(PY) -m mypy
 	@$(PY) scripts/cli_reference.py --check
 	@$(PY) -m pytest -q -ra --durations=40 $(PYTEST_ARGS)
 
 lint: setup-test
 	@$(PY) -m ruff check recorder store mcp_server bpf tests benchmarks
 	@.venv/bin/lint-imports --no-cache
+	@$(PY) -m mypy
 	@$(PY) scripts/cli_reference.py --check
 
 bench: setup-test

@@ -43,7 +43,7 @@ def register_cluster_tool(server: Any, db: str | Path) -> None:
         from store.cluster import explain_paths
 
         try:
-            return untrusted.mark(explain_paths(paths, step=step, worst=worst))
+            return untrusted.mark(explain_paths([*paths], step=step, worst=worst))
         except UserError as e:
             raise ToolError(str(e)) from None
         except sqlite3.DatabaseError as e:  # a damaged page of one of the recordings

@@ -24,10 +24,9 @@ from typing import Any
 from mcp.server.transport_security import TransportSecuritySettings
 
 from mcp_server.server import build_server
-from recorder.core.settings import Settings
 from store.errors import UserError
 
-TOKEN_ENV = Settings.variable("mcp_token")
+TOKEN_ENV = "STALL_RECORDER_MCP_TOKEN"  # the caller reads it (recorder.core.settings: mcp_token)
 MIN_TOKEN_CHARS = 16
 
 
@@ -79,7 +78,7 @@ def addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     except (socket.gaierror, UnicodeError) as e:
         raise UserError(f"--http host {host!r} is not an address this machine can bind ({e}): "
                         "give an IP address, e.g. 127.0.0.1") from None
-    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
 def binds_everywhere(host: str) -> bool:
@@ -93,9 +92,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def read_token(token_file: Path | None) -> str | None:
+def read_token(token_file: Path | None, env_token: str | None = None) -> str | None:
+    """The token of --token-file, else `env_token` (${TOKEN_ENV}, read by the caller)."""
     if token_file is None:
-        return Settings.from_environment(only=("mcp_token",)).mcp_token
+        return env_token
     try:
         mode = token_file.stat().st_mode
         token = token_file.read_text().strip()
@@ -198,7 +198,7 @@ def header_deadline_protocol() -> type:
 
 
 def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | None, token_file: Path | None,
-                extra_hosts: list[str] | None = None) -> None:
+                extra_hosts: list[str] | None = None, env_token: str | None = None) -> None:
     import uvicorn
 
     host, port = parse_address(address)
@@ -213,6 +213,6 @@ def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | N
         raise UserError(f"binding {host} accepts connections on every interface: name the host clients will "
                         "use with --allow-host NAME (or bind one address, e.g. 127.0.0.1)")
     check_tls(certfile, keyfile)
-    app = build_app(db, host, port, read_token(token_file), extra_hosts)
+    app = build_app(db, host, port, read_token(token_file, env_token), extra_hosts)
     uvicorn.run(app, host=host, port=port, ssl_certfile=str(certfile), ssl_keyfile=str(keyfile),
                 log_level="warning", timeout_graceful_shutdown=2, http=header_deadline_protocol())

@@ -59,7 +59,7 @@ def processes(store: Store, session_id: int | None, limit: int) -> dict:
 def sessions(store: Store) -> list[dict]:
     out = []
     for s in store.query("SELECT * FROM session ORDER BY id"):
-        counts = store.one(
+        counts = store.row(
             "SELECT (SELECT count(*) FROM cuda_call WHERE session_id = :s) AS cuda_calls,"
             " (SELECT count(*) FROM offcpu_interval WHERE session_id = :s) AS offcpu_intervals,"
             " (SELECT count(*) FROM kernel_log WHERE session_id = :s) AS kernel_log_records,"

@@ -77,8 +77,9 @@ def connect(path: str | Path) -> Store:
     store = open_store(path, readonly=True)  # TEMP views created before the lock-down
     conn = store.conn
     conn.execute("PRAGMA query_only = 1")
-    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    # Python 3.11+ (Connection.setlimit): on 3.10 this raises, so run_sql needs 3.11 there
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # type: ignore[attr-defined]
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)  # type: ignore[attr-defined]
     conn.set_authorizer(_authorizer)
     return store
 
@@ -169,10 +170,10 @@ def _child(out: Connection, path: str, body: str, max_rows: int, time_limit_s: f
 
 
 _context_lock = threading.Lock()
-_context: multiprocessing.context.BaseContext | None = None
+_context: multiprocessing.context.ForkServerContext | None = None
 
 
-def _mp() -> multiprocessing.context.BaseContext:
+def _mp() -> multiprocessing.context.ForkServerContext:
     """A forkserver context: children are forked from a small single-threaded server (started on the
     first query) that has this module imported, not from the threaded MCP server."""
     global _context

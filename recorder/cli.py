@@ -619,7 +619,8 @@ def cmd_mcp(args) -> int:
     if args.http:
         from mcp_server.https import serve_https
 
-        serve_https(args.db, args.http, args.certfile, args.keyfile, args.token_file, args.allow_host)
+        serve_https(args.db, args.http, args.certfile, args.keyfile, args.token_file, args.allow_host,
+                    Settings.from_environment(only=("mcp_token",)).mcp_token)
     else:
         if args.certfile or args.keyfile or args.token_file:
             raise UserError("--certfile, --keyfile and --token-file go with --http HOST:PORT")

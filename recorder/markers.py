@@ -39,9 +39,10 @@ import hashlib
 import os
 import threading
 from types import TracebackType
+from typing import Any
 
 try:
-    from recorder import _markers as _native
+    from recorder import _markers as _native  # type: ignore[attr-defined]  # the C extension (setup.py)
 except ImportError:  # built without a C compiler: markers become no-ops
     _native = None
 
@@ -112,7 +113,7 @@ class _KernelTag:
     """The prctl, bound once per process; `call` is None on a kernel without the series."""
 
     checked = False
-    call = None  # libc prctl, as a ctypes function
+    call: Any = None  # libc prctl, as a ctypes function
 
 
 def kernel_io_tags() -> bool:
@@ -167,9 +168,9 @@ class lineage:  # noqa: N801 - used as a function-like context manager, as conte
         self._previous: tuple[int, bytes | None] = (0, None)
 
     def __enter__(self) -> lineage:
-        self._previous = getattr(_local, "current", None)
-        if self._previous is None:  # the thread's first scope
-            self._previous = (0, None)
+        previous = getattr(_local, "current", None)
+        self._previous = previous or (0, None)
+        if previous is None:  # the thread's first scope
             if _KernelTag.call is not None or (not _KernelTag.checked and kernel_io_tags()):
                 # what the thread had before (e.g. a launcher's tag), restored outside all scopes
                 _local.base_kernel_tag = kernel_io_tag()

@@ -48,11 +48,13 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_contracts_hold_and_fail_on_a_cycle_or_a_forbidden_import(tmp_path: Path) -> None:
     clean = lint_imports(copy_of_the_tree(tmp_path / "clean"))
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    assert "7 kept, 0 broken" in clean.stdout
+    assert "6 kept, 0 broken" in clean.stdout
 
     cycle = copy_of_the_tree(tmp_path / "cycle")
     with (cycle / "recorder/core/clock.py").open("a") as f:
-        f.write("\nfrom recorder.core import capability  # noqa: E402,F401\n")
+        # type-only on this side: a circle the type checker follows counts too
+        f.write("\nfrom typing import TYPE_CHECKING  # noqa: E402\nif TYPE_CHECKING:\n"
+                "    from recorder.core import capability  # noqa: F401\n")
     with (cycle / "recorder/core/capability.py").open("a") as f:
         f.write("\nfrom recorder.core import clock  # noqa: E402,F401\n")
     broken = lint_imports(cycle)
@@ -222,7 +224,7 @@ def added_layer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     text = registry.read_text()
     cuda = "from recorder.layers.cuda.layer import CudaLayer\n"
     text = text.replace(cuda, cuda + "from recorder.layers.execve import ExecveLayer\n")
-    text = re.sub(r"(LAYERS: .*?\n)(\))", r"\1    ExecveLayer,\n\2", text, count=1, flags=re.S)
+    text = re.sub(r"(LAYERS = .*?\n)(\))", r"\1    ExecveLayer,\n\2", text, count=1, flags=re.S)
     assert "    ExecveLayer,\n)" in text
     registry.write_text(text)
     return root, before, tree_digest(root)

@@ -111,3 +111,12 @@ def test_cli_default_database_comes_from_the_setting() -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and name in result.stderr, result.stderr
     assert not (ROOT / name).exists()
+
+
+def test_the_https_server_names_the_token_setting() -> None:
+    """mcp_server does not import the recorder: the command line reads the token setting and hands
+    it over, and the server's messages name the same variable."""
+    from mcp_server.https import TOKEN_ENV, read_token
+
+    assert TOKEN_ENV == Settings.variable("mcp_token")
+    assert read_token(None, "from-the-environment") == "from-the-environment"

@@ -63,8 +63,8 @@ class Identity:
         writer.table("process", PROCESS_COLUMNS)
         writer.table("thread", THREAD_COLUMNS)
         writer.table("thread_name", THREAD_NAME_COLUMNS)
-        self._next_process = (store.one("SELECT max(id) AS m FROM process")["m"] or 0) + 1
-        self._next_thread = (store.one("SELECT max(id) AS m FROM thread")["m"] or 0) + 1
+        self._next_process = (store.row("SELECT max(id) AS m FROM process")["m"] or 0) + 1
+        self._next_thread = (store.row("SELECT max(id) AS m FROM thread")["m"] or 0) + 1
         self.processes: dict[int, int] = {}  # pid -> process.id
         self.threads: dict[int, int] = {}  # tid -> thread.id, threads of the targets
         self.others: dict[int, int] = {}  # tid -> thread.id, tasks seen as preemptors or wakers

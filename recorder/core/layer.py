@@ -62,29 +62,13 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from recorder.core.events import Loss, Records
 from recorder.core.settings import Settings
+from recorder.core.sources import BpfSource  # where the layers import it from
 
 if TYPE_CHECKING:
     from recorder.core.identity import Identity
     from recorder.core.loader import Probes
     from recorder.core.stacks import StackRecorder
     from store.db import Store, Writer
-
-
-@dataclass(frozen=True)
-class BpfSource:
-    """One BPF file of a layer: compiled when every `required` tracepoint exists (else the layer is
-    recorded as absent); `optional` tracepoints get HAVE_TP_<system>_<event> when present;
-    `not_recorded` ones are listed in `capability` so a reader knows they were not used;
-    `optional_fields` (tracepoint, field) get HAVE_TPF_<system>_<event>_<field> when the running
-    kernel's format has that field. `filename` is a file of bpf/, or an absolute path (a layer
-    package's own file)."""
-
-    layer: str
-    filename: str
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-    not_recorded: tuple[str, ...] = ()
-    optional_fields: tuple[tuple[str, str], ...] = ()
 
 
 class Phase(IntEnum):
@@ -138,12 +122,25 @@ Sink = Callable[[bytes], None]
 class Layer(Protocol):
     """The contract every layer implements (see the module docstring for when each is called)."""
 
-    name: str
-    sources: tuple[BpfSource, ...]  # what it attaches through tracepoints
-    records: Records  # the structs, constants and drop counters it shares with its BPF programs
-    tables: tuple[str, ...]  # what it writes
-    losses: tuple[Loss, ...]  # every `loss.probe` name it writes, with what it means
-    flush_phase: Phase
+    # read-only (properties) so that a layer's class attributes, e.g. tables = ("offcpu_interval",),
+    # satisfy them for the type checker
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sources(self) -> tuple[BpfSource, ...]: ...  # what it attaches through tracepoints
+
+    @property
+    def records(self) -> Records: ...  # the structs, constants and drop counters it shares with its BPF programs
+
+    @property
+    def tables(self) -> tuple[str, ...]: ...  # what it writes
+
+    @property
+    def losses(self) -> tuple[Loss, ...]: ...  # every `loss.probe` name it writes, with what it means
+
+    @property
+    def flush_phase(self) -> Phase: ...
 
     def prepare(self) -> None: ...
 

@@ -21,10 +21,10 @@ import bpf
 from recorder.core import events, kheaders, ringbuf
 from recorder.core.capability import Capability
 from recorder.core.clock import now_ns
-from recorder.core.layer import BpfSource
 from recorder.core.libraries import exported_functions, find_libc
 from recorder.core.pyframes import PyStackProbe, bpf_source
 from recorder.core.settings import Settings
+from recorder.core.sources import BpfSource
 from recorder.errors import NotPrivileged, ProbeError
 
 TRACEFS = Path("/sys/kernel/tracing")

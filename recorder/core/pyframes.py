@@ -317,7 +317,7 @@ def _read_elf_facts(path: str) -> _ElfFacts:
         # ms: detection runs between a Python's exec and its first traced call)
         table = elf.get_section_by_name(".gnu.hash")
         for wanted in _WANTED if table is not None and hasattr(table, "get_symbol") else ():
-            sym = table.get_symbol(wanted)
+            sym = table.get_symbol(wanted)  # type: ignore[union-attr]  # a GNU hash section (hasattr above)
             if sym is not None and sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                 symbols[wanted] = sym["st_value"]
                 if wanted == "_PyRuntime":
@@ -330,7 +330,7 @@ def _read_elf_facts(path: str) -> _ElfFacts:
             for wanted in _WANTED:
                 if wanted in symbols:
                     continue
-                for sym in sec.get_symbol_by_name(wanted) or []:
+                for sym in sec.get_symbol_by_name(wanted) or []:  # type: ignore[attr-defined]  # a symbol table
                     # extension modules reference _PyRuntime too: only a definition counts
                     if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                         symbols[wanted] = sym["st_value"]
@@ -687,7 +687,7 @@ class StackResolver:
 
     def __init__(self, targets: dict[int, PythonTarget | Unsupported] | None = None) -> None:
         self.targets: dict[int, PythonTarget | Unsupported] = targets if targets is not None else {}
-        self._codes: dict[tuple[int, int, int], _Code] = {}
+        self._codes: dict[tuple[int, int, int | None], _Code] = {}
         self._mem: dict[int, int] = {}
         self.failures: dict[str, int] = {}  # reason -> frames, for the loss table
         self._page_states: dict[tuple[int, int], str] = {}  # (pid, page) -> state when a read failed

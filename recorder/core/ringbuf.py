@@ -94,6 +94,7 @@ class Ring:
     def _drain_blocks(self) -> int:
         cons_view, words, data, sink = self._cons, self._words, self._producer, self.sink
         mask, base, size = self.mask, self.page, self.record_size
+        assert size is not None  # read in blocks only with a record size
         stride = size + HEADER
         cons = cons_view[0]
         prod = self._prod[0]

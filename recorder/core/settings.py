@@ -167,6 +167,7 @@ class Settings(BaseModel):
                      "launch_stack_sample", mode="before")
     @classmethod
     def _sizes(cls, value: object, info: ValidationInfo) -> object:
+        assert info.field_name is not None  # a field validator is always told its field
         low, high, default, power = _SIZES[info.field_name]
         text = str(value).strip()
         if not text:

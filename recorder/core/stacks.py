@@ -207,6 +207,7 @@ class NativeSymbolizer:
                 out.append(NativeFrame(addr, m.path, None, file_offset))
                 continue
             key, syms = obj
+            assert syms is not None  # obj[1] checked above
             # a caller's address is where the call returns to: look up the call instruction
             vaddr = syms.vaddr(file_offset - (1 if depth else 0))
             ck = (key, vaddr)
@@ -410,9 +411,8 @@ class StackRecorder:
             elif pid not in reported and pid not in pending:
                 self._report(pid)
             key = (pid, ev.status, ev.frames)
-            stack_id = self._raw.get(key)
-            if stack_id is None:
-                stack_id = self._python_stack(ev)
+            known = self._raw.get(key)
+            stack_id = known if known is not None else self._python_stack(ev)
             if key in self._raw:  # resolved for good: the same bytes mean the same stack
                 seen[(pid, data[_RECORD_KEY.size:])] = (stack_id, waits)
                 if ev.digest and ev.digest not in self._digests:
@@ -489,7 +489,7 @@ class StackRecorder:
         """Whether events of `kind` are held back for their stack record (see join())."""
         return bool(self._held.get(kind))
 
-    def join(self, kind: str, records: Iterable[tuple], key: Callable[[tuple], Key | None],
+    def join(self, kind: str, records: Iterable[tuple], key: Callable[[tuple], Key | int | None],
              shared: bool = False, patient: Callable[[tuple], bool] | None = None
              ) -> Iterator[tuple[tuple, int | None]]:
         """The events of `kind` held back at the last call, then `records`, each with its Python
@@ -513,7 +513,7 @@ class StackRecorder:
             if k is None:
                 yield rec, None
                 continue
-            if type(k) is int:  # a stack sent as its digest
+            if isinstance(k, int):  # a stack sent as its digest
                 stack_id = self._digests.get(k)
             else:
                 stack_id = self.take(k, shared) if shared else pop(k, None)

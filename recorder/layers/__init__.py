@@ -10,8 +10,10 @@ Adding one is a package here, its migration in store/migrations and one line bel
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from recorder.core.events import Definitions
-from recorder.core.layer import BaseLayer, BpfSource
+from recorder.core.layer import BpfSource
 from recorder.layers.checkpoint import CheckpointLayer
 from recorder.layers.cuda.layer import CudaLayer
 from recorder.layers.gpu import GpuLayer
@@ -21,7 +23,7 @@ from recorder.layers.sched import SchedLayer
 from recorder.layers.task import TaskLayer
 from recorder.layers.workload.layer import WorkloadLayer
 
-LAYERS: tuple[type[BaseLayer], ...] = (
+LAYERS = (
     SchedLayer,
     TaskLayer,
     CudaLayer,
@@ -31,6 +33,12 @@ LAYERS: tuple[type[BaseLayer], ...] = (
     KernelLog,
     GpuLayer,  # sampling starts once the rings are open
 )
+
+
+if TYPE_CHECKING:  # the type checker holds every registered layer class to the Layer protocol (make lint)
+    from recorder.core.layer import Layer
+
+    _CHECKED: tuple[type[Layer], ...] = LAYERS
 
 
 def bpf_sources() -> tuple[BpfSource, ...]:

@@ -33,7 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from recorder.core.clock import now_ns
 from recorder.core.events import Layout, Loss, Records
@@ -42,6 +42,7 @@ from recorder.core.libraries import workload_library_kind
 from store.errors import StoreError
 
 if TYPE_CHECKING:
+    from recorder.core.loader import Probes
     from store.db import Store
 
 XATTR = "user.ai.checkpoint"
@@ -269,7 +270,7 @@ def stat_again(path: str | None, ino: int | None, size: int | None, mtime_ns: in
         st = os.stat(path)
     except OSError:
         return Verification(t0, now_ns() - t0, "stat", path, "missing", detail="no file at the path")
-    common = dict(ino=st.st_ino, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns,
+    common: dict[str, Any] = dict(ino=st.st_ino, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns,
                   mtime_ts=_monotonic_of(st.st_mtime_ns))
     if ino is not None and st.st_ino != ino:
         return Verification(t0, now_ns() - t0, "stat", path, "replaced",
@@ -433,7 +434,7 @@ class CheckpointLayer(BaseLayer):
         self.writer = context.writer
         self.identity = context.identity
         self.sid = context.session_id
-        self.probes = None
+        self.probes: Probes | None = None
         self.enabled = False  # until attach() finds checkpoint.bpf.c compiled
         self.raw: list[bytes] = []
         self.opens: dict[tuple[int, int, int], OpenFile] = {}  # (pid, fd, open_id)
@@ -600,6 +601,7 @@ class CheckpointLayer(BaseLayer):
             return
         th = self._thread(tid, pid, ts)
         error = ret if ret < 0 else 0
+        row: tuple[str, tuple]
         if op in _WRITES:
             row = ("extent", (ts, dur, th, name, offset if offset >= 0 else None, max(ret, 0),
                               None if op in _VECTORED else count, error))
@@ -613,6 +615,7 @@ class CheckpointLayer(BaseLayer):
         if o.state == "pending":
             o.held.append(row)
             return
+        assert o.file is not None  # an open that is not pending has its file
         self._write_row(o.file, row)
         if op == _CLOSE:
             self._closed(o.file, ts)
@@ -640,6 +643,7 @@ class CheckpointLayer(BaseLayer):
             self.by_current.pop(new, None)
         th = self._thread(tid, pid, ts) if moved else None
         for f in moved:
+            assert f.current is not None  # moved holds files with a name
             if self.by_current.get(f.current) is f:
                 del self.by_current[f.current]
             f.current = new + f.current[len(old):]
@@ -703,7 +707,7 @@ class CheckpointLayer(BaseLayer):
         o.state = "opted"
         live = self.by_current.get(o.path)
         merged = live is not None and not live.complete and live.pid == o.pid and opted_by != "rewrite"
-        f = live if merged else self._new_file(o, opted_by, scope, modifies)
+        f = live if merged and live is not None else self._new_file(o, opted_by, scope, modifies)
         o.file = f
         f.open_fds += 1
         self.writer.add("checkpoint_op", (self.sid, f.id, o.ts, o.dur, self._thread(o.tid, o.pid, o.ts), "open",
@@ -891,7 +895,7 @@ def verify_checkpoints(store: Store, session_id: int | None = None) -> list[dict
     by default), store each result in checkpoint_verify (trigger 'recheck') and return them with
     `matches`: True when the content is what was hashed then. Safe to run any time, in any order."""
     if session_id is None:
-        session_id = store.one("SELECT max(id) AS id FROM session")["id"]
+        session_id = store.row("SELECT max(id) AS id FROM session")["id"]
         if session_id is None:
             raise StoreError(f"{store.path} holds no session: record one with 'recorder record' first")
     elif store.one("SELECT id FROM session WHERE id = ?", (session_id,)) is None:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from recorder.core.clock import now_ns
 from recorder.core.events import Loss
@@ -146,7 +147,7 @@ class GpuSampler:
         self.failures: collections.deque[int] = collections.deque()  # ts of samples that failed
         self.status = ("absent", "not started")  # of the 'nvml' probe, for the start summary
         self._never: set[int] = set()  # NVML answers meaning "this GPU never has that metric"
-        self._nvml = None
+        self._nvml: Any = None  # the pynvml module once loaded (untyped)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         writer.table("gpu_sample", COLUMNS)

@@ -91,9 +91,9 @@ def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
 def percentile(store: Store, session_id: int, request: dict) -> dict:
     """Where the request's latency falls among the session's requests of its device and op."""
     span = {"s": session_id, "d": request["device"], "o": request["op"], "v": request["dur"]}
-    n = store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o",
+    n = store.row("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o",
                   span)["n"]
-    below = store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o"
+    below = store.row("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o"
                       " AND dur <= :v", span)["n"]
     mid = store.one("SELECT dur FROM block_request WHERE session_id = :s AND device = :d AND op = :o"
                     " ORDER BY dur LIMIT 1 OFFSET :h", {**span, "h": max(n - 1, 0) // 2})

@@ -149,7 +149,7 @@ def _next_actions(cause: dict | None, call: dict | None) -> list[str]:
     if cause is None:
         return []
     what = f"{cause.get('reason')}" + (f" in {cause['syscall']}" if cause.get("syscall") else "")
-    return fill(CALL_ACTIONS, cause["kind"], {**call, **cause, "what": what})
+    return fill(CALL_ACTIONS, cause["kind"], {**(call or {}), **cause, "what": what})
 
 
 def _loss(store: Store, sid: int, start: int, end: int, off: int, layers: dict[str, str]) -> tuple[dict, set[str]]:
@@ -172,16 +172,16 @@ def _io_negatives(store: Store, sid: int, start: int, end: int, observed: list[s
     observed without a loss in it)."""
     out = []
     span = {"s": sid, "a": start, "b": end}
-    if "kmsg" in observed and not store.one(
+    if "kmsg" in observed and not store.row(
             "SELECT count(*) AS n FROM nvme_event WHERE session_id = :s AND ts >= :a AND ts < :b"
             " AND kind IN ('timeout', 'resetting', 'controller_down', 'reset_failure', 'not_ready')", span)["n"]:
         out.append("no NVMe timeout or reset in the kernel log")
     errors = 0
     if "block" in observed:
-        errors += store.one("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND ts >= :a"
+        errors += store.row("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND ts >= :a"
                             " AND ts < :b AND error != 0", span)["n"]
     if "kmsg" in observed:
-        errors += store.one("SELECT count(*) AS n FROM block_error WHERE session_id = :s AND ts >= :a"
+        errors += store.row("SELECT count(*) AS n FROM block_error WHERE session_id = :s AND ts >= :a"
                             " AND ts < :b", span)["n"]
     if ("block" in observed or "kmsg" in observed) and not errors:
         out.append("no block I/O errors" if "block" in observed else "no block I/O errors in the kernel log")
@@ -211,14 +211,14 @@ def _session_notes(store: Store, sid: int) -> dict:
     died); {'window_kept': ...} for a flight recording whose window was shorter than
     --keep because of --max-size."""
     out = {}
-    off = store.one("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
+    off = store.row("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
     row = store.one("SELECT trigger, detail, ts FROM incident WHERE session_id = ? AND own = 1 ORDER BY id LIMIT 1",
                     (sid,))
     if row is not None:
         out["incident"] = (f"saved by the flight recorder ({row['trigger']}, {utc(row['ts'] + off)}): {row['detail']}"
                            if row["trigger"] not in ("dump", "signal")
                            else f"saved on request ({row['trigger']}): {row['detail']}")
-    ended = recording_end(store, store.one("SELECT * FROM session WHERE id = ?", (sid,)))
+    ended = recording_end(store, store.row("SELECT * FROM session WHERE id = ?", (sid,)))
     if ended:
         out["ended"] = ended
     short = store.one("SELECT * FROM flight_window WHERE session_id = ? AND shortest_ns IS NOT NULL", (sid,))
@@ -267,7 +267,7 @@ def _outside(store: Store, session: dict, start: int, end: int) -> str | None:
 
 
 def _cuda_calls(store: Store, sid: int, start: int, end: int) -> int:
-    return store.one("SELECT count(*) AS n FROM cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?",
+    return store.row("SELECT count(*) AS n FROM cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?",
                      (sid, start, end))["n"]
 
 
@@ -321,7 +321,7 @@ def _machine_negatives(store: Store, sid: int, start: int, end: int, observed: l
     span = {"s": sid, "a": start, "b": end}
 
     def none(*tables: str, where: str = "") -> bool:
-        return not any(store.one(f"SELECT count(*) AS n FROM {t} WHERE session_id = :s AND ts >= :a AND ts < :b"
+        return not any(store.row(f"SELECT count(*) AS n FROM {t} WHERE session_id = :s AND ts >= :a AND ts < :b"
                                  + where, span)["n"] for t in tables)
 
     out = []
@@ -343,17 +343,17 @@ def _machine_negatives(store: Store, sid: int, start: int, end: int, observed: l
 def _call_report(store: Store, session: dict, state: str, sid: int, start: int, end: int, off: int,
                  calls: list[dict], primary: dict | None, cause: dict | None, findings: list[dict],
                  negatives: list[str], caps: dict, lost: dict, checked: list[str]) -> CallReport:
-    totals = store.one(
+    totals = store.row(
         "SELECT count(*) AS calls, coalesce(sum(dur), 0) AS dur FROM cuda_call"
         " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
-    slow_total = store.one(
+    slow_total = store.row(
         "SELECT count(*) AS n FROM slow_cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?",
         (sid, start, end))["n"]
     offcpu = store.query(
         "SELECT reason, count(*) AS intervals, sum(dur) AS dur FROM offcpu"
         " WHERE session_id = ? AND ts >= ? AND ts < ? GROUP BY reason ORDER BY dur DESC",
         (sid, start, end))
-    wait = store.one("SELECT coalesce(sum(runq_dur), 0) AS w FROM offcpu"
+    wait = store.row("SELECT coalesce(sum(runq_dur), 0) AS w FROM offcpu"
                      " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))["w"]
     if "sched" in checked and wait < 0.05 * (end - start):
         negatives.append(f"traced threads waited only {ms(wait)} for a CPU in the window")
@@ -385,7 +385,7 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
         stall=primary is not None,
         symptom=symptom,
         primary_cause=None if primary is None else {
-            **cause, "cuda_call_id": primary["id"], "text": primary["text"],
+            **(cause or {}), "cuda_call_id": primary["id"], "text": primary["text"],
             "thread": f"{primary['thread_name']} (tid {primary['tid']}) of "
                       f"{primary['process_name']} (pid {primary['pid']})",
         },
@@ -416,7 +416,7 @@ def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
 
     rows = lookup_steps(store, sid, number)
     if not rows:
-        span = store.one("SELECT min(step) AS a, max(step) AS b, count(*) AS n FROM step_mark WHERE session_id = ?",
+        span = store.row("SELECT min(step) AS a, max(step) AS b, count(*) AS n FROM step_mark WHERE session_id = ?",
                          (sid,))
         raise UserError(f"no step {number} in session {sid}: its {span['n']} steps run {span['a']}..{span['b']}"
                         " ('recorder steps' lists them)")
@@ -525,9 +525,9 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
     if kind == "nvme_timeout":
         nv = _nvme_facts(store, cand)
         facts.update(nv)
-        where = [f"controller {nv['controller']}"] + [f"{name} {nv[key]}" for name, key in (
+        ids = [f"controller {nv['controller']}"] + [f"{name} {nv[key]}" for name, key in (
             ("queue", "queue"), ("request tag", "request_tag")) if nv[key] is not None]
-        facts["summary"] = (f"NVMe timeout on {disk} ({', '.join(where)})" +
+        facts["summary"] = (f"NVMe timeout on {disk} ({', '.join(ids)})" +
                             (", then controller reset" if "controller reset" in nv["actions"] else "") +
                             f": the thread waited {ms(dur)} for I/O")
         path = io_path + ["NVMe timeout"] + nv["actions"][:4] + ["request completed"]
@@ -700,7 +700,7 @@ def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
                             + (f", woken by {wait.get('waker_name')}"
                                + (f" (pid {wait.get('waker_pid')})" if wait.get("waker_pid") is not None else "")
                                if wait.get("waker_name") else ""))
-        path = [f"{syscall}()" if syscall else cand.get("reason")]
+        path = [f"{syscall}()" if syscall else str(cand.get("reason"))]
     names = _thread_names(store, step) if kind == "cpu_contention" else {}
     kills = cand.get("oom_kills") or []
     peer = facts.get("peer") or ""
@@ -730,7 +730,7 @@ def _step_negatives(store: Store, sid: int, a: int, b: int, observed: set[str], 
     span = {"s": sid, "a": a, "b": b}
 
     def none(sql: str) -> bool:
-        return not store.one(sql, span)["n"]
+        return not store.row(sql, span)["n"]
 
     out = []
     kmsg = "kmsg" in observed
@@ -787,7 +787,7 @@ def _gpu_during(store: Store, sid: int, a: int, b: int, step: dict | None = None
         return None
     near: list[float] = []
     if step is not None:
-        mark = store.one("SELECT thread_id, ts FROM step_mark WHERE id = ?", (step["step_mark_id"],))
+        mark = store.row("SELECT thread_id, ts FROM step_mark WHERE id = ?", (step["step_mark_id"],))
         n = stall_rule(store).neighbours
         ids = [r["id"] for r in store.query(
             "SELECT id FROM (SELECT id FROM step_mark WHERE thread_id = :t AND ts < :ts ORDER BY ts DESC LIMIT :n)"
@@ -924,7 +924,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         "observed_layers": caps["observed"], "not_observed": caps["not_observed"],
     }
     if not rows:
-        summary = store.one("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_all"
+        summary = store.row("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_all"
                             " WHERE session_id = ? AND ts >= ? AND ts < ?", (sid, start, end))
         med = store.query("SELECT dur FROM step_all WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
                           " ORDER BY dur", (sid, start, end))
@@ -952,7 +952,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         symptom += " (still running when the recording stopped)"
     if gpu:
         symptom += f"; {gpu_text(gpu)}"
-    others = []
+    others: list[dict] = []
     if step is None and not worst:
         seen = {chosen["step"]}
         for r in stalls:

@@ -21,7 +21,7 @@ HOLDER_WINDOW_NS = 1_000_000_000  # else its lines this close to the waits
 
 
 def max_depth(store: Store) -> int:
-    return store.one("SELECT max_depth FROM wait_chain_rule")["max_depth"]
+    return store.row("SELECT max_depth FROM wait_chain_rule")["max_depth"]
 
 
 def chain(store: Store, offcpu_id: int) -> list[dict]:
@@ -30,7 +30,7 @@ def chain(store: Store, offcpu_id: int) -> list[dict]:
     root = store.one("SELECT * FROM offcpu_wait WHERE offcpu_id = ?", (offcpu_id,))
     if root is None:
         return []
-    rule = store.one("SELECT max_depth, min_blocked_dur FROM wait_chain_rule")
+    rule = store.row("SELECT max_depth, min_blocked_dur FROM wait_chain_rule")
     hops = [{"root_offcpu_id": offcpu_id, "depth": 0, "woke_offcpu_id": None, **root}]
     current = offcpu_id
     while len(hops) <= rule["max_depth"]:
@@ -39,7 +39,7 @@ def chain(store: Store, offcpu_id: int) -> list[dict]:
             break
         if len(hops) == 1 and hop["wakeup_ts"] - root["ts"] < rule["min_blocked_dur"]:
             break
-        row = store.one("SELECT * FROM offcpu_wait WHERE offcpu_id = ?", (hop["waker_offcpu_id"],))
+        row = store.row("SELECT * FROM offcpu_wait WHERE offcpu_id = ?", (hop["waker_offcpu_id"],))
         hops.append({"root_offcpu_id": offcpu_id, "depth": len(hops), "woke_offcpu_id": current, **row})
         current = hop["waker_offcpu_id"]
     return hops if len(hops) > 1 else []
@@ -144,7 +144,7 @@ def gil_waits(store: Store, step_mark_id: int) -> dict | None:
         return out
     holder, held_ns = held.most_common(1)[0]
     mine = [r for r in rows if r["holder_thread_id"] == holder]
-    names = store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?", (holder,))
+    names = store.row("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?", (holder,))
     out["holder"] = {"thread_id": holder, "tid": names["tid"], "pid": names["pid"],
                      "name": names["thread_name"], "process": names["process_name"],
                      "python": _holder_line(store, holder, mine), "held_dur_ns": held_ns, "waits": len(mine),
@@ -179,5 +179,5 @@ def _holder_line(store: Store, holder: int, waits: list[dict]) -> str | None:
         "SELECT s.text, abs(x.ts - ?) AS d FROM offcpu_interval x JOIN python_call_site s"
         " ON s.stack_id = x.python_stack_id WHERE x.thread_id = ? AND x.ts " + op + " ? ORDER BY x.ts " + order
         + " LIMIT 1", (at, holder, at)) for op, order, at in ((">=", "ASC", hi), ("<", "DESC", lo))]
-    near = [n for n in near if n]
-    return min(near, key=lambda n: n["d"])["text"] if near else None
+    found = [n for n in near if n is not None]
+    return min(found, key=lambda n: n["d"])["text"] if found else None

@@ -91,7 +91,7 @@ SQLITE_QUERIES = {
 
 
 def _columns(relation: str) -> list[tuple[str, str]]:
-    return [tuple(c.split()) for c in RELATIONS[relation].split(",")]
+    return [(name, kind) for name, kind in (c.split() for c in RELATIONS[relation].split(","))]
 
 
 def _as_csv(relation: str, conn: sqlite3.Connection) -> str:

@@ -43,6 +43,8 @@ sqlite3.register_adapter(type(None), _bind_none)
 APPLICATION_ID = 0x53544C52  # 'STLR'
 ROWS_PER_STATEMENT = 50
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# SQLite result codes (the sqlite3 module names them from Python 3.11 on)
+SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL = 10, 11, 13
 
 
 def _sqlite_library() -> str | None:
@@ -83,7 +85,7 @@ def packed_inserter(store: Store) -> Callable | None:
     if store.readonly or not (3, 8) <= sys.version_info[:2] <= (3, 14):
         return None
     try:
-        from store.db import _insert
+        from store.db import _insert  # type: ignore[attr-defined]  # the C extension, built by setup.py when it can
     except ImportError:
         return None
     lib = _sqlite_library()
@@ -303,6 +305,13 @@ class Store:
         rows = self.query(sql, params)
         return rows[0] if rows else None
 
+    def row(self, sql: str, params: Sequence | dict = ()) -> dict:
+        """The first row of a query that always gives one (an aggregate, a rule table)."""
+        rows = self.query(sql, params)
+        if not rows:
+            raise StoreError(f"no row where one is always expected: {sql}")
+        return rows[0]
+
     def store_baselines(self, session_id: int) -> None:
         """Compute the session's baselines once (at stop) instead of at every report."""
         self.conn.execute("DELETE FROM cuda_baseline_stored WHERE session_id = ?", (session_id,))
@@ -432,7 +441,7 @@ def damaged(e: sqlite3.Error) -> bool:
     """Whether an error says a recording's pages are damaged (a file that is no database at all
     is not: that is said as such)."""
     code = (getattr(e, "sqlite_errorcode", None) or 0) & 0xFF
-    return code == sqlite3.SQLITE_CORRUPT or "database disk image is malformed" in str(e)
+    return code == SQLITE_CORRUPT or "database disk image is malformed" in str(e)
 
 
 def damaged_message(path: str | os.PathLike, e: sqlite3.Error) -> str:
@@ -443,7 +452,7 @@ def damaged_message(path: str | os.PathLike, e: sqlite3.Error) -> str:
 def cannot_write(e: sqlite3.Error) -> bool:
     """Whether an error means the file system took no more: full, or failing writes."""
     code = getattr(e, "sqlite_errorcode", None)
-    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+    return code is not None and (code & 0xFF) in (SQLITE_FULL, SQLITE_IOERR)
 
 
 class Writer:
@@ -526,7 +535,7 @@ class Writer:
     def add(self, name: str, row: Sequence) -> None:
         self._pending[name].append(row)
 
-    def extend(self, name: str, rows: list[Sequence]) -> None:
+    def extend(self, name: str, rows: Iterable[Sequence]) -> None:
         self._pending[name].extend(rows)
 
     def execute(self, sql: str, params: Sequence = ()) -> None:
@@ -549,7 +558,7 @@ class Writer:
         """Write (or hand over) everything added since the last flush; returns the row count."""
         if self._error:
             raise self._error
-        batch = [(name, rows) for name, rows in self._pending.items() if rows]
+        batch: list[tuple[str, list[Sequence] | bytes]] = [(n, rows) for n, rows in self._pending.items() if rows]
         count = sum(len(rows) for _, rows in batch)
         for name, chunks in self._packed.items():
             if chunks:
@@ -557,7 +566,7 @@ class Writer:
                 self._packed[name] = []
                 batch.append((name, packed))
                 count += self._packed_rows(name, len(packed))
-        statements = self._statements
+        statements: list[tuple[str, Sequence] | None] = list(self._statements)
         self._statements = []
         if self._first:
             statements = [None, *self._first, None, *statements]  # None brackets the ones run first
@@ -584,7 +593,7 @@ class Writer:
     def close(self) -> None:
         self.flush()
         self.sync()
-        if self._queue is not None:
+        if self._queue is not None and self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._queue = None
@@ -604,6 +613,7 @@ class Writer:
                 self.make_room(conn, self._packed_rows(name, len(rows)) if isinstance(rows, bytes) else len(rows))
             if isinstance(rows, bytes):  # packed (extend_packed); the GIL is released inside
                 program, slots, sql = self._programs[name]
+                assert self._insert_packed is not None  # packed rows are offered only with the inserter
                 written += self._insert_packed(conn, sql, program, slots, rows)
             else:
                 written += len(rows)
@@ -661,7 +671,8 @@ class Writer:
             except sqlite3.Error:
                 pass
             self.rows_not_written += count
-            self.stopped = f"disk full ({e})" if e.sqlite_errorcode == sqlite3.SQLITE_FULL else f"cannot write ({e})"
+            full = getattr(e, "sqlite_errorcode", 0) == SQLITE_FULL
+            self.stopped = f"disk full ({e})" if full else f"cannot write ({e})"
 
     def _pieces(self, batch: list) -> Iterable[tuple[str, list | bytes]]:
         """The batch's rows, in order, in pieces of at most txn_rows rows when that is set."""
@@ -676,6 +687,7 @@ class Writer:
                 yield name, rows[i:i + step]
 
     def _run(self) -> None:
+        assert self._queue is not None  # the thread runs only with a queue
         while True:
             item = self._queue.get()
             try:

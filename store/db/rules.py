@@ -59,17 +59,17 @@ class CauseRule:
 
 
 def stall_rule(store: Store) -> StallRule:
-    r = store.one("SELECT ratio, min_excess_dur, min_baseline_steps, neighbours FROM stall_rule")
+    r = store.row("SELECT ratio, min_excess_dur, min_baseline_steps, neighbours FROM stall_rule")
     return StallRule(r["ratio"], r["min_excess_dur"], r["min_baseline_steps"], r["neighbours"])
 
 
 def slow_call_rule(store: Store) -> SlowCallRule:
-    r = store.one("SELECT ratio, min_excess_dur, min_baseline_calls FROM slow_call_rule")
+    r = store.row("SELECT ratio, min_excess_dur, min_baseline_calls FROM slow_call_rule")
     return SlowCallRule(r["ratio"], r["min_excess_dur"], r["min_baseline_calls"])
 
 
 def cause_rule(store: Store) -> CauseRule:
-    r = store.one("SELECT specific_share, explained_share, secondary_share FROM cause_rule")
+    r = store.row("SELECT specific_share, explained_share, secondary_share FROM cause_rule")
     return CauseRule(
         r["specific_share"], r["explained_share"], r["secondary_share"],
         {k: s for k, s in store.conn.execute("SELECT kind, specificity FROM cause_kind")},

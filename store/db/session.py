@@ -55,7 +55,7 @@ def session_end(store: Store, session: dict) -> int:
     committed or its last event, whichever is later."""
     if session["stopped_ts"]:
         return session["stopped_ts"]
-    row = store.one(
+    row = store.row(
         "SELECT max(e) AS e FROM (SELECT max(ts + dur) AS e FROM cuda_call WHERE session_id = :s"
         " UNION ALL SELECT max(ts + dur) FROM offcpu_interval WHERE session_id = :s)",
         {"s": session["id"]},

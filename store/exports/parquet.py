@@ -85,6 +85,7 @@ def export_parquet(db: str | os.PathLike, out: str | os.PathLike, session_id: in
                 if folder.exists():  # a new export of this node's session replaces the old one
                     shutil.rmtree(folder)
                 cols = ", ".join(f'"{c}"' for c in types)
+                params: tuple[int, ...]
                 if "session_id" in types:
                     sql, params = f'SELECT {cols} FROM "{name}" WHERE session_id = ?', (sid,)
                 elif name == "session":
@@ -115,7 +116,7 @@ def _write_typed(conn: sqlite3.Connection, sql: str, params: tuple, folder: Path
     total = 0
     while True:
         rows = cur.fetchmany(batch_rows) if batch_rows else cur.fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
+        cols = list(zip(*rows, strict=True)) if rows else [() for _ in names]
         arrays = [_column(list(c), declared[i]) for i, c in enumerate(cols)]
         if extra:
             arrays += [pa.array([v] * len(rows), type=pa.string()) for v in extra.values()]

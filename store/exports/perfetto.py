@@ -293,10 +293,10 @@ def _flatten(slices: list[Slice], depth: int = 0):
 def export_window(store: Store, session_id: int | None, window: str | None, step: int | None) -> tuple[dict, int, int]:
     session = session_row(store, session_id)
     if step is not None:
-        row = store.one("SELECT min(ts) AS a, max(end_ts) AS b, count(*) AS n FROM step_all"
+        row = store.row("SELECT min(ts) AS a, max(end_ts) AS b, count(*) AS n FROM step_all"
                         " WHERE session_id = ? AND step = ?", (session["id"], step))
         if not row["n"]:
-            span = store.one("SELECT min(step) AS lo, max(step) AS hi FROM step_mark WHERE session_id = ?",
+            span = store.row("SELECT min(step) AS lo, max(step) AS hi FROM step_mark WHERE session_id = ?",
                              (session["id"],))
             where = (f"its steps run {span['lo']}..{span['hi']}" if span["lo"] is not None
                      else "it has no steps: export a --window instead")
@@ -496,8 +496,8 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
 
 def _python(store: Store, slices: list[Slice]) -> None:
     """The Python call site and stack of each slice captured with one, as its arguments."""
-    ids = sorted({s.stack for s in slices})
-    texts: dict[int, dict] = {}
+    ids = sorted({s.stack for s in slices if s.stack is not None})
+    texts: dict[int | None, dict] = {}
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
         for r in store.query(f"SELECT stack_id, call_site, stack_text FROM python_stack_text WHERE stack_id IN "

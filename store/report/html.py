@@ -70,7 +70,7 @@ def step_plot(store: Store, sid: int, chosen: int | None) -> str | None:
                              constrained_layout=True)
     for ax, tid in zip(axes[:, 0], threads, strict=True):
         rs = [r for r in rows if r["thread_id"] == tid]
-        name = store.one("SELECT thread_name, pid, tid FROM thread_info WHERE thread_id = ?", (tid,))
+        name = store.row("SELECT thread_name, pid, tid FROM thread_info WHERE thread_id = ?", (tid,))
         x = [r["step"] for r in rs]
         ax.plot(x, [r["dur"] / 1e6 for r in rs], "o-", ms=3, lw=1, color=BASE, label="step duration")
         ax.plot(x, [(r["baseline_dur"] or 0) / 1e6 for r in rs], "--", lw=1.2, color=BASELINE,
@@ -315,7 +315,7 @@ def build_html(store: Store, session_id: int | None = None, window: str | None =
     parts.append(_section("Step durations", svg or "<p>No step markers or inferred steps in this session.</p>"))
     svg = breakdown_plot(report) if step else None
     plots["breakdown"] = svg is not None
-    if svg:
+    if svg and step:
         parts.append(_section(f"Where step {step['step']} went (against its neighbours)", svg))
     svg, lat = latency_plot(store, sid)
     plots["latency"] = svg is not None
@@ -330,7 +330,7 @@ def build_html(store: Store, session_id: int | None = None, window: str | None =
     win = report["window"]
     threads: list[tuple[int | None, str]] = [(None, "")]
     if step:
-        row = store.one("SELECT thread_id FROM step_mark WHERE id = ?", (step["step_mark_id"],))
+        row = store.row("SELECT thread_id FROM step_mark WHERE id = ?", (step["step_mark_id"],))
         threads = [(row["thread_id"], "")]
         late = report.get("straggler")
         if late:  # the rank waited for, over the same time: what it was doing instead

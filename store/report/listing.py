@@ -59,7 +59,9 @@ def top(store: Store, session_id: int | None = None, limit: int = 5) -> dict:
     session = session_row(store, session_id)
     sid = session["id"]
     stalls = find_stalls(store, sid, 0, 2**63 - 1)[:STALLS_ANALYSED]
-    worst, by_line, by_device = [], {}, {}
+    worst: list[dict] = []
+    by_line: dict = {}
+    by_device: dict = {}
     for r in stalls:
         a = analyse_step(store, session, r)
         p = a["primary_cause"] or {}

@@ -147,8 +147,9 @@ def render_step_text(report: Report, stack: bool = False) -> str:
                                                          for x in p.python_lines))
         if p.kernel_path:
             lines.append("Kernel path: " + " -> ".join(p.kernel_path))
-        lines.append(f"Share of the stall: {100 * p.share_of_stall:.0f}% ({ms(p.excess_dur_ns)} above the "
-                     "usual in the neighbouring steps)")
+        if p.share_of_stall is not None:
+            lines.append(f"Share of the stall: {100 * p.share_of_stall:.0f}% ({ms(p.excess_dur_ns)} above the "
+                         "usual in the neighbouring steps)")
     elif r.stall:
         lines.append("Primary cause: none recorded: no wait of the thread explains the step (it ran on the CPU)")
     else:

@@ -241,6 +241,7 @@ class CudaLayer(BaseLayer):
         (recorder/_ingest.c, the same values _cuda_rows() gives); returns the other records."""
         ctx = self.context
         framed = CUDA.framed_size
+        assert self._pack_cuda is not None  # the packed path is taken only where it exists
         packed, misses = self._pack_cuda(
             joined, framed, self._cuda_offsets, ctx.session_id, ctx.identity.threads,
             ctx.stacks.join_keys(), ctx.stacks.digests(), ctx.stacks.native_cache(),
@@ -289,7 +290,7 @@ class CudaLayer(BaseLayer):
             k = cuda_stack_key(rec)
             if k is None:
                 return None
-            return digests.get(k) if type(k) is int else stacks.open_stack(k, take=final)
+            return digests.get(k) if isinstance(k, int) else stacks.open_stack(k, take=final)
 
         rows = self._rows((rec, stack_of(rec)) for rec in records)
         # the calls in flight at an earlier drain (a dump) are replaced: open rows are those of the last
@@ -314,7 +315,7 @@ class CudaLayer(BaseLayer):
         stacks = ctx.stacks
         natives = stacks.native_cache()
         dims: dict[tuple[int, int, int], str] = {}  # a launch's few distinct grid/block shapes
-        rows = []
+        rows: list[tuple] = []
         append = rows.append
         for rec, py_stack in joined:
             (ts, dur, cg, ret, size, stream, function, pointer, handle, _digest, pid, tid, api, kind,

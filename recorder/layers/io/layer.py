@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
 from recorder.core.settings import DEFAULT_INFLIGHT_MAX_AGE_S
@@ -34,6 +35,10 @@ from recorder.layers.io.records import (
     UNCOMPLETED,
 )
 from recorder.layers.io.sockets import SocketOwners
+
+if TYPE_CHECKING:
+    from recorder.core.loader import Probes
+    from recorder.core.stacks import StackRecorder
 
 # Tracepoints used when present (HAVE_TP_<system>_<name> is defined for the BPF source); each is
 # recorded in `capability` as attached or absent.
@@ -199,10 +204,10 @@ class IoLayer(BaseLayer):
         self.devices = BlockDeviceTable(self.writer, self.session_id)
         self._kthread: dict[int, bool] = {}
         self.events = 0
-        self.probes = None
+        self.probes: Probes | None = None
         # the recorded process that owns a retransmitted connection (the running task rarely does)
         self.sockets = SocketOwners(lambda: self.identity.processes)
-        self.stacks = None  # the session's StackRecorder: submitters' Python stacks (None: not joined)
+        self.stacks: StackRecorder | None = None  # submitters' Python stacks (None: not joined)
         self.max_age_ns = DEFAULT_INFLIGHT_MAX_AGE_S * 1_000_000_000
         self._last_sweep = 0
 

@@ -50,7 +50,7 @@ def connections(pid: int) -> dict[Conn, int]:
 
 def socket_inodes(pid: int) -> set[int]:
     """Inodes of the sockets pid has open."""
-    out = set()
+    out: set[int] = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:

@@ -100,6 +100,7 @@ class WorkloadLayer(BaseLayer):
         probes = self.context.probes
         names = exported_functions(real)
         if kind == "nccl":
+            wanted: list[tuple[str, str | None, str]]
             wanted = [(f"nccl_entry_{i}", f"nccl_return_{i}", a.name) for i, a in enumerate(nccl.APIS)
                       if a.name in names]
             layer = "nccl"

@@ -118,7 +118,7 @@ def classify(text: str) -> ParsedEvent | UnknownSubsystemLine | None:
     event = _PARSERS[subsystem](text)
     if event is None or not _fits_64_bits(event):
         return UnknownSubsystemLine(subsystem=subsystem, text=text)
-    return event
+    return event  # type: ignore[return-value]  # each parser returns one of ParsedEvent's kinds, typed as their base
 
 
 def _fits_64_bits(event: KernelEvent) -> bool:
