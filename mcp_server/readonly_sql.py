@@ -10,7 +10,8 @@ Defences, each enough on its own for writes and all of them together for the res
 - it runs in a child process (forked from a forkserver started once) that is killed at the time
   limit, or as soon as the client cancels: a progress handler cannot interrupt one long SQL function
   call (instr/LIKE over megabyte strings), a kill can. The child also has a memory cap;
-- SQLite's own limits cap a string or blob at MAX_VALUE_BYTES and forbid attached databases;
+- SQLite's own limits cap a string or blob at MAX_VALUE_BYTES and forbid attached databases (Python
+  3.11+; on 3.10 the other defences hold);
 - at most ``max_rows`` rows come back, and at most MAX_RESULT_CHARS characters of JSON counted the way
   the result is sent (indented, every value marked), column names included; ``truncated`` says so.
 """
@@ -77,9 +78,11 @@ def connect(path: str | Path) -> Store:
     store = open_store(path, readonly=True)  # TEMP views created before the lock-down
     conn = store.conn
     conn.execute("PRAGMA query_only = 1")
-    # Python 3.11+ (Connection.setlimit): on 3.10 this raises, so run_sql needs 3.11 there
-    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # type: ignore[attr-defined]
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)  # type: ignore[attr-defined]
+    # Connection.setlimit is Python 3.11+: on 3.10 the authorizer still refuses ATTACH and the child's
+    # memory cap and time limit bound a value built too large
+    if hasattr(conn, "setlimit"):
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # type: ignore[attr-defined]  # 3.11+, checked above
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)  # type: ignore[attr-defined]  # 3.11+
     conn.set_authorizer(_authorizer)
     return store
 
