@@ -114,8 +114,8 @@ def build_server(db: str | Path, *, sql_time_limit_s: float = 5.0, **server_opti
 
     @server.tool(annotations=READ_ONLY)
     def top_stalls(session_id: int | None = None, window: str | None = None, limit: int = 10) -> models.TopStalls:
-        """The worst stalls, worst first: stalled training steps (1.5x their rolling median and 1 ms more)
-        with the primary cause the step report gives each, and the slowest CUDA calls against their own
+        """The worst stalls, worst first: stalled training steps (by the recording's stall rule, quoted in
+        list_steps' `threshold`) with the primary cause the step report gives each, and the slowest CUDA calls against their own
         baseline (same API family and size class), each with its cause in one word and the ids for
         `evidence` (kind='step' with step_mark_id, kind='cuda_call' with cuda_call_id). window: 'A..B' in
         seconds after the session start (5..12.5) or UTC times; default the whole session."""

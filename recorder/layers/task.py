@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from recorder.core import events
+from recorder.core.capability import failure
 from recorder.core.identity import read_tgid
 from recorder.core.layer import BaseLayer, BpfSource, Context, Sink
 from recorder.core.loader import tracepoint_field_offset
@@ -81,7 +82,7 @@ class TaskLayer(BaseLayer):
             probes.bpf.attach_tracepoint(tp=OPENAT, fn_name="task_openat")
             probes.cap("task", "dlopen hold", "attached", f"{OPENAT}: held at the dlopen return until attached")
         except Exception as e:  # BCC raises bare Exception
-            probes.cap("task", "dlopen hold", "failed", str(e).splitlines()[0][:200])
+            probes.cap("task", "dlopen hold", "failed", failure(e))
 
     def sinks(self) -> dict[str, Sink]:
         return {"task_events": self.raw.append}
