@@ -10,9 +10,10 @@ Conventions, checked by the models:
 - ``note`` appears only when there is something to say.
 
 explain_stall's report is `store.models.StallReport` (the same as `recorder explain --json`; JSON Schema
-in docs/report-schema.json), built and checked by store.report.build.explain. It is kept open here
-(``extra="allow"``) because the text in it recorded from the traced machine is sent marked as data,
-which turns those strings into ``UntrustedText`` objects.
+in docs/report-schema.json), built and checked by store.report.build.explain. The tool publishes that
+model's schema as marked (`report_schema`: every string may come as an ``UntrustedText`` object, every
+object may carry ``*_text`` siblings); the result is validated here by the open StallReport below, as
+the marked strings are no longer the store model's.
 """
 
 from __future__ import annotations
@@ -217,11 +218,51 @@ class TopStalls(Window, NotRecorded):
 
 
 class StallReport(Result):
-    """`recorder explain --json`: its top-level keys depend on the mode ('steps' or 'cuda_calls')."""
+    """`recorder explain --json`: its top-level keys depend on the mode ('step' or 'call'); the published
+    schema is report_schema()."""
 
     mode: str
     session: dict[str, Any]
     window: dict[str, Any]
+
+
+UNTRUSTED_SCHEMA = {"type": "object", "properties": {"untrusted_text": {"type": "string"},
+                                                     "original_chars": {"type": "integer"}},
+                    "required": ["untrusted_text"], "additionalProperties": False}
+
+
+def marked(schema: Any) -> Any:
+    """A JSON Schema of plain values as mcp_server.untrusted.mark sends them: a string may be an
+    UntrustedText object, an object may carry `<name>_text` copies of its integers."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("items", "additionalProperties", "not"):  # one schema
+        if isinstance(out.get(key), dict):
+            out[key] = marked(out[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):  # a list of schemas
+        if key in out:
+            out[key] = [marked(s) for s in out[key]]
+    for key in ("properties", "$defs", "patternProperties"):  # schemas by name
+        if key in out:
+            out[key] = {name: marked(s) for name, s in out[key].items()}
+    if out.get("type") == "string":
+        return {"anyOf": [out, UNTRUSTED_SCHEMA]}
+    if out.get("type") == "object":
+        out["patternProperties"] = {**out.get("patternProperties", {}), "_text$": {"type": "string"}}
+    return out
+
+
+def report_schema() -> dict[str, Any]:
+    """explain_stall's output schema: store.models.StallReport's, as marked."""
+    from store.models import json_schema
+
+    return {"type": "object", **marked(json_schema())}  # the report is one of two objects (its `mode`)
+
+
+class ClusterReport(Result):
+    """`recorder cluster explain --json` (store/cluster/__init__.py): the job's clock alignment, the step's
+    late or missing ranks and each one's own explanation."""
 
 
 # -- Python lines ------------------------------------------------------------------------------------

@@ -251,7 +251,7 @@ def install_project(out: Path, cache: Path) -> None:
     for pattern in DROP_SITE:
         for p in site.glob(pattern):
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    missing = [m for m in ("recorder/_ingest", "recorder/_markers", "store/_insert")
+    missing = [m for m in ("recorder/_ingest", "recorder/_markers", "store/db/_insert")
                if not list(site.glob(f"{m}.cpython-*.so"))]
     if missing:
         sys.exit(f"bundle: C extension(s) not built: {', '.join(missing)} (install gcc and python3-dev)")

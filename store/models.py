@@ -336,7 +336,7 @@ class PythonLine(Part):
 
 
 class PrimaryCause(Part):
-    """A step's root cause (store/analysis/causes.py kinds, rows of cause_kind): what it is, how much of the
+    """A step's root cause (a kind of store/analysis/kinds/, a row of cause_kind): what it is, how much of the
     stall it explains, its evidence and next actions, and the facts of its kind."""
 
     kind: str

@@ -11,7 +11,7 @@ from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
 from test_io_bpf import ext4_loop  # noqa: F401 - the loop-device fixture
 
 from recorder import _markers
-from recorder.layers.workload.layer import signed64
+from recorder.core.int64 import signed64
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "tagged_io.py")

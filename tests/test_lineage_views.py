@@ -13,10 +13,10 @@ import pytest
 
 import recorder
 from recorder.core.identity import Identity
+from recorder.core.int64 import signed64
 from recorder.core.layer import Context
 from recorder.layers.io.layer import IoLayer
 from recorder.layers.io.records import BLOCK, RECORDS
-from recorder.layers.workload.layer import signed64
 from store.db import Writer, open_store
 
 LABELS = {11: "checkpoint_write/run42/step7/shard3", 22: "eval/run42", -5: "\\xff not utf-8"}

@@ -16,3 +16,12 @@ class Capability:
 
 
 CAPABILITY_COLUMNS = ("session_id", "layer", "probe", "target", "status", "detail", "ts")
+
+DETAIL_MAX = 200  # characters of a capability's detail
+
+
+def failure(e: BaseException) -> str:
+    """The detail of a probe that failed to attach: the error's first line (BCC's go on for pages), at
+    most DETAIL_MAX characters; its type when it says nothing."""
+    lines = str(e).splitlines()
+    return (lines[0] if lines else type(e).__name__)[:DETAIL_MAX]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import bpf
 from recorder.core import events, kheaders, ringbuf
-from recorder.core.capability import Capability
+from recorder.core.capability import Capability, failure
 from recorder.core.clock import now_ns
 from recorder.core.libraries import exported_functions, find_libc
 from recorder.core.pyframes import PyStackProbe, bpf_source
@@ -196,7 +196,7 @@ class Probes:
             try:
                 install()
             except Exception as e:  # every record then says "walker not installed"
-                self.cap("python", probe, "failed", str(e).splitlines()[0][:200])
+                self.cap("python", probe, "failed", failure(e))
         self.attached_libraries: dict[str, int] = {}  # resolved path -> probes attached
         self.drop_counts = [0] * len(definitions.probe_names)
         self._misses: dict[str, int] = {}  # program -> recursion misses read so far
@@ -283,7 +283,7 @@ class Probes:
                 self.bpf.attach_uretprobe(name=libc, sym=sym, fn_name="task_dlopen_return")
                 self.cap("task", sym, "attached", "", libc)
             except Exception as e:
-                self.cap("task", sym, "failed", str(e).splitlines()[0][:200], libc)
+                self.cap("task", sym, "failed", failure(e), libc)
 
     # -- consumption ------------------------------------------------------------------------------
     def open_rings(self, sinks: dict[str, Callable[[bytes], None]],

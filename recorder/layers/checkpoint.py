@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recorder.core.capability import failure
 from recorder.core.clock import now_ns
 from recorder.core.events import Layout, Loss, Records
+from recorder.core.int64 import signed64
 from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
 from recorder.core.libraries import workload_library_kind
 from store.errors import StoreError
@@ -484,7 +486,7 @@ class CheckpointLayer(BaseLayer):
             self.probes.bpf.attach_uprobe(name=real, sym=MARKER_SYMBOL, fn_name="checkpoint_scope")
             self.probes.cap("checkpoint", MARKER_SYMBOL, "attached", "", real)
         except Exception as e:  # BCC raises bare Exception
-            self.probes.cap("checkpoint", MARKER_SYMBOL, "failed", str(e).splitlines()[0][:200], real)
+            self.probes.cap("checkpoint", MARKER_SYMBOL, "failed", failure(e), real)
 
     def _follow_workload_libraries(self) -> None:
         """Copies of the marker extension the workload layer found mapped by a target."""
@@ -752,7 +754,7 @@ class CheckpointLayer(BaseLayer):
             scope = f.scope
             modifies = f.modifies
             self.writer.add("checkpoint_file", (
-                *head, scope.end_ts if scope else None, _signed(scope.tag) if scope and scope.tag else None,
+                *head, scope.end_ts if scope else None, signed64(scope.tag) if scope and scope.tag else None,
                 os.major(st.st_dev) if st else None, os.minor(st.st_dev) if st else None, f.ino,
                 modifies.id if modifies else None))
         self.unlooked.clear()
@@ -884,9 +886,6 @@ def _not_a_checkpoint(path: str) -> bool:
     except OSError:
         return False  # gone already (renamed or removed): judged by what happened to it
 
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 # -- later: re-hash a recording's checkpoints ----------------------------------------------------------

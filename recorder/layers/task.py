@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 
+from recorder.core.capability import failure
 from recorder.core.events import Layout, Loss, Records
 from recorder.core.identity import read_tgid
 from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, ProcessHooks, Sink
@@ -92,7 +93,7 @@ class TaskLayer(BaseLayer):
             probes.bpf.attach_tracepoint(tp=OPENAT, fn_name="task_openat")
             probes.cap("task", "dlopen hold", "attached", f"{OPENAT}: held at the dlopen return until attached")
         except Exception as e:  # BCC raises bare Exception
-            probes.cap("task", "dlopen hold", "failed", str(e).splitlines()[0][:200])
+            probes.cap("task", "dlopen hold", "failed", failure(e))
 
     def sinks(self) -> dict[str, Sink]:
         return {"task_events": self.raw.append}

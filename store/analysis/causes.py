@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from statistics import median
 
+from store.analysis import kinds
 from store.db import Store
-from store.db.rules import CauseRule, StallRule, cause_rule, stall_rule
-
-IO_REASONS = ("io", "uninterruptible")
+from store.db.rules import CauseRule, StallRule, stall_rule
 
 
 def neighbour_ids(store: Store, step: dict) -> list[int]:
@@ -51,187 +50,15 @@ def breakdown(store: Store, step: dict) -> list[dict]:
 
 
 # -- candidates -------------------------------------------------------------------------------------
-def _io_candidate(store: Store, step: dict, excess: int, dur: int) -> dict:
-    sid = step["step_mark_id"]
-    every = store.query("SELECT * FROM step_block_request WHERE step_mark_id = ? ORDER BY overlap_dur DESC", (sid,))
-    requests = every[:5]
-    events = []
-    for r in every:  # per request: `=` reaches into every arm of the link view
-        events += store.query(
-            "SELECT e.*, c.cause FROM block_request_device_event e"
-            " LEFT JOIN device_event_cause c ON c.kind = e.kind WHERE e.block_request_id = ?",
-            (r["block_request_id"],))
-    events.sort(key=lambda e: e["ts"])
-    waits = store.query(
-        f"SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason IN ({','.join('?' * len(IO_REASONS))})"
-        " ORDER BY blocked_dur DESC LIMIT 1", (sid, *IO_REASONS))
-    cand = {"dur_ns": dur, "excess_dur_ns": excess, "events": events, "requests": requests,
-            "wait": waits[0] if waits else None}
-    kinds = [e["cause"] for e in events if e["cause"]]
-    if kinds:
-        specificity = cause_rule(store).specificity
-        kind = max(kinds, key=lambda k: specificity[k])
-        hit = [e for e in events if e["cause"] == kind]
-        request = next(r for r in every if r["block_request_id"] == hit[0]["block_request_id"])
-        cand.update(kind=kind, request=request, hit=hit)
-    elif requests:
-        worst = max(requests, key=lambda r: r["dur"])
-        if worst["submitter_kind"] == "target_deferred" and (worst["queued_dur"] or 0) > (worst["device_dur"] or 0):
-            kind = "io_throttled"
-        elif (worst["queued_dur"] or 0) > (worst["device_dur"] or 0):
-            kind = "io_queued"
-        else:
-            kind = "slow_io"
-        cand.update(kind=kind, request=worst)
-    else:
-        cand.update(kind="blocked_io", request=None)
-    return cand
-
-
-def percentile(store: Store, session_id: int, request: dict) -> dict:
-    """Where the request's latency falls among the session's requests of its device and op."""
-    span = {"s": session_id, "d": request["device"], "o": request["op"], "v": request["dur"]}
-    n = store.row("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o",
-                  span)["n"]
-    below = store.row("SELECT count(*) AS n FROM block_request WHERE session_id = :s AND device = :d AND op = :o"
-                      " AND dur <= :v", span)["n"]
-    mid = store.one("SELECT dur FROM block_request WHERE session_id = :s AND device = :d AND op = :o"
-                    " ORDER BY dur LIMIT 1 OFFSET :h", {**span, "h": max(n - 1, 0) // 2})
-    return {"requests": n, "rank": below, "fraction": round(below / n, 5) if n else None,
-            "median_dur_ns": mid["dur"] if mid else None}
-
-
 def candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
-    """One candidate cause per kind, with the excess it explains and its evidence rows."""
-    sid = step["step_mark_id"]
-    out: list[dict] = []
-    # D state inside direct reclaim is the reclaim's, not I/O's
-    reasons = ("io",) if any(r["cause"] == "reclaim" for r in rows) else IO_REASONS
-    io = [r for r in rows if r["cause"] == "blocked" and r["detail"] in reasons]
-    if io:
-        out.append(_io_candidate(store, step, sum(r["excess_dur_ns"] for r in io), sum(r["dur_ns"] for r in io)))
-    waits = [r for r in rows if r["cause"] == "cpu_wait"]
-    if waits:
-        # every task that held the CPU counts: three copies of a hog split the wait between them
-        contenders = store.query(
-            "SELECT contender_name, contender_relation, group_concat(DISTINCT contender_pid) AS pids,"
-            " count(DISTINCT contender_pid) AS n, count(DISTINCT contender_tid) AS threads,"
-            " group_concat(DISTINCT contender_tid) AS tids, min(contender_tid) AS contender_tid,"
-            " min(contender_pid) AS contender_pid, group_concat(DISTINCT contended_cpu) AS cpus,"
-            " sum(reason = 'preempted') AS preemptions, sum(reason != 'preempted') AS delayed_wakeups,"
-            " sum(runq_dur) AS dur, min(ts) AS first_ts FROM step_offcpu WHERE step_mark_id = ? AND runq_dur > 0"
-            " AND contender_name IS NOT NULL GROUP BY contender_name, contender_relation ORDER BY dur DESC", (sid,))
-        out.append({"dur_ns": sum(r["dur_ns"] for r in waits), "excess_dur_ns": sum(r["excess_dur_ns"] for r in waits),
-                    "detail": None, "kind": "cpu_contention", "contender": contenders[0] if contenders else None,
-                    "contenders": contenders})
-    for r in rows:
-        cause, detail = r["cause"], r["detail"]
-        base = {"dur_ns": r["dur_ns"], "excess_dur_ns": r["excess_dur_ns"], "detail": detail}
-        if cause == "cpu_wait":
-            continue
-        elif cause == "blocked" and detail == "net":
-            # retransmits on the process's own connections during its waits; else, in a network
-            # call, those of the step whose owner is not known (never another process's)
-            retrans = own_retransmits(store, step, "net") or store.query(
-                "SELECT device AS peer, count(*) AS n, min(ts) AS first_ts, max(detail) AS connection"
-                " FROM step_machine_event WHERE step_mark_id = ? AND kind = 'tcp_retransmit'"
-                " AND event_id IN (SELECT id FROM tcp_retransmit WHERE session_id = ? AND process_id IS NULL)"
-                " GROUP BY device ORDER BY n DESC", (sid, step["session_id"]))
-            wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = 'net'"
-                             " ORDER BY blocked_dur DESC LIMIT 1", (sid,))
-            out.append({**base, "kind": "tcp_retransmit" if retrans else "network_wait", "retransmits": retrans,
-                        "wait": wait})
-        elif cause == "blocked" and detail not in reasons:
-            wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = ?"
-                             " ORDER BY blocked_dur DESC LIMIT 1", (sid, detail))
-            out.append({**base, "kind": "blocked", "reason": detail, "wait": wait})
-        elif cause == "reclaim":
-            kills = store.query("SELECT * FROM step_machine_event WHERE step_mark_id = ? AND kind = 'oom_kill'"
-                                " ORDER BY ts", (sid,))
-            # a wait of the thread inside a reclaim (it blocked while reclaiming for its allocation);
-            # the line is where the reclaim time went (lost_lines)
-            wait = store.one("SELECT o.* FROM step_offcpu o JOIN step_reclaim r ON r.step_mark_id = o.step_mark_id"
-                             " JOIN reclaim_interval x ON x.id = r.reclaim_id"
-                             " WHERE o.step_mark_id = ? AND o.python_stack_id IS NOT NULL"
-                             " AND o.ts >= x.ts AND o.ts < x.ts + x.dur ORDER BY o.ts LIMIT 1", (sid,))
-            out.append({**base, "kind": "memory_reclaim", "scope": detail, "oom_kills": kills, "wait": wait})
-        elif cause == "dirty_throttle":
-            out.append({**base, "kind": "dirty_throttle", "bdi": detail})
-        elif cause == "cuda_call":
-            call = store.one("SELECT * FROM step_cuda_call WHERE step_mark_id = ? AND api = ?"
-                             " ORDER BY oncpu_excess_dur DESC LIMIT 1", (sid, detail))
-            xids = store.query("SELECT * FROM step_machine_event WHERE step_mark_id = ?"
-                               " AND kind IN ('gpu_xid') ORDER BY ts", (sid,))
-            out.append({**base, "kind": "gpu_xid" if xids else "slow_cuda_call", "call": call, "xids": xids})
-        elif cause == "nccl_wait":
-            straggling = " waiting for rank " in (detail or "")
-            wait = store.one(
-                "SELECT * FROM step_nccl_wait WHERE step_mark_id = ? ORDER BY wait_dur DESC LIMIT 1", (sid,))
-            out.append({**base, "kind": "nccl_straggler" if straggling else "nccl_wait", "wait": wait})
-    out += wait_candidates(store, step, rows)
+    """One candidate cause per kind, with the excess it explains and its evidence rows: the cause
+    families' rules (store/analysis/kinds/), the largest of each kind, the largest excess first."""
     merged: dict[str, dict] = {}
-    for c in out:  # one candidate per kind: the largest (cpu_wait rows are per contender)
+    for c in kinds.candidates(store, step, rows):  # one candidate per kind: the largest
         have = merged.get(c["kind"])
         if have is None or c["excess_dur_ns"] > have["excess_dur_ns"]:
             merged[c["kind"]] = c
     return sorted(merged.values(), key=lambda c: -c["excess_dur_ns"])
-
-
-def own_retransmits(store: Store, step: dict, reason: str) -> list[dict]:
-    """TCP retransmits on connections of the step's own process while its thread waited (`reason`
-    waits), at either end (a reply retransmitted by a local peer is the asker's wait): a socket read
-    with a timeout waits in poll(), a buffered one in read(), not only in recv(); the retransmit's
-    running task is rarely the owner (tcp_retransmit.process_id and peer_process_id are)."""
-    return store.query(
-        "SELECT e.daddr || ':' || e.dport AS peer, count(DISTINCT e.id) AS n, min(e.ts) AS first_ts,"
-        " max(e.saddr || ':' || e.sport || ' -> ' || e.daddr || ':' || e.dport) AS connection"
-        " FROM step_offcpu s JOIN tcp_retransmit e ON e.session_id = s.session_id"
-        "  AND e.ts >= s.ts AND e.ts < s.ts + s.overlap_dur AND ? IN (e.process_id, e.peer_process_id)"
-        " WHERE s.step_mark_id = ? AND s.reason = ? AND s.blocked_dur > 0"
-        " GROUP BY e.daddr, e.dport ORDER BY n DESC", (step["process_id"], step["step_mark_id"], reason))
-
-
-WAITED_FOR_REASONS = ("futex", "io", "poll", "blocked", "net")  # waits another task may end (not a sleep)
-
-
-def wait_candidates(store: Store, step: dict, rows: list[dict]) -> list[dict]:
-    """Causes found by following the step's waits to other threads and processes: a wait on the GIL
-    (gil_wait, the thread that held it), retransmits on the process's own connections during a poll
-    or read (tcp_retransmit), and a wait ended by a thread that was itself waiting (wait_chain, to
-    the end of the chain: store/analysis/waits.py)."""
-    from store.analysis import waits
-
-    sid = step["step_mark_id"]
-    out: list[dict] = []
-    for r in rows:
-        if r["cause"] != "blocked" or r["detail"] not in WAITED_FOR_REASONS or not r["excess_dur_ns"]:
-            continue
-        reason = r["detail"]
-        base = {"dur_ns": r["dur_ns"], "excess_dur_ns": r["excess_dur_ns"], "detail": reason, "reason": reason}
-        if reason == "futex":
-            gil = waits.gil_waits(store, sid)
-            if gil and gil["dur_ns"] >= 0.5 * r["dur_ns"]:
-                share = min(1.0, gil["dur_ns"] / max(r["dur_ns"], 1))
-                wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND offcpu_id = ?",
-                                 (sid, gil["longest"]))
-                out.append({**base, "kind": "gil_wait", "dur_ns": gil["dur_ns"],
-                            "excess_dur_ns": int(r["excess_dur_ns"] * share), "gil": gil, "wait": wait})
-                continue
-        if reason in ("poll", "io", "blocked"):
-            retrans = own_retransmits(store, step, reason)
-            if retrans:
-                wait = store.one("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = ?"
-                                 " ORDER BY blocked_dur DESC LIMIT 1", (sid, reason))
-                out.append({**base, "kind": "tcp_retransmit", "retransmits": retrans, "wait": wait})
-                continue
-        # the longest waits of this reason, followed through their wakers
-        for wait in store.query("SELECT * FROM step_offcpu WHERE step_mark_id = ? AND reason = ? AND blocked_dur > 0"
-                                " ORDER BY blocked_dur DESC LIMIT 3", (sid, reason)):
-            hops = waits.chain(store, wait["offcpu_id"])
-            if hops:
-                out.append({**base, "kind": "wait_chain", "wait": wait, "chain": hops})
-                break
-    return out
 
 
 def primary(cands: list[dict], stall_excess: int, rule: CauseRule) -> dict | None:
@@ -280,17 +107,6 @@ def nearest_stack(store: Store, thread_id: int, ts: int, since: int) -> int | No
     return best["python_stack_id"] if best else None
 
 
-# the step_lost_line rows (store/views/0011_lost_lines.sql) of each cause kind whose evidence is the
-# thread's own time; a kind not here has no time of its own to weigh (a call, a collective)
-LOST_TIME_OF = {
-    "cpu_contention": ("cpu_wait", None), "memory_reclaim": ("reclaim", None),
-    "gil_wait": ("blocked", ("futex",)), "blocked_io": ("blocked", IO_REASONS), "slow_io": ("blocked", IO_REASONS),
-    "io_queued": ("blocked", IO_REASONS), "io_throttled": ("blocked", IO_REASONS),
-    "nvme_timeout": ("blocked", IO_REASONS), "io_error": ("blocked", IO_REASONS),
-    "iommu_fault": ("blocked", IO_REASONS), "pcie_aer": ("blocked", IO_REASONS),
-    "dma_bounce": ("blocked", IO_REASONS),
-}
-OWN_STACK_KINDS = ("cpu_contention", "memory_reclaim")  # their evidence rows carry no stack of their own
 LINES_LISTED = 5
 LINE_SHARE_LISTED = 0.01  # lines with less of the cause's time are left out of the list
 
@@ -298,11 +114,12 @@ LINE_SHARE_LISTED = 0.01  # lines with less of the cause's time are left out of 
 def lost_lines(store: Store, step: dict, cand: dict) -> list[dict]:
     """The Python lines where the cause's time in the step went, most time first (step_lost_line):
     [{'python', 'dur_ns', 'intervals', 'how', 'python_stack_id'}]."""
-    cause, details = LOST_TIME_OF.get(cand["kind"], ("blocked", None))
-    if cand["kind"] not in LOST_TIME_OF:
+    own = kinds.KINDS[cand["kind"]].lost_time  # the step_lost_line rows of the kind's own time
+    if own is None:  # else those of the candidate's wait, if it has one (a call or a collective has none)
         if cand.get("reason") is None:
             return []
-        details = (cand["reason"],)
+        own = ("blocked", (cand["reason"],))
+    cause, details = own
     sql = "SELECT * FROM step_lost_line WHERE step_mark_id = ? AND cause = ?"
     args: list = [step["step_mark_id"], cause]
     if details:

@@ -6,9 +6,10 @@ symptom, negatives); store/report/render.py turns the result into text.
 
 from __future__ import annotations
 
-from store.analysis.actions import CALL_ACTIONS, STEP_ACTIONS, fill
+from store.analysis.actions import CALL_ACTIONS, fill
 from store.analysis.hangs import hang_facts
-from store.analysis.jobs import process_job
+from store.analysis.jobs import thread_names
+from store.analysis.kinds import KINDS, STEP_ACTIONS, cause_facts
 from store.analysis.losses import losses, lossy_layers, wording
 from store.db import Store
 from store.db.rules import cause_rule, slow_call_rule, stall_rule
@@ -29,13 +30,6 @@ SLOW_LIMIT = 5  # slow calls listed in a report
 CPU_SHARE_CAUSE = 0.2  # preempted share of a call above which CPU contention is the cause
 BLOCKED_SHARE_CAUSE = 0.2
 OTHER_STALLS = 5
-# a process of the job by these names is a data-loader worker (PyTorch names its workers' main thread
-# so); one by the training process's own name, or with its command line (_forked_copy), is a forked
-# copy of it, which a worker also is
-WORKER_NAMES = ("pt_data_worker",)
-# a request is called slow at or above this fraction of its device's requests (op): the p99 the
-# report's latency tables and block_request_percentile print
-SLOW_REQUEST_FRACTION = 0.99
 
 
 # -- findings -------------------------------------------------------------------------------------
@@ -423,308 +417,6 @@ def _step_rows(store: Store, sid: int, number: int) -> list[dict]:
     return rows
 
 
-def _forked_copy(store: Store, sid: int, pid: int | None, training_pid: int | None) -> bool:
-    """Whether process `pid` is a copy of the training process forked without an exec (what a
-    data-loader worker is, whatever name it gives itself): its command line is the training
-    process's. A helper the job started (a compiler, a script) runs another command."""
-    if pid is None or training_pid is None or pid == training_pid:
-        return False
-    rows = store.query("SELECT pid, cmdline FROM process WHERE session_id = ? AND pid IN (?, ?)"
-                       " AND cmdline IS NOT NULL", (sid, pid, training_pid))
-    lines = {r["pid"]: r["cmdline"] for r in rows}
-    return len(lines) == 2 and lines[pid] == lines[training_pid]
-
-
-def _thread_names(store: Store, step: dict) -> dict:
-    names = store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?",
-                      (step["thread_id"],)) or {}
-    process = store.one("SELECT process_id FROM thread WHERE id = ?", (step["thread_id"],)) or {}
-    return {**names, "job": process_job(store, process.get("process_id")).get("label")}
-
-
-def _event_rows(store: Store, events: list[dict]) -> list[dict]:
-    """The typed rows behind device events (nvme_event, block_error, ...), in time order."""
-    out = []
-    for e in events:
-        row = store.one(f"SELECT * FROM {e['event_table']} WHERE id = ?", (e["event_id"],))
-        if row:
-            out.append({**row, "event_table": e["event_table"], "kind": e["kind"], "link_detail": e["detail"]})
-    return out
-
-
-def _nvme_facts(store: Store, cand: dict) -> dict:
-    rows = _event_rows(store, cand.get("hit") or [])
-    first = next((r for r in rows if r.get("qid") is not None), rows[0] if rows else {})
-    request = cand.get("request") or {}
-    disk = request.get("device")
-    ctrl = first.get("controller")
-    pci = store.one("SELECT pci_address FROM block_device WHERE session_id = ? AND controller = ? LIMIT 1",
-                    (request.get("session_id"), ctrl)) if ctrl else None
-    actions = []
-    for r in rows:
-        if r.get("kind") in ("nvme_timeout", "nvme_timeout_abort", "nvme_timeout_reset") and r.get("action"):
-            actions.append(NVME_ACTIONS.get(r["action"], r["action"]))
-        elif r["event_table"] == "nvme_event" and r["kind"] != "nvme_timeout":
-            actions.append(r["link_detail"])
-    return {"device": disk, "controller": ctrl, "queue": first.get("qid"),
-            "request_tag": first.get("tag", first.get("rq_tag")), "pci_address": pci["pci_address"] if pci else None,
-            "actions": list(dict.fromkeys(actions)), "first_event_ts": rows[0]["ts"] if rows else None}
-
-
-NVME_ACTIONS = {"aborting": "abort", "reset controller": "controller reset", "reset": "controller reset",
-                "abort": "abort", "disable controller": "controller disabled", "disable": "controller disabled"}
-
-
-def _graph_detail(store: Store, call: dict) -> str:
-    """For a slow graph replay, or a synchronisation that waited for replays (cuda_sync_graph): which
-    graph, and where it was instantiated."""
-    call_id = call.get("cuda_call_id")
-    if call_id is None:
-        return ""
-    if call.get("family") in ("cudaGraphLaunch", "cuGraphLaunch"):
-        g = store.one("SELECT graph_exec, instantiated_at FROM cuda_graph_launch WHERE cuda_call_id = ?", (call_id,))
-        replayed = []
-        if g and g["graph_exec"] is not None:
-            replayed = [g]
-        what = "replaying"
-    else:
-        replayed = store.query("SELECT graph_exec, instantiated_at FROM cuda_sync_graph WHERE sync_call_id = ?"
-                               " ORDER BY launched_ts", (call_id,))
-        what = "waiting for"
-    if not replayed:
-        return ""
-    graphs = {r["graph_exec"]: r["instantiated_at"] for r in replayed}
-    named = "; ".join(f"graph {handle:#x}" + (f" instantiated at {at}" if at else "")
-                      for handle, at in list(graphs.items())[:3])
-    count = f"{len(replayed)} replays of " if len(replayed) > 1 else ""
-    return f" ({what} {count}{named})"
-
-
-def _cause_facts(store: Store, cand: dict, step: dict) -> dict:
-    """What the report says about a cause: summary, device facts, kernel path, next actions."""
-    kind = cand["kind"]
-    request = cand.get("request") or {}
-    wait = cand.get("wait") or {}
-    syscall = wait.get("syscall_name")
-    disk = request.get("device")
-    dur = cand["dur_ns"]
-    facts: dict = {"kind": kind, "dur_ns": dur, "excess_dur_ns": cand["excess_dur_ns"]}
-    context: dict = {}  # what the next actions name besides the facts (store/analysis/actions.py)
-    path: list[str] = []
-    io_path = []
-    if syscall:
-        io_path.append(f"{syscall}()")
-    if request:
-        if request.get("op") == "write" and syscall in ("fsync", "fdatasync", "sync_file_range", "msync"):
-            io_path.append("writeback of the file's dirty pages")
-        if request.get("submitter_kind") == "target_deferred":
-            io_path.append(f"blk-throttle (queued {ms(request.get('queued_dur'))})")
-        else:
-            io_path.append(f"blk-mq (queued {ms(request.get('queued_dur'))})")
-        io_path.append(f"{disk} (on device {ms(request.get('device_dur'))})")
-    if kind == "nvme_timeout":
-        nv = _nvme_facts(store, cand)
-        facts.update(nv)
-        ids = [f"controller {nv['controller']}"] + [f"{name} {nv[key]}" for name, key in (
-            ("queue", "queue"), ("request tag", "request_tag")) if nv[key] is not None]
-        facts["summary"] = (f"NVMe timeout on {disk} ({', '.join(ids)})" +
-                            (", then controller reset" if "controller reset" in nv["actions"] else "") +
-                            f": the thread waited {ms(dur)} for I/O")
-        path = io_path + ["NVMe timeout"] + nv["actions"][:4] + ["request completed"]
-    elif kind in ("io_error", "iommu_fault", "pcie_aer", "dma_bounce"):
-        rows = _event_rows(store, cand.get("hit") or [])
-        first = rows[0] if rows else {}
-        device = first.get("device") or first.get("dev") or first.get("source")
-        pci = store.one("SELECT pci_address FROM block_device WHERE session_id = ? AND disk = ? LIMIT 1",
-                        (request.get("session_id"), disk)) if disk else None
-        if pci and pci["pci_address"] and device and pci["pci_address"].endswith(device):
-            device = pci["pci_address"]  # VT-d prints bus:dev.fn without the PCI segment
-        n = len(rows)
-        facts.update(device=disk, event_device=device, events=n)
-        context["sector"] = first.get("sector")
-        if kind == "io_error":
-            facts["summary"] = (f"I/O error on {disk} at sector {first.get('sector')} ({cand['hit'][0]['detail']}):"
-                                f" the thread waited {ms(dur)} for I/O")
-        elif kind == "iommu_fault":
-            facts["summary"] = (f"IOMMU fault on {device} ({cand['hit'][0]['detail']}) while {disk} I/O was in "
-                                f"flight: the thread waited {ms(dur)} for I/O")
-        elif kind == "pcie_aer":
-            facts["summary"] = (f"PCIe AER error on {device} ({cand['hit'][0]['detail']}) while {disk} I/O was in "
-                                f"flight: the thread waited {ms(dur)} for I/O")
-        else:
-            full = any(r["kind"] == "swiotlb_full" for r in rows)
-            bounces = sum(1 for r in rows if r["kind"] == "dma_bounce")
-            facts["summary"] = (f"DMA through SWIOTLB bounce buffers on {device} ({disk}): {bounces} bounces "
-                                f"during the step" + (", and the bounce pool was full" if full else "") +
-                                f"; the thread waited {ms(dur)} for I/O")
-        path = io_path + [f"{kind.replace('_', ' ')} on {device}"]
-    elif kind in ("slow_io", "io_queued", "io_throttled", "blocked_io"):
-        from store.analysis.causes import percentile
-
-        pct = percentile(store, step["session_id"], request) if kind == "slow_io" else {}
-        facts.update(device=disk, percentile=pct)
-        if kind == "slow_io":
-            where = ""
-            if pct.get("requests"):
-                where = (f" (slower than {100 * (pct['rank'] - 1) / pct['requests']:.1f}% of its {pct['requests']} "
-                         f"{request['op']}s; median {ms(pct['median_dur_ns'])})")
-            if not pct.get("requests") or pct["fraction"] >= SLOW_REQUEST_FRACTION:
-                facts["summary"] = (f"slow {request['op']} on {disk}: one request took {ms(request['device_dur'])}"
-                                    f" on the device{where}; the thread waited {ms(dur)} for I/O")
-            else:  # an ordinary request of its device: the wait is the I/O's, not a slow device's
-                facts["summary"] = (f"waiting for I/O on {disk}: the longest request took {ms(request['device_dur'])}"
-                                    f" on the device, at p{100 * pct['fraction']:.0f} of its {pct['requests']} "
-                                    f"{request['op']}s (median {ms(pct['median_dur_ns'])}), not above its device's "
-                                    f"p{100 * SLOW_REQUEST_FRACTION:g}; the thread waited {ms(dur)} for I/O")
-        elif kind in ("io_queued", "io_throttled"):
-            what = "blk-throttle (a cgroup I/O limit)" if kind == "io_throttled" else "the block layer's queue"
-            facts["summary"] = (f"I/O queued in {what} for {ms(request.get('queued_dur'))} before reaching {disk}; "
-                                f"the thread waited {ms(dur)} for I/O")
-        else:
-            facts["summary"] = (f"blocked on I/O ({syscall or 'no syscall'}) for {ms(dur)}; "
-                                "no block request was recorded")
-        path = io_path
-    elif kind == "cpu_contention":
-        top = cand.get("contender") or {}
-        everyone = cand.get("contenders") or []
-        facts.update(contender_pid=top.get("contender_pid"), contender_name=top.get("contender_name"),
-                     contender_relation=top.get("contender_relation"),
-                     cpus=top.get("cpus"), preemptions=sum(c["preemptions"] or 0 for c in everyone),
-                     contenders=[{"name": c["contender_name"], "relation": c["contender_relation"],
-                                  "pids": c["pids"], "cpus": c["cpus"],
-                                  "cpu_wait_dur_ns": c["dur"], "preemptions": c["preemptions"],
-                                  "delayed_wakeups": c["delayed_wakeups"]} for c in everyone])
-
-        def who(c: dict) -> str:
-            if not c["n"]:  # its threads' processes were not found (gone before they were read)
-                pids = f"tid {c['tids']}" if c.get("tids") else "process not known"
-            else:
-                pids = f"pid {c['pids']}" if c["n"] == 1 else f"{c['n']} processes: pids {c['pids']}"
-            threads = f"{c['threads']} threads" if c["threads"] > 1 else "a thread"
-            pids += {"same_process": f", {threads} of its own process",
-                     "job": ", a process of the recorded job",
-                     "recorder": ", the recorder itself"}.get(c["contender_relation"], "")
-            return f"{c['contender_name']} ({pids}; {ms(c['dur'])})"
-
-        pre = facts["preemptions"]
-        named = ", then ".join(who(c) for c in everyone[:2]) or "tasks not recorded"
-        facts["summary"] = (f"CPU contention: the thread waited {ms(dur)} for the CPU, behind {named} "
-                            f"on cpu {top.get('cpus')}" + (f", preempted {pre} times" if pre else ""))
-        path = [f"runnable on cpu {top.get('cpus')}", f"{top.get('contender_name')} ran instead"]
-    elif kind == "memory_reclaim":
-        kills = cand.get("oom_kills") or []
-        facts.update(scope=cand.get("scope"), oom_kills=[k["detail"] for k in kills])
-        facts["summary"] = (f"memory reclaim: the thread spent {ms(dur)} in {cand.get('scope')} direct reclaim"
-                            + (f"; {kills[0]['detail']}" if kills else ""))
-        path = ["page allocation", f"{cand.get('scope')} direct reclaim ({ms(dur)})"] + (["OOM kill"] if kills else [])
-    elif kind in ("tcp_retransmit", "network_wait"):
-        re_ = cand.get("retransmits") or []
-        facts.update(syscall=syscall, retransmits=sum(r["n"] for r in re_), peer=re_[0]["peer"] if re_ else None)
-        if re_:
-            facts["summary"] = (f"TCP retransmits: {facts['retransmits']} retransmits to {re_[0]['peer']} while the "
-                                f"thread waited {ms(dur)} in {syscall or 'a network call'}")
-            path = [f"{syscall}()" if syscall else "network wait", f"TCP retransmission to {re_[0]['peer']}"]
-        else:
-            facts["summary"] = f"waiting on the network in {syscall or 'a network call'} for {ms(dur)}"
-            path = [f"{syscall}()" if syscall else "network wait"]
-    elif kind in ("nccl_straggler", "nccl_wait"):
-        w = cand.get("wait") or {}
-        facts.update(api=w.get("api"), rank=w.get("rank"), straggler_rank=w.get("straggler_rank"),
-                     straggler_pid=w.get("straggler_pid"), lateness_dur_ns=w.get("lateness_dur"),
-                     comm_hash=w.get("comm_hash"), seq=w.get("seq"))
-        if kind == "nccl_straggler":
-            facts["summary"] = (f"NCCL straggler: rank {w.get('straggler_rank')} (pid {w.get('straggler_pid')})"
-                                f" entered {w.get('api')} {ms(w.get('lateness_dur'))} after the first rank; rank "
-                                f"{w.get('rank')} waited {ms(w.get('wait_dur'))}")
-            path = [f"{w.get('api')} (collective {w.get('seq')})", f"waiting for rank {w.get('straggler_rank')}"]
-        else:
-            facts["summary"] = f"waiting in {w.get('api')} for {ms(dur)}"
-            path = [f"{w.get('api')}"]
-    elif kind in ("slow_cuda_call", "gpu_xid"):
-        c = cand.get("call") or {}
-        facts.update(api=c.get("api"), expected_dur_ns=c.get("expected_dur"), call_dur_ns=c.get("dur"))
-        if kind == "gpu_xid":
-            x = cand["xids"][0]
-            facts.update(device=x["device"], detail=x["detail"])
-            facts["summary"] = f"GPU error on {x['device']} ({x['detail']}) during {c.get('api')}"
-        else:
-            facts["summary"] = (f"slow {c.get('api')}: {ms(c.get('dur'))} against ~{ms(c.get('expected_dur'))}, "
-                                "on the CPU inside the library (driver or device wait)" + _graph_detail(store, c))
-        path = [f"{c.get('api')}", "on-CPU in the CUDA library"]
-    elif kind == "wait_chain":
-        from store.analysis import waits
-
-        hops = cand["chain"]
-        end = hops[-1]
-        facts.update(reason=cand.get("reason"), syscall=syscall, chain=[waits.hop_json(h) for h in hops],
-                     waited_for=end["thread_name"])
-        facts["summary"] = waits.chain_summary(hops, dur)
-        path = waits.chain_path(hops)
-        context.update(end_who=waits.who(end), end_text=waits.doing(end), end_pid=end["pid"],
-                       end_device=end["device"] if end["block_request_id"] is not None else None,
-                       end_peer=end["retransmit_peer"] if end["retransmits"] else None,
-                       offcpu_id=hops[0]["offcpu_id"])
-    elif kind == "gil_wait":
-        g = cand["gil"]
-        h = g["holder"] or {}
-        holder = (f"{h['name']} (tid {h['tid']}) of {h['process']} (pid {h['pid']})" if h else "another thread")
-        facts.update(reason="futex", syscall=syscall, gil_waits=g["waits"],
-                     holder={"tid": h.get("tid"), "pid": h.get("pid"), "name": h.get("name"),
-                             "process": h.get("process"), "python": h.get("python"),
-                             "woke_dur_ns": h.get("dur_ns"), "held_dur_ns": h.get("held_dur_ns"),
-                             "waits": h.get("waits"), "timed_out_waits": h.get("timed_out")} if h else None)
-        # how the holder is known: it handed the lock over (woke the waits), or the waits timed out
-        # while it was the one thread of the process awake (only one thread holds the GIL)
-        if not h:
-            held = ""
-        elif h["timed_out"] == h["waits"]:
-            held = f"; all {h['waits']} of its waits timed out while it ran"
-        elif h["timed_out"]:
-            held = f"; {h['timed_out']} of its {h['waits']} waits timed out while it ran, it handed the rest over"
-        else:
-            held = f"; it handed the lock over at each of its {h['waits']} waits"
-        held = f" (awake through {ms(h['held_dur_ns'])} of the {ms(g['dur_ns'])} waited{held})" if h else ""
-        facts["summary"] = (f"waiting for the GIL: the thread waited {ms(dur)} for the interpreter lock "
-                            f"({g['waits']} waits), held by {holder}"
-                            + (f" running {h['python']}" if h.get("python") else "") + held)
-        path = ["futex() on the GIL", f"held by {holder}"]
-        context.update(holder=holder, holder_at=f" at {h['python']}" if h.get("python") else "")
-    elif kind == "dirty_throttle":
-        facts["summary"] = f"dirty-page throttling: the thread was paused {ms(dur)} writing to {cand.get('bdi')}"
-        path = ["write()", "balance_dirty_pages pause"]
-    else:  # blocked
-        facts.update(reason=cand.get("reason"), syscall=syscall, waker=wait.get("waker_name"))
-        how = f"in {syscall}()" if syscall == cand.get("reason") else (
-            f"{cand.get('reason')}" + (f" in {syscall}()" if syscall else ""))
-        facts["summary"] = (f"blocked {how} for {ms(dur)}"
-                            + (f", woken by {wait.get('waker_name')}"
-                               + (f" (pid {wait.get('waker_pid')})" if wait.get("waker_pid") is not None else "")
-                               if wait.get("waker_name") else ""))
-        path = [f"{syscall}()" if syscall else str(cand.get("reason"))]
-    names = _thread_names(store, step) if kind == "cpu_contention" else {}
-    kills = cand.get("oom_kills") or []
-    peer = facts.get("peer") or ""
-    context = {**facts, **context, "link": facts.get("pci_address") or facts.get("controller"),
-               "link_address": facts.get("pci_address") or "<pci address>",
-               "request_ts": request.get("ts"), "request_end": request.get("ts", 0) + request.get("dur", 0),
-               "tid": names.get("tid"), "thread_name": names.get("thread_name"),
-               "oom_kill": kills[0]["detail"] if kills else None, "peer_host": peer.split(":")[0],
-               "cpu_count": (store.one("SELECT cpu_count FROM session WHERE id = ?", (step["session_id"],))
-                             or {}).get("cpu_count", "?") if kind == "cpu_contention" else None}
-    if kind == "cpu_contention" and facts.get("contender_pid") is None:  # its process was not read
-        context["contender_tid_only"] = (cand.get("contender") or {}).get("contender_tid")
-    # CPU contention from the job's own threads and processes, or from the recorder, is fixed elsewhere
-    # than contention from another task
-    actions_of = f"{kind}_{facts['contender_relation']}" if facts.get("contender_relation") else kind
-    workers = (*WORKER_NAMES, names.get("process_name"))
-    if actions_of == "cpu_contention_job" and (facts.get("contender_name") in workers or _forked_copy(
-            store, step["session_id"], facts.get("contender_pid"), names.get("pid"))):
-        actions_of = "cpu_contention_job_worker"
-    facts["next_actions"] = fill(STEP_ACTIONS, actions_of if actions_of in STEP_ACTIONS else kind, context)
-    facts["kernel_path"] = path
-    return facts
-
-
 def _step_negatives(store: Store, sid: int, a: int, b: int, observed: set[str], primary_kind: str | None,
                     rows: list[dict]) -> list[str]:
     span = {"s": sid, "a": a, "b": b}
@@ -823,19 +515,20 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
     cands = causes.candidates(store, step, rows)
     rule = cause_rule(store)
     chosen = causes.primary(cands, excess, rule) if step["slow"] else None
-    names = _thread_names(store, step)
+    names = thread_names(store, step["thread_id"])
     primary_cause = None
     if chosen is not None:
-        facts = _cause_facts(store, chosen, step)
+        kind = KINDS[chosen["kind"]]
+        facts = cause_facts(store, chosen, step)
         at = causes.evidence_ts(chosen, step)
         lines = causes.lost_lines(store, step, chosen)
         # a cause without a stack of its own is at the line where its time went, the others at their
         # evidence's line (the request's submitter, the call, the longest wait)
         top = lines[0]["python_stack_id"] if lines and lines[0]["python"] else None
-        own = None if chosen["kind"] in causes.OWN_STACK_KINDS else causes.evidence_stack(chosen)
+        own = None if kind.own_stack else causes.evidence_stack(chosen)
         stack = own or top or causes.nearest_stack(store, step["thread_id"], at, step["ts"])
-        if chosen["kind"] == "wait_chain":  # the line where the chain ends: the wait that explains it
-            stack = chosen["chain"][-1]["python_stack_id"] or stack
+        if kind.stack is not None:  # the kind says where it is (a wait chain: where it ends)
+            stack = kind.stack(chosen) or stack
         site, frames = causes.python_site(store, stack)
         request = chosen.get("request") or {}
         facts.update(
@@ -849,22 +542,17 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
                                                          ("call", "cuda_call_id")) if chosen.get(k)},
             utc=utc(at + off),
         )
-        if chosen["kind"] in ("nccl_straggler", "nccl_wait") and chosen.get("wait"):
-            facts["evidence"]["nccl_call_id"] = chosen["wait"].get("nccl_call_id")
+        if kind.evidence is not None:
+            facts["evidence"].update(kind.evidence(chosen))
         primary_cause = facts
     secondary = []
     for c in cands:
         if c is chosen or c["excess_dur_ns"] < rule.secondary_share * max(excess, 1) or not step["slow"]:
             continue
-        if chosen is not None and c["kind"] == "blocked":  # the sleep the primary cause is made of
-            continue
-        if chosen is not None and chosen["kind"] in ("wait_chain", "gil_wait", "tcp_retransmit") \
-                and c["kind"] in ("blocked_io", "network_wait"):  # the wait the primary cause explains
-            continue
-        secondary.append(_cause_facts(store, c, step)["summary"])
-    used = {"oom_kill"} if chosen is not None and chosen["kind"] == "memory_reclaim" else set()
-    if chosen is not None and chosen["kind"] == "tcp_retransmit":
-        used.add("tcp_retransmit")
+        if chosen is not None and (KINDS[c["kind"]].quiet or c["kind"] in KINDS[chosen["kind"]].explains):
+            continue  # the sleep the primary cause is made of, or the wait it explains
+        secondary.append(cause_facts(store, c, step)["summary"])
+    used = set(KINDS[chosen["kind"]].events_stated) if chosen is not None else set()
     for e in store.query("SELECT e.kind, count(*) AS n, min(e.detail) AS detail, c.cause FROM step_machine_event e"
                          " LEFT JOIN device_event_cause c ON c.kind = e.kind"
                          " WHERE e.step_mark_id = ? GROUP BY e.kind", (step["step_mark_id"],)):

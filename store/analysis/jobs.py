@@ -48,6 +48,26 @@ def process_job(store: Store, process_id: int | None) -> dict:
     return {**row, "label": job_label(row)} if row else {}
 
 
+def thread_names(store: Store, thread_id: int) -> dict:
+    """A thread's tid, pid, thread and process names (thread_info) and its process's job label."""
+    names = store.one("SELECT tid, pid, thread_name, process_name FROM thread_info WHERE thread_id = ?",
+                      (thread_id,)) or {}
+    process = store.one("SELECT process_id FROM thread WHERE id = ?", (thread_id,)) or {}
+    return {**names, "job": process_job(store, process.get("process_id")).get("label")}
+
+
+def forked_copy(store: Store, sid: int, pid: int | None, training_pid: int | None) -> bool:
+    """Whether process `pid` is a copy of the training process forked without an exec (what a
+    data-loader worker is, whatever name it gives itself): its command line is the training
+    process's. A helper the job started (a compiler, a script) runs another command."""
+    if pid is None or training_pid is None or pid == training_pid:
+        return False
+    rows = store.query("SELECT pid, cmdline FROM process WHERE session_id = ? AND pid IN (?, ?)"
+                       " AND cmdline IS NOT NULL", (sid, pid, training_pid))
+    lines = {r["pid"]: r["cmdline"] for r in rows}
+    return len(lines) == 2 and lines[pid] == lines[training_pid]
+
+
 def processes(store: Store, session_id: int) -> list[dict]:
     """Every process of a session with its command line and job identity, first seen first."""
     cols = ", ".join(f"p.{c}" for c in JOB_FIELDS)

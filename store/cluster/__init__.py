@@ -31,12 +31,10 @@ from pathlib import Path
 
 from store.analysis import jobs
 from store.db import damaged, damaged_message
+from store.db.rules import default_stall_rule
 from store.errors import UserError
 
 NS = 1_000_000_000
-NEIGHBOURS = 10  # steps on each side for a cluster step's baseline, as for one recording
-STALL_RATIO = 1.5  # as store.analysis.causes: a stall is 1.5x the rolling median ...
-STALL_MIN_EXCESS = 1_000_000  # ... and 1 ms more
 LATE_SHARE = 0.5  # a rank is late when it entered at least half as late as the latest one ...
 LATE_MIN_NS = 1_000_000  # ... and at least 1 ms after the first rank ...
 USUAL_SPREAD = 2.0  # ... and twice the usual spread of arrivals
@@ -419,10 +417,11 @@ class Cluster:
             FROM s LEFT JOIN l USING (step) ORDER BY s.step""").fetchall()
         out = []
         durs = [r[2] if r[4] == r[1] else None for r in rows]  # baselines from complete steps only
+        rule, n = default_stall_rule(), default_stall_rule().neighbours  # a stall as for one recording
         for i, (step, ranks, dur, max_dur, complete, lateness, late_rank, late_rec, api, missing) in enumerate(rows):
-            near = [d for d in durs[max(0, i - NEIGHBOURS):i] + durs[i + 1:i + 1 + NEIGHBOURS] if d is not None]
-            base = int(statistics.median(near)) if len(near) >= 3 else None
-            slow = bool(dur is not None and base and dur >= STALL_RATIO * base and dur - base >= STALL_MIN_EXCESS)
+            near = [d for d in durs[max(0, i - n):i] + durs[i + 1:i + 1 + n] if d is not None]
+            base = int(statistics.median(near)) if len(near) >= rule.min_baseline_steps else None
+            slow = bool(dur is not None and base and rule.stalled(dur, base))
             rec = self.recordings[late_rec] if late_rec is not None else None
             late_job = self.rank_job(late_rec, late_rank) if rec else None
             out.append({"step": step, "ranks": ranks, "dur_ns": dur, "max_dur_ns": max_dur, "baseline_dur_ns": base,
@@ -804,7 +803,7 @@ def render_steps(r: dict) -> str:
         ratio = s["ratio"] if s["ratio"] is not None else ""
         lines.append(f"{s['step']:>8} {s['ranks']:>6} {_ms(s['dur_ns']):>9} {_ms(s['baseline_dur_ns']):>9} "
                      f"{ratio:>6}{'!' if s['slow'] else ' '} {_ms(s['lateness_ns']):>14}  {late}")
-    lines.append(f"{r['count']} steps, {r['stalls']} stalled (! 1.5x the rolling median and 1 ms more; "
+    lines.append(f"{r['count']} steps, {r['stalls']} stalled (! {default_stall_rule().text()}; "
                  "latest arrival: the last rank into the step's collective, after the first)")
     for n in r["notes"]:
         lines.append(f"Note: {n}")

@@ -8,9 +8,11 @@ never carries its own copy of a number.
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
+from functools import lru_cache
 
-from store.db import Store
+from store.db import MIGRATIONS, Store
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,20 @@ class CauseRule:
 def stall_rule(store: Store) -> StallRule:
     r = store.row("SELECT ratio, min_excess_dur, min_baseline_steps, neighbours FROM stall_rule")
     return StallRule(r["ratio"], r["min_excess_dur"], r["min_baseline_steps"], r["neighbours"])
+
+
+@lru_cache(maxsize=1)
+def default_stall_rule() -> StallRule:
+    """The stall rule every new recording starts with (its row as the migrations write it), for what
+    has no one recording's rule to read: a job's steps across several recordings or Parquet exports."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for _, path in MIGRATIONS:
+            conn.executescript(path.read_text())
+        r = conn.execute("SELECT ratio, min_excess_dur, min_baseline_steps, neighbours FROM stall_rule").fetchone()
+    finally:
+        conn.close()
+    return StallRule(*r)
 
 
 def slow_call_rule(store: Store) -> SlowCallRule:

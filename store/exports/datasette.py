@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from store.db import Store
+from store.db.rules import stall_rule
 from store.errors import UserError
 
 HEADER = re.compile(r"^-- (table|view): (\w+)\s*$")
@@ -27,7 +28,7 @@ KEYWORDS = {"PRIMARY", "UNIQUE", "FOREIGN", "CHECK", "CONSTRAINT", "SELECT", "FR
 QUERIES: dict[str, dict] = {
     "stalls": {
         "title": "Which steps stalled?",
-        "description": "Steps at least 1.5x their rolling median (and 1 ms more), worst first.",
+        "description": "Steps that took at least {rule}, worst first (the stall_rule table).",
         "sql": "SELECT session_id, step, thread_id, ts, dur / 1e6 AS dur_ms, baseline_dur / 1e6 AS baseline_ms, "
                "ratio, step_mark_id FROM stall ORDER BY excess_dur DESC",
     },
@@ -198,6 +199,13 @@ def schema_docs() -> dict[str, dict]:
     return docs
 
 
+def queries(store: Store) -> dict[str, dict]:
+    """The canned queries, quoting the recording's own stall rule."""
+    out = {name: dict(q) for name, q in QUERIES.items()}
+    out["stalls"]["description"] = out["stalls"]["description"].format(rule=stall_rule(store).text())
+    return out
+
+
 def build_metadata(store: Store, database: str) -> dict:
     docs = schema_docs()
     present = {r["name"]: r["type"] for r in store.query(
@@ -238,7 +246,7 @@ def build_metadata(store: Store, database: str) -> dict:
                        "NVMe, DMA, kernel log, Python), and why its steps stalled. Times are ns of "
                        "CLOCK_MONOTONIC (session.wall_offset_ns turns them into Unix time); start with the "
                        "queries below or with the views stall, step_cause and causal_link.",
-        "databases": {database: {"tables": tables, "queries": QUERIES}},
+        "databases": {database: {"tables": tables, "queries": queries(store)}},
     }
 
 

@@ -8,9 +8,11 @@ import os
 import struct
 from collections.abc import Callable, Iterable
 
+from recorder.core.capability import failure
 from recorder.core.clock import now_ns
 from recorder.core.events import Loss
 from recorder.core.inflight import in_flight
+from recorder.core.int64 import signed64
 from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
 from recorder.core.libraries import (
     cuda_library_kind,
@@ -150,13 +152,13 @@ class CudaLayer(BaseLayer):
             walk = probes.bpf.load_func("cuda_native", probes.BPF.KPROBE)
             probes.bpf.get_table("cuda_progs")[ctypes.c_int(0)] = ctypes.c_int(walk.fd)
         except Exception as e:  # the calls are recorded without their native stack
-            probes.cap("cuda", "native stacks", "failed", str(e).splitlines()[0][:200])
+            probes.cap("cuda", "native stacks", "failed", failure(e))
         try:  # the bodies the per-API programs tail-call (bpf/cuda.bpf.c cuda_dispatch)
             bodies = probes.bpf.get_table("cuda_bodies")
             for slot, name in enumerate(body_programs()):
                 bodies[ctypes.c_int(slot)] = ctypes.c_int(probes.bpf.load_func(name, probes.BPF.KPROBE).fd)
         except Exception as e:  # no CUDA call can be recorded
-            probes.cap("cuda", "call bodies", "failed", str(e).splitlines()[0][:200])
+            probes.cap("cuda", "call bodies", "failed", failure(e))
 
     def attach_library(self, path: str, kind: str) -> int:
         """Attach entry and return probes to every traced API the library exports."""
@@ -183,7 +185,7 @@ class CudaLayer(BaseLayer):
                 self.route.attached(real, api)
                 count += 1
             except Exception as e:
-                probes.cap("cuda", api.name, "failed", str(e).splitlines()[0][:200], path)
+                probes.cap("cuda", api.name, "failed", failure(e), path)
         probes.attached_libraries[real] = count
         return count
 
@@ -279,8 +281,8 @@ class CudaLayer(BaseLayer):
             # a launch's stacks are taken at its return, which this one has not reached
             launch = APIS[r.api].layout in LAUNCH_LAYOUTS if r.api < len(APIS) else False
             records.append((
-                r.ts, ts - r.ts, r.cgroup_id, 0, _signed(r.size), _signed(r.stream), _signed(r.function),
-                _signed(r.pointer), _signed(r.handle), r.py_digest, call.pid, call.tid, r.api,
+                r.ts, ts - r.ts, r.cgroup_id, 0, signed64(r.size), signed64(r.stream), signed64(r.function),
+                signed64(r.pointer), signed64(r.handle), r.py_digest, call.pid, call.tid, r.api,
                 r.memcpy_kind, r.grid_x, r.grid_y, r.grid_z, r.block_x, r.block_y, r.block_z, r.shared_mem,
                 RECORDS.constants["CUDA_FLAG_POINTER_UNREAD"] | (_NO_STACK if launch else 0),  # not written yet
                 r.driver_api, 0, r.native_digest))
@@ -355,10 +357,6 @@ class CudaLayer(BaseLayer):
             ))
         return rows
 
-
-def _signed(value: int) -> int:
-    """A 64-bit map value as SQLite stores it (two's complement above 2**63 - 1)."""
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 # -- where kernel launches are probed ------------------------------------------------------------------

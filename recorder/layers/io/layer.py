@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recorder.core.int64 import signed64
 from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
 from recorder.core.settings import DEFAULT_INFLIGHT_MAX_AGE_S
 from recorder.layers.io.devices import BlockDeviceTable
@@ -376,7 +377,7 @@ class IoLayer(BaseLayer):
                     major, minor, sector, nbytes, op, rw, sync, meta, fua, ra, preflush, bio_ts,
                     insert_ts or None, issued, complete_ts, (issue_ts - ts) if issued else None,
                     (complete_ts - issue_ts) if issued else None, error, requeues, merges,
-                    _signed(io_tag) if flags & C["BLOCK_FLAG_AI"] else None, cg, py_stack))
+                    signed64(io_tag) if flags & C["BLOCK_FLAG_AI"] else None, cg, py_stack))
             self.writer.extend("block_request", rows)
             self.events += len(rows)
             raw["block"].clear()
@@ -411,8 +412,8 @@ class IoLayer(BaseLayer):
                  comm) = rec
                 self.writer.add("dma_event", (
                     sid, ts, dur, self._thread(tid, pid, comm, ts, False), _DMA_KINDS.get(kind, str(kind)),
-                    _text(device), _signed(addr), _signed(dma_addr), size, nents or None,
-                    _DIRECTIONS.get(direction), _signed(attrs), int(bool(flags & C["DMA_FLAG_DIRECT"])),
+                    _text(device), signed64(addr), signed64(dma_addr), size, nents or None,
+                    _DIRECTIONS.get(direction), signed64(attrs), int(bool(flags & C["DMA_FLAG_DIRECT"])),
                     int(bool(flags & C["DMA_FLAG_BOUNCED"])), int(bool(flags & C["DMA_FLAG_FORCE"])),
                     flags >> 16 if kind == C["DMA_KIND_IOMMU_FAULT"] else None))
             raw["dma"].clear()
@@ -422,7 +423,7 @@ class IoLayer(BaseLayer):
                  disk) = rec
                 self.writer.add("nvme_timeout_action", (
                     sid, ts, f"nvme{ctrl}", _text(disk) or None, qid, cid, rq_tag, opcode,
-                    _NVME_ACTIONS.get(action, str(action)), sector, nbytes, _signed(io_tag), req_pid or None,
+                    _NVME_ACTIONS.get(action, str(action)), sector, nbytes, signed64(io_tag), req_pid or None,
                     req_tid or None))
             raw["nvme_ai"].clear()
 
@@ -442,7 +443,7 @@ class IoLayer(BaseLayer):
             ts, ino, pos, count, io_tag, dev, pid, tid, _pad, name = CHECKPOINT.unpack(chunk)
             major, minor = dev_numbers(dev)
             self.writer.add("checkpoint_write", (sid, ts, self._thread(tid, pid, b"", ts), major, minor, ino,
-                                                 _text(name), pos, count, _signed(io_tag)))
+                                                 _text(name), pos, count, signed64(io_tag)))
 
 
 _STACK_TS, _PID, _TID = (BLOCK.names.index(n) for n in ("stack_ts", "pid", "tid"))
@@ -460,6 +461,3 @@ def _reclaim_stack_key(rec: tuple) -> tuple[int, int, int] | None:
     """(stack_ts, pid, tid) of the Python stack record of a reclaim's thread where it began."""
     return (rec[_RECLAIM_STACK_TS], rec[_RECLAIM_PID], rec[_RECLAIM_TID]) if rec[_RECLAIM_STACK_TS] else None
 
-
-def _signed(value: int) -> int:
-    return value - 2**64 if value >= 2**63 else value

@@ -13,9 +13,11 @@ import os
 from collections.abc import Iterable
 
 import bpf
+from recorder.core.capability import failure
 from recorder.core.clock import now_ns
 from recorder.core.events import Loss
 from recorder.core.inflight import in_flight
+from recorder.core.int64 import signed64
 from recorder.core.layer import BaseLayer, Context, Phase, Sink
 from recorder.core.libraries import exported_functions, mapped_files, resolve, workload_library_kind
 from recorder.layers.workload import nccl
@@ -33,11 +35,6 @@ _OPEN_INSERT = (f"INSERT INTO nccl_call ({','.join(NCCL_CALL_COLUMNS)}, open)"
                 f" VALUES ({','.join('?' * len(NCCL_CALL_COLUMNS))}, 1)")
 _KIND = {i: api.kind for i, api in enumerate(nccl.APIS)}
 _STEP, _LINEAGE, _CHECKPOINT = (RECORDS.constants[k] for k in ("MARKER_STEP", "MARKER_LINEAGE", "MARKER_CHECKPOINT"))
-
-
-def signed64(value: int) -> int:
-    """SQLite integers are signed: 64-bit tags and hashes are stored as two's complement."""
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 library_kind = workload_library_kind  # 'nccl', 'markers' or None for a mapped file name
@@ -117,7 +114,7 @@ class WorkloadLayer(BaseLayer):
                     probes.bpf.attach_uretprobe(name=real, sym=sym, fn_name=ret)
                 probes.cap(layer, sym, "attached", "", path)
             except Exception as e:  # BCC raises bare Exception
-                probes.cap(layer, sym, "failed", str(e).splitlines()[0][:200], path)
+                probes.cap(layer, sym, "failed", failure(e), path)
         self.context.writer.add("library", (self.context.session_id, path, kind, now_ns(), found_by))
 
     # -- rows -------------------------------------------------------------------------------------
