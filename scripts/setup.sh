@@ -50,7 +50,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-stamp=.venv/.installed-$(cat pyproject.toml setup.py recorder/*.c store/*.c | sha1sum | cut -c1-12)-$want_test
+stamp=.venv/.installed-$(cat pyproject.toml setup.py recorder/*.c store/db/*.c | sha1sum | cut -c1-12)-$want_test
 if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   if [ $want_test = 1 ]; then
