@@ -26,7 +26,8 @@ EXAMPLES = {
               "  recorder start --all --keep 10m --max-size 2GB --db /var/lib/stall/flight.db   # always on\n"
               "  recorder start --all --keep 10m --foreground --metrics-file "
               "/var/lib/node_exporter/textfile_collector/stall_recorder.prom   # under systemd\n"
-              "  recorder start --all --keep 10m --on-incident '/usr/local/bin/page-oncall --team ml'"),
+              "  recorder start --all --keep 10m --on-incident '/usr/local/bin/page-oncall --team ml'\n"
+              "  recorder start --all --keep 10m --ship s3://stall-recordings/run42   # incidents to the shared store"),
     "stop": "recorder stop\n  recorder stop --db /var/tmp/incident.db",
     "status": "recorder status\n  recorder status --json",
     "dump": ("recorder dump                          # the kept window of a flight recording, now\n"
@@ -50,6 +51,7 @@ EXAMPLES = {
                "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
                "  recorder export --db run.db --datasette-metadata metadata.json; datasette run.db -m metadata.json\n"
                "  recorder export --parquet /shared/run42/parquet --db node-03.db   # every session, by node\n"
+               "  recorder export --parquet s3://stall-recordings/run42 --db node-03.db   # to the shared store\n"
                "open a trace in ui.perfetto.dev (it is loaded in the browser, not uploaded)"),
     "report": ("recorder report --html stall.html             # the latest session\n"
                "  recorder report --db run.db --session 3 --html session3.html\n"
@@ -143,6 +145,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                        help="with --keep: run CMD for every incident saved, with the incident's path and a one-line "
                             "summary as its last two arguments (and in $STALL_RECORDER_INCIDENT, "
                             "$STALL_RECORDER_INCIDENT_SUMMARY); split like a shell line, run without a shell")
+        f.add_argument("--ship", metavar="URL",
+                       help="with --keep: upload every incident saved to the object store s3://BUCKET/PREFIX: the "
+                            "recording to URL/incidents/HOST/NAME.db, its Parquet export (stalls, causes, reports) "
+                            "to URL/incidents/HOST/NAME/; AWS_* variables (AWS_ENDPOINT_URL for a non-AWS store); "
+                            "kept in DB.spool/ while the store is down")
         f.add_argument("--on-incident-shell", action="store_true",
                        help="run --on-incident through /bin/sh -c (the path is $1, the summary $2)")
         f.add_argument("--on-incident-timeout", metavar="DURATION", default="60s",
@@ -207,8 +214,14 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                    help="a Perfetto trace: tracks per thread and disk, counters, flows for the causal links")
     p.add_argument("--datasette-metadata", type=Path, metavar="FILE",
                    help="metadata.json for 'datasette DB -m FILE': descriptions, units, canned queries")
-    p.add_argument("--parquet", type=Path, metavar="DIR",
-                   help="write each table and the key views as Parquet under DIR/TABLE/node=HOST/session=ID/")
+    p.add_argument("--parquet", metavar="DIR",
+                   help="write each table, the key views and the causal model's answers (stalls, causes, reports, "
+                        "hangs) as Parquet under DIR/TABLE/node=HOST/session=ID/; DIR may be s3://BUCKET/PREFIX "
+                        "(AWS_* variables; AWS_ENDPOINT_URL for a non-AWS store), spooled in DB.spool/ while the "
+                        "store is down")
+    p.add_argument("--reports", type=int, default=16, metavar="N",
+                   help="with --parquet: the full report of the N worst stalled steps of each session "
+                        "(default 16; every stall gets its cause, up to 256 a session)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--window", metavar="A..B",
                    help="only A..B: seconds after the session start (5..12.5) or UTC times")
@@ -289,6 +302,9 @@ def _flight_options(args):
         if args.on_incident:
             raise UserError("--on-incident runs for the incidents of a flight recording: add --keep DURATION "
                             "(e.g. --keep 10m)")
+        if args.ship:
+            raise UserError("--ship uploads the incidents of a flight recording: add --keep DURATION "
+                            "(e.g. --keep 10m)")
         return None
     hook = None
     if args.on_incident is not None:
@@ -298,7 +314,7 @@ def _flight_options(args):
         keep_ns=parse_duration(args.keep), max_bytes=parse_size(args.max_size) if args.max_size else None,
         before_ns=parse_duration(args.before), after_ns=parse_duration(args.after),
         hang_ns=parse_duration(args.hang), cooldown_ns=parse_duration(args.cooldown),
-        triggers=frozenset(t.strip() for t in args.triggers.split(",") if t.strip()), hook=hook)
+        triggers=frozenset(t.strip() for t in args.triggers.split(",") if t.strip()), hook=hook, ship=args.ship)
     options.check()
     return options
 
@@ -372,7 +388,8 @@ def _print_started(args, reply: dict, flight) -> None:
         print(f"flight recorder: keeping the last {args.keep}"
               + (f", at most {args.max_size}" if args.max_size else "")
               + f"; incidents ({args.before} before to {args.after} after a trigger) go into "
-              f"{reply['db']}.incidents/; recorder dump --db {reply['db']} saves the window now")
+              f"{reply['db']}.incidents/" + (f" and to {args.ship}" if args.ship else "")
+              + f"; recorder dump --db {reply['db']} saves the window now")
     print(f"stop with: recorder stop --db {reply['db']}", flush=True)
 
 
@@ -532,8 +549,10 @@ def cmd_export(args) -> int:
     if args.parquet:
         from store.exports.parquet import export_parquet
 
-        result = export_parquet(args.db, args.parquet, args.session)
+        result = export_parquet(args.db, args.parquet, args.session, args.reports)
         written.append({"format": "parquet", **result})
+    elif args.reports != 16:
+        raise UserError("--reports sets what --parquet DIR exports: add --parquet DIR")
     with open_store(args.db, readonly=True) as store:
         if args.perfetto:
             from store.exports.perfetto import export_perfetto
@@ -545,14 +564,30 @@ def cmd_export(args) -> int:
 
             written.append({"format": "datasette-metadata",
                             **export_datasette_metadata(store, args.datasette_metadata)})
+    shipped = next((w["shipped"] for w in written if w.get("shipped")), None)
+    code = 1 if shipped and shipped["pending"] else 0
     if args.json:
         print(json.dumps(written, indent=1))
-        return 0
+        return code
     for w in written:
         if w["format"] == "parquet":
+            stalls = sum(a["stalls"] for a in w["answers"].values())
+            explained = sum(a["stalls_explained"] for a in w["answers"].values())
+            reports = sum(a["reports"] for a in w["answers"].values())
             print(f"exported {args.db} (sessions {', '.join(map(str, w['sessions']))}, node "
-                  f"{', '.join(w['nodes'])}) into {w['out']}: {len(w['rows'])} tables and views, "
-                  f"{sum(w['rows'].values())} rows")
+                  f"{', '.join(w['nodes'])}) into {w['out']}: {len(w['rows'])} tables, views and answers, "
+                  f"{sum(w['rows'].values())} rows; {stalls} stalls, {explained} with their cause"
+                  + (f" (the worst {explained}: at most 256 a session)" if explained < stalls else "")
+                  + f", {reports} full reports (the worst steps' reports: --reports {args.reports}); "
+                  f"export schema {w['schema_version']}")
+            if w.get("shipped"):
+                sh = w["shipped"]
+                if sh["pending"]:
+                    print(f"recorder: the store did not take it ({sh['error']}): {sh['pending']} upload(s) kept in "
+                          f"{w['spool']}, sent by the next export or shipment that reaches the store",
+                          file=sys.stderr)
+                elif len(sh["uploaded"]) > 1:
+                    print(f"uploaded {len(sh['uploaded']) - 1} earlier upload(s) from the spool {w['spool']} too")
         elif w["format"] == "perfetto":
             print(f"wrote {w['file']} ({w['bytes'] / 1e6:.1f} MB): session {w['session_id']}, {w['tracks']} tracks, "
                   f"{w['slices']} slices, {w['instants']} instants, {w['counter_values']} counter values, "
@@ -561,7 +596,7 @@ def cmd_export(args) -> int:
             print(f"wrote {w['file']}: {w['tables']} tables and views, {w['columns']} column descriptions, "
                   f"{w['queries']} canned queries; browse with: datasette {shlex.quote(str(args.db))} "
                   f"-m {shlex.quote(w['file'])}")
-    return 0
+    return code
 
 
 def cmd_report(args) -> int:

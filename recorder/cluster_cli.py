@@ -12,6 +12,7 @@ EXAMPLES = (
     "recorder cluster explain /shared/run42/recordings/          # a folder of node-*.db, the worst step\n"
     "  recorder cluster explain node-*.db --step 80042 --json\n"
     "  recorder cluster explain /shared/run42/parquet/            # an export of many nodes (export --parquet)\n"
+    "  recorder cluster explain s3://stall-recordings/run42       # the same, in an object store (AWS_* variables)\n"
     "  recorder cluster steps node-*.db --slow\n"
     "  recorder cluster demo /tmp/job --nodes 4 && recorder cluster explain /tmp/job"
 )
@@ -22,7 +23,8 @@ def add_parser(subs) -> None:
     p = subs.add_parser("cluster", help=text, description=text, epilog="examples:\n  " + EXAMPLES,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     cs = p.add_subparsers(dest="cluster_command", required=True, metavar="SUBCOMMAND")
-    inputs = "recordings (SQLite, one per node), folders of them, or Parquet exports (recorder export --parquet)"
+    inputs = ("recordings (SQLite, one per node), folders of them, or Parquet exports (recorder export --parquet), "
+              "local or s3://BUCKET/PREFIX")
     e = cs.add_parser("explain", help="which rank was late in a stalled step, on which node, and why",
                       description="Name the rank(s) that entered the stalled step's collective late (or never), "
                                   "with node and database, and explain each from its own recording.")

@@ -50,6 +50,7 @@ from store.flight import (
 )
 
 NS = 1_000_000_000
+SHIP_WAIT_S = 30.0  # at stop, how long an incident's upload still under way is waited for
 VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
 ROW_BYTES = 160  # what a row takes in the database, at most, for the backstop's estimate of a piece
 SIZED_INTERVAL_NS = NS // 10  # under --max-size the window is kept at every batch, not every second
@@ -76,6 +77,7 @@ class FlightOptions:
     cooldown_ns: int = 300 * NS          # one incident per trigger kind per cooldown
     max_per_hour: int = 12               # and at most this many incidents an hour
     hook: HookOptions | None = None      # --on-incident: run for every incident saved
+    ship: str | None = None              # --ship: the object store (s3://...) every incident is uploaded to
 
     def check(self) -> None:
         if self.keep_ns < 10 * NS:
@@ -91,12 +93,16 @@ class FlightOptions:
             raise UserError(f"no trigger {', '.join(sorted(unknown))}: choose from {', '.join(TRIGGERS)}")
         if self.hook:
             self.hook.check()
+        if self.ship:
+            from store import objectstore
+
+            objectstore.check_url(self.ship)
 
     def describe(self) -> dict:
         return {"keep_s": self.keep_ns / NS, "max_bytes": self.max_bytes, "before_s": self.before_ns / NS,
                 "after_s": self.after_ns / NS, "hang_s": self.hang_ns / NS, "triggers": sorted(self.triggers),
                 "cooldown_s": self.cooldown_ns / NS, "max_per_hour": self.max_per_hour,
-                "on_incident": self.hook.command if self.hook else None}
+                "on_incident": self.hook.command if self.hook else None, "ship": self.ship}
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
@@ -218,6 +224,7 @@ class FlightRecorder:
         self._inferred: InferredStepWatch | None = None  # and of processes whose steps are inferred
         self.folder = incidents_dir(session.db_path)
         self.hook = IncidentHook(options.hook) if options.hook else None
+        self._shippers: list[threading.Thread] = []
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -289,6 +296,8 @@ class FlightRecorder:
             self._saver.join()
         if self.hook:
             self.hook.wait()
+        for t in self._shippers:  # an upload still under way gets its retries; what it cannot send stays spooled
+            t.join(timeout=SHIP_WAIT_S)
         held = ", ".join(f"{n} {t}" for t, n in sorted(self.state.suppressed.items()))
         if held:
             print(f"recorder: flight recorder: triggers held back by the rate limit (one incident per trigger per "
@@ -537,6 +546,33 @@ class FlightRecorder:
                 "STALL_RECORDER_INCIDENT_TRIGGER": p.trigger, "STALL_RECORDER_DB": str(self.session.db_path),
                 "STALL_RECORDER_INCIDENT_CAUSE": facts["cause_kind"] or "",
                 "STALL_RECORDER_INCIDENT_STEP": "" if facts["step"] is None else str(facts["step"])})
+        if self.options.ship:
+            self._ship(out)
+
+    def _ship(self, out: Path) -> None:
+        """--ship: upload the incident (its file and its Parquet export) in a thread of its own."""
+        from store.exports.parquet import ship_incident
+        from store.objectstore import spool_folder
+
+        spool = spool_folder(self.session.db_path)
+
+        def work() -> None:
+            try:
+                result = ship_incident(out, self.options.ship, socket.gethostname(), spool)
+            except (UserError, sqlite3.Error, OSError) as e:
+                self._note_error(f"shipping {out.name}: {e}")
+                return
+            if result["pending"]:
+                self._note_error(f"shipping {out.name}: the store did not take it ({result['error']}); "
+                                 f"{result['pending']} upload(s) kept in {result['spool']} for the next incident")
+            else:
+                print(f"recorder: incident shipped: {out.name} to {result['url']}"
+                      + (f" (and {len(result['uploaded']) - 2} spooled upload(s))" if len(result["uploaded"]) > 2
+                         else ""), flush=True)
+
+        t = threading.Thread(target=work, name="stall-ship", daemon=True)
+        self._shippers = [x for x in self._shippers if x.is_alive()] + [t]
+        t.start()
 
     def metrics(self) -> dict:
         """What recorder/metrics.py writes of the flight recorder."""

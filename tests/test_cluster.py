@@ -252,7 +252,7 @@ def test_nodes_without_a_recording_are_listed_and_the_late_rank_still_named(job)
     assert "Not recorded: 16 rank(s) of the communicator have no recording here (8-15, 24-31)" in text
 
 
-def test_parquet_export_whose_source_is_elsewhere_says_where_to_look(job, tmp_path):
+def test_parquet_export_whose_source_is_elsewhere_explains_from_its_answers_or_says_where_to_look(job, tmp_path):
     out = tmp_path / "pq"
     moved = tmp_path / "elsewhere" / "node-02.db"
     moved.parent.mkdir()
@@ -263,6 +263,11 @@ def test_parquet_export_whose_source_is_elsewhere_says_where_to_look(job, tmp_pa
     report = explain_json(out)
     (late,) = report["late_ranks"]
     assert (late["rank"], late["node"], late["db"]) == (LATE, "node-02", str(moved))
+    # the answer node-02's export holds explains it ...
+    assert late["explanation"]["available"] and late["explanation"]["python"] == LINE
+    # ... and an export without answers (made before they were exported) says where to look
+    shutil.rmtree(out / "stall" / "node=node-02")
+    (late,) = explain_json(out)["late_ranks"]
     assert late["explanation"]["available"] is False
     assert f"recorder explain --step {STEP} --session 1' on node-02" in late["explanation"]["summary"]
 

@@ -23,16 +23,20 @@ smaller than a few times it is not attributed to anyone.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from store import objectstore
 from store.analysis import jobs
 from store.db import damaged, damaged_message
 from store.db.rules import default_stall_rule
 from store.errors import UserError
+from store.report.rank import materialise_nccl as _materialise_nccl
 
 NS = 1_000_000_000
 LATE_SHARE = 0.5  # a rank is late when it entered at least half as late as the latest one ...
@@ -57,6 +61,12 @@ RELATIONS = {
     "sync": "rec INTEGER, thread_id BIGINT, stream BIGINT, ts BIGINT, dur BIGINT",
     "mark": "rec INTEGER, process_id BIGINT, step BIGINT, ts BIGINT, inferred INTEGER, exit_ts BIGINT",
 }
+
+# The explanations a Parquet export stored (its `stall` table), read only from exports.
+ANSWER = "rec INTEGER, process_id BIGINT, step BIGINT, explanation VARCHAR"
+# The tables of an export this module reads (those copied from an object store).
+PARQUET_TABLES = ("session", "process", "thread", "nccl_comm", "nccl_call", "nccl_api", "cuda_call", "cuda_api",
+                  "step_mark", "stall")
 
 # The SQLite side: one query per relation, per session, its columns named a0, a1, ... in the order
 # of RELATIONS (after rec).
@@ -165,12 +175,19 @@ class Cluster:
         self.notes: list[str] = []
         self._labels: dict[tuple[int, int], str] | None = None
         self._parquet_labels: dict[tuple[int, int], str] = {}  # (rec, pid) -> label, from exports' process tables
-        dbs, exports = find_inputs(paths)
+        urls = [str(p) for p in paths if objectstore.is_url(p)]
+        dbs, exports = find_inputs([p for p in paths if not objectstore.is_url(p)]) if len(urls) < len(paths) \
+            else ([], [])
         for name, cols in RELATIONS.items():
             self.con.execute(f"CREATE TABLE {name} ({cols})")
+        self.con.execute(f"CREATE TABLE answer ({ANSWER})")
         self._load_sqlite(dbs)
         for folder in exports:
             self._load_parquet(folder)
+        for url in urls:  # an export in an object store: the tables read here, copied into a temporary folder
+            with tempfile.TemporaryDirectory(prefix="stall-cluster-") as tmp:
+                objectstore.download_export(url, Path(tmp), PARQUET_TABLES)
+                self._load_parquet(Path(tmp), label=url)
         if not self.recordings:
             raise UserError("none of the recordings holds a session: record each node with 'recorder start'")
         if self.con.execute("SELECT count(*) FROM comm WHERE comm_hash = ?", (ENV_COMM_HASH,)).fetchone()[0]:
@@ -202,7 +219,7 @@ class Cluster:
                             " FROM _arrow_in GROUP BY rec, process_id, step")
                         self.con.unregister("_arrow_in")
 
-    def _load_parquet(self, folder: Path) -> None:
+    def _load_parquet(self, folder: Path, label: str | None = None) -> None:
         def scan(table: str) -> str:
             pattern = str(folder / table / "**" / "*.parquet").replace("'", "''")
             return f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
@@ -215,9 +232,9 @@ class Cluster:
         for i, (node, session, host, off, started, stopped, boot, source_db) in enumerate(sessions):
             rec = base + i
             db = source_db if source_db and Path(source_db).is_file() else None
-            self.recordings.append(Recording(rec, host, int(session), source_db or str(folder), db, off))
+            self.recordings.append(Recording(rec, host, int(session), source_db or label or str(folder), db, off))
             self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (rec, host, int(session), str(folder), source_db, off, started, stopped, boot))
+                             (rec, host, int(session), label or str(folder), source_db, off, started, stopped, boot))
             keys.append((str(node), int(session), rec))
         if not keys:
             return
@@ -262,6 +279,10 @@ class Cluster:
                 f"INSERT INTO sync SELECT k.rec, x.thread_id, x.stream, x.ts, x.dur FROM {scan('cuda_call')} x {j}"
                 f" JOIN {scan('cuda_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
                 f" WHERE a.family IN {SYNC_FAMILIES!r}")
+        if (folder / "stall").is_dir():  # the export's answers: each stalled step explained from its recording
+            self.con.execute(
+                f"INSERT INTO answer SELECT k.rec, x.process_id, x.step, x.explanation FROM {scan('stall')} x {j}"
+                f" WHERE x.explanation IS NOT NULL")
         if (folder / "step_mark").is_dir():
             self.con.execute(
                 f"INSERT INTO mark SELECT k.rec, t.process_id, x.step, min(x.ts), max(x.inferred),"
@@ -431,6 +452,12 @@ class Cluster:
                         "late_job": late_job, "collective": api, "ranks_missing": missing})
         return out
 
+    def answer(self, rec: int, process_id: int, step: int) -> str | None:
+        """The explanation a Parquet export stored for this rank's step (JSON), if any."""
+        row = self.con.execute("SELECT explanation FROM answer WHERE rec = ? AND process_id = ? AND step = ?",
+                               (rec, process_id, step)).fetchone()
+        return row[0] if row else None
+
     def job_label(self, rec: int, pid: int) -> str | None:
         """The job identity a rank's process carried (its environment and cgroup, read by its
         recorder): known for SQLite recordings of schema v20 and later."""
@@ -546,7 +573,7 @@ class Cluster:
                     "job": self.job_label(a[0], a[2]), "lateness_ns": a[5], "entered_utc": _utc(a[4]),
                     "explanation": None}
             if len(result["late_ranks"]) < EXPLAINED:
-                item["explanation"] = rank_explanation(rec, a[3], number)
+                item["explanation"] = rank_explanation(rec, a[3], number, self.answer(a[0], a[3], number))
             result["late_ranks"].append(item)
         # ranks of the communicator with a recording that never entered this collective (a hang)
         for m_rec, m_rank, m_pid, m_proc in members:
@@ -557,7 +584,8 @@ class Cluster:
             item = {"rank": m_rank, "node": rec.node, "db": rec.source, "session": rec.session_id, "pid": m_pid,
                     "job": self.job_label(m_rec, m_pid), "last_step": last, "explanation": None}
             if len(result["hung_ranks"]) < EXPLAINED and last is not None:
-                item["explanation"] = rank_explanation(rec, m_proc, min(last, number))
+                at = min(last, number)
+                item["explanation"] = rank_explanation(rec, m_proc, at, self.answer(m_rec, m_proc, at))
             result["hung_ranks"].append(item)
         if nranks:
             result["unrecorded_ranks"] = sorted(set(range(nranks)) - {m[1] for m in members})
@@ -611,78 +639,22 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
     return out
 
 
-def rank_explanation(rec: Recording, process_id: int, step: int) -> dict:
-    """Why one rank was slow in `step`, from its own recording (the per-recording report)."""
-    from store.analysis.causes import lookup_steps
+def rank_explanation(rec: Recording, process_id: int, step: int, answer: str | None = None) -> dict:
+    """Why one rank was slow in `step`, from its own recording (the per-recording report,
+    store/report/rank.py); without the recording, from the same explanation its Parquet export
+    stored (`answer`, the `stall` table's `explanation`), else where to look."""
     from store.db import open_store
-    from store.report.build import analyse_step, explain, session_row
+    from store.report.rank import rank_step
 
     if rec.db is None or not Path(rec.db).is_file():
+        if answer:
+            return json.loads(answer)
         return {"available": False,
                 "summary": f"the recording of {rec.node} is not here: run 'recorder explain --step {step} --session "
                            f"{rec.session_id}' on {rec.node} (or pass its database)"}
     with open_store(rec.db, readonly=True) as store:
         _materialise_nccl(store)
-        pid = store.one("SELECT pid FROM process WHERE id = ?", (process_id,))
-        pid = pid["pid"] if pid else None
-        try:
-            rows = lookup_steps(store, rec.session_id, step)
-            mine = [r for r in rows if r["process_id"] == process_id]
-            if not mine:
-                return {"available": False, "summary": f"rank process {pid} marked no step {step} in {rec.db}"}
-            if len(rows) == len(mine):  # the recording's only rank: its own report, as 'recorder explain' gives it
-                report = explain(store, rec.session_id, step=step)
-                cause, symptom, stall = report["primary_cause"], report["symptom"], report["stall"]
-                dur = report["step"]["dur_ns"]
-            else:  # several ranks in one recording: the report's analysis of this rank's row only
-                a = analyse_step(store, session_row(store, rec.session_id), mine[0])
-                cause, stall, dur = a["primary_cause"], a["slow"], a["dur_ns"]
-                symptom = (f"step {step} took {_ms(dur)}, {a['ratio']}x its median of {_ms(a['baseline_dur_ns'])}"
-                           if a["baseline_dur_ns"] else f"step {step} took {_ms(dur)}")
-                if not a["complete"]:
-                    symptom += " (still running when the recording stopped)"
-        except UserError as e:
-            return {"available": False, "summary": str(e)}
-    out = {"available": True, "step_dur_ns": dur, "stall": stall, "symptom": symptom,
-           "summary": cause["summary"] if cause else "no recorded wait explains it", "kind": None, "device": None,
-           "python": None, "kernel_path": [], "utc": None}
-    if cause:
-        out.update(kind=cause.get("kind"), device=cause.get("device"), python=cause.get("python"),
-                   kernel_path=cause.get("kernel_path") or [], utc=cause.get("utc"),
-                   next_actions=cause.get("next_actions") or [])
-    return out
-
-
-# The session-wide NCCL views a step's breakdown joins (window functions over every collective of
-# the recording, so SQLite recomputes them in full for each of the ~20 queries of one step), with the
-# columns they are looked up by: computed once per connection as indexed temporary tables.
-MATERIALISED = {
-    "nccl_collective": ("id", "comm_hash, seq, rank"),
-    "nccl_collective_wait": ("nccl_call_id",),
-    "nccl_straggler": ("comm_hash, seq",),
-}
-
-
-def _materialise_nccl(store) -> None:
-    """Replace this read-only connection's temporary NCCL views by tables of the same rows. A
-    recording of one node holds every collective of its 8 ranks: without this, explaining one rank's
-    step re-reads all of them ~20 times. Left as views if anything differs from what is expected."""
-    conn = store.conn
-    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_temp_master WHERE type = 'view'")}
-    if not set(MATERIALISED) <= names or conn.execute("SELECT count(*) FROM nccl_call").fetchone()[0] < 1000:
-        return
-    try:
-        conn.execute("SAVEPOINT materialise")
-        for name, keys in MATERIALISED.items():  # in dependency order: wait and straggler read the collectives
-            conn.execute(f"CREATE TEMP TABLE _m_{name} AS SELECT * FROM {name}")
-            conn.execute(f"DROP VIEW temp.{name}")
-            conn.execute(f"ALTER TABLE temp._m_{name} RENAME TO {name}")
-            for i, cols in enumerate(keys):
-                conn.execute(f"CREATE INDEX temp.{name}_k{i} ON {name} ({cols})")
-        conn.execute("RELEASE materialise")
-    except sqlite3.Error:
-        conn.execute("ROLLBACK TO materialise")
-        conn.execute("RELEASE materialise")
+        return rank_step(store, rec.session_id, process_id, step, rec.db)
 
 
 def _ms(ns: float | int | None) -> str:

@@ -1,20 +1,25 @@
 """`recorder export --parquet DIR`: a recording as Parquet, one folder per table, hive-partitioned
 by node and session (DIR/TABLE/node=HOST/session=ID/part-0.parquet), so DuckDB, Spark, Trino or
 ClickHouse read the recordings of a whole fleet as one data set. Columns keep the SQLite names;
-the schema is in docs/cluster.md.
+next to the tables go the causal model's answers (stalls and their causes, reports, hangs:
+store/exports/answers.py). DIR may be s3://BUCKET/PREFIX (store/objectstore.py). The schema is
+in docs/export.md.
 
 Rows are read with Python's sqlite3 and written with pyarrow; nothing else is needed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import sqlite3
 from pathlib import Path
 from urllib.parse import quote
 
+from store import objectstore
 from store.errors import UserError
+from store.exports import answers
 
 BATCH = 200_000  # rows per Arrow batch
 # The views a fleet query needs most, exported next to the tables (their SQL runs once per session).
@@ -51,19 +56,65 @@ def _declared_types(conn: sqlite3.Connection, name: str) -> dict[str, str]:
     return {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({name})")}
 
 
-def export_parquet(db: str | os.PathLike, out: str | os.PathLike, session_id: int | None = None) -> dict:
-    """Every table (and the views in VIEWS) of every session of `db` (or one session) into `out`."""
-    from store.db import open_store
-
+def export_parquet(db: str | os.PathLike, out: str | os.PathLike, session_id: int | None = None,
+                   reports: int = answers.REPORTS) -> dict:
+    """Every table (and the views in VIEWS) of every session of `db` (or one session), and the
+    causal model's answers (store/exports/answers.py), into the folder `out`, or to the object
+    store at `out` (s3://BUCKET/PREFIX, through the spool DB.spool/: store/objectstore.py)."""
     try:
         import pyarrow  # noqa: F401
     except ImportError:
         raise UserError("recorder export --parquet needs pyarrow: reinstall stall-recorder "
                         "(pip install -e .)") from None
-    out = Path(out)
+    if reports < 0:
+        raise UserError("--reports must be 0 or more: pass e.g. --reports 16")
+    if not objectstore.is_url(out):
+        return _export_local(db, Path(out), session_id, reports)
+    url = str(out)
+    objectstore.check_url(url)
+    db = Path(db).resolve()
+    payload = objectstore.new_entry(objectstore.spool_folder(db), "parquet")
+    try:
+        result = _export_local(db, payload, session_id, reports)
+    except BaseException:
+        shutil.rmtree(payload.parent, ignore_errors=True)
+        raise
+    shipped = objectstore.ship_folder(payload, url, replace_folders=True)
+    result.update(out=url, shipped=shipped, spool=str(payload.parent.parent))
+    return result
+
+
+def ship_incident(path: Path, url: str, host: str, spool: Path) -> dict:
+    """Upload a saved incident (`recorder start --keep ... --ship URL`) through `spool`: the
+    recording itself to URL/incidents/HOST/NAME.db and its Parquet export (answers included) to
+    URL/incidents/HOST/NAME/ (TABLE/node=HOST/session=ID/ under it, what `recorder cluster explain`
+    and DuckDB read). Returns {'url', 'uploaded', 'pending', 'error', 'spool'}."""
+    stem = path.name.removesuffix(".db")
+    base = objectstore.join(url, "incidents", host)
+    payload = objectstore.new_entry(spool, stem + "-parquet")
+    try:
+        _export_local(path, payload, None, answers.REPORTS)
+    except BaseException:
+        shutil.rmtree(payload.parent, ignore_errors=True)
+        raise
+    first = objectstore.ship_file(path, objectstore.join(base, path.name), spool)
+    if first["pending"]:  # the store is down: the export waits in the spool too, behind the file
+        objectstore.enqueue(payload, objectstore.join(base, stem), replace_folders=True)
+        return {**first, "pending": first["pending"] + 1, "url": objectstore.join(base, stem), "spool": str(spool)}
+    second = objectstore.ship_folder(payload, objectstore.join(base, stem), replace_folders=True)
+    return {"url": objectstore.join(base, stem), "uploaded": first["uploaded"] + second["uploaded"],
+            "pending": second["pending"], "error": second["error"], "spool": str(spool)}
+
+
+def _export_local(db: str | os.PathLike, out: Path, session_id: int | None, reports: int) -> dict:
+    from store.db import open_store
+
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file: pass a folder for --parquet (it is created if missing)")
     db = Path(db).resolve()
+    summaries = {}
+    import pyarrow.parquet as pq
+
     with open_store(db, readonly=True) as store:
         conn = store.conn
         sessions = conn.execute("SELECT id, hostname FROM session" + (" WHERE id = ?" if session_id else "")
@@ -73,6 +124,7 @@ def export_parquet(db: str | os.PathLike, out: str | os.PathLike, session_id: in
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
                   if r[0] not in SKIP and not r[0].startswith("sqlite_")]
         views = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'")}
+        tables_written = set(tables) | set(VIEWS)
         written: dict[str, int] = {}
         for sid, host in sessions:
             part = Path(f"node={quote(host, safe='')}") / f"session={sid}"
@@ -97,8 +149,35 @@ def export_parquet(db: str | os.PathLike, out: str | os.PathLike, session_id: in
                                  {"source_db": str(db)} if name == "session" else None,
                                  BATCH if name in tables else None)
                 written[name] = written.get(name, 0) + n
+            answer_tables = answers.session_answers(store, sid, str(db), reports)
+            summary = answer_tables.pop("summary")
+            summaries[sid] = summary
+            answer_tables["export_meta"] = answers.arrow_table("export_meta", [{
+                "schema_version": answers.SCHEMA_VERSION, "recorder_version": _version(),
+                "recording_schema": conn.execute("PRAGMA user_version").fetchone()[0],
+                "exported_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "source_db": str(db), **summary}])
+            for name, table in answer_tables.items():
+                if name in tables_written:
+                    raise UserError(f"{db} has a table named {name}, which the export's answers use")
+                folder = out / name / part
+                if folder.exists():
+                    shutil.rmtree(folder)
+                folder.mkdir(parents=True)
+                pq.write_table(table, folder / "part-0.parquet", compression="zstd")
+                written[name] = written.get(name, 0) + table.num_rows
     return {"db": str(db), "out": str(out.resolve()), "sessions": [s[0] for s in sessions],
-            "nodes": sorted({s[1] for s in sessions}), "rows": written}
+            "nodes": sorted({s[1] for s in sessions}), "rows": written, "schema_version": answers.SCHEMA_VERSION,
+            "answers": summaries}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stall-recorder")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _write_typed(conn: sqlite3.Connection, sql: str, params: tuple, folder: Path, types: dict[str, str],
