@@ -22,10 +22,12 @@ metrics file of recorder/metrics.py) and handed to the `--on-incident` command
 from __future__ import annotations
 
 import datetime as dt
+import queue
 import socket
 import sqlite3
 import statistics
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +52,7 @@ from store.flight import (
 )
 
 NS = 1_000_000_000
-SHIP_WAIT_S = 30.0  # at stop, how long an incident's upload still under way is waited for
+SHIP_WAIT_S = 60.0  # at stop, how long the incidents still to upload are waited for, in all
 VACUUM_PAGES_PER_TICK = 1024  # 4 MB a second at 4 KiB pages
 ROW_BYTES = 160  # what a row takes in the database, at most, for the backstop's estimate of a piece
 SIZED_INTERVAL_NS = NS // 10  # under --max-size the window is kept at every batch, not every second
@@ -224,7 +226,9 @@ class FlightRecorder:
         self._inferred: InferredStepWatch | None = None  # and of processes whose steps are inferred
         self.folder = incidents_dir(session.db_path)
         self.hook = IncidentHook(options.hook) if options.hook else None
-        self._shippers: list[threading.Thread] = []
+        # --ship: one thread uploads the incidents in turn (an export is CPU work: never several at once)
+        self._to_ship: queue.Queue[Path | None] = queue.Queue()
+        self._shipper: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -296,8 +300,19 @@ class FlightRecorder:
             self._saver.join()
         if self.hook:
             self.hook.wait()
-        for t in self._shippers:  # an upload still under way gets its retries; what it cannot send stays spooled
-            t.join(timeout=SHIP_WAIT_S)
+        if self._shipper:  # uploads still under way get their retries; what the store does not take stays spooled
+            self._to_ship.put(None)
+            self._shipper.join(timeout=SHIP_WAIT_S)
+            left = []
+            while not self._to_ship.empty():
+                out = self._to_ship.get_nowait()
+                if out is not None:
+                    left.append(out)
+            if self._shipper.is_alive() or left:
+                names = ", ".join(o.name for o in left) or "the one under way"
+                self._note_error(f"--ship: not all incidents were uploaded within {SHIP_WAIT_S:g} s of the stop "
+                                 f"({names}): upload each with 'recorder export --parquet {self.options.ship} "
+                                 f"--db INCIDENT'")
         held = ", ".join(f"{n} {t}" for t, n in sorted(self.state.suppressed.items()))
         if held:
             print(f"recorder: flight recorder: triggers held back by the rate limit (one incident per trigger per "
@@ -550,29 +565,33 @@ class FlightRecorder:
             self._ship(out)
 
     def _ship(self, out: Path) -> None:
-        """--ship: upload the incident (its file and its Parquet export) in a thread of its own."""
+        """--ship: queue the incident for the shipper thread (started with the first one)."""
+        self._to_ship.put(out)
+        if self._shipper is None:
+            self._shipper = threading.Thread(target=self._ship_all, name="stall-ship", daemon=True)
+            self._shipper.start()
+
+    def _ship_all(self) -> None:
+        """Upload each queued incident (its file and its Parquet export), oldest first."""
         from store.exports.parquet import ship_incident
         from store.objectstore import spool_folder
 
         spool = spool_folder(self.session.db_path)
-
-        def work() -> None:
+        while (out := self._to_ship.get()) is not None:
+            began = time.monotonic()
             try:
                 result = ship_incident(out, self.options.ship, socket.gethostname(), spool)
             except (UserError, sqlite3.Error, OSError) as e:
                 self._note_error(f"shipping {out.name}: {e}")
-                return
+                continue
             if result["pending"]:
                 self._note_error(f"shipping {out.name}: the store did not take it ({result['error']}); "
                                  f"{result['pending']} upload(s) kept in {result['spool']} for the next incident")
             else:
-                print(f"recorder: incident shipped: {out.name} to {result['url']}"
+                print(f"recorder: incident shipped: {out.name} to {result['url']} in "
+                      f"{time.monotonic() - began:.1f} s"
                       + (f" (and {len(result['uploaded']) - 2} spooled upload(s))" if len(result["uploaded"]) > 2
                          else ""), flush=True)
-
-        t = threading.Thread(target=work, name="stall-ship", daemon=True)
-        self._shippers = [x for x in self._shippers if x.is_alive()] + [t]
-        t.start()
 
     def metrics(self) -> dict:
         """What recorder/metrics.py writes of the flight recorder."""

@@ -34,6 +34,7 @@ REQUEST_TIMEOUT_S = 60.0
 SDK_ATTEMPTS = 2  # tries of one request by the S3 client itself
 PARALLEL = 8  # requests in flight at once
 MANIFEST = "manifest.json"
+ABANDONED_S = 3600  # an entry still without a manifest after this long was left by a process that died filling it
 PAYLOAD = "payload"
 
 
@@ -125,6 +126,10 @@ def drain(spool: Path, sleep=time.sleep) -> dict:
     Returns {'uploaded': [urls], 'pending': entries left, 'error': why the store refused, or None}."""
     uploaded: list[str] = []
     error = None
+    if spool.is_dir():
+        for p in spool.iterdir():
+            if not (p / MANIFEST).is_file() and time.time() - p.stat().st_mtime > ABANDONED_S:
+                shutil.rmtree(p, ignore_errors=True)
     entries = pending(spool)
     for i, entry in enumerate(entries):
         manifest = json.loads((entry / MANIFEST).read_text())

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -130,3 +132,49 @@ def workload_output(stdout: str) -> dict:
         if line.startswith("{"):
             return json.loads(line)
     raise AssertionError(f"no workload JSON in output:\n{stdout}")
+
+
+# -- an S3-compatible object store (moto's server) on 127.0.0.1, for the shipping tests --------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1 with a bucket `fleet`, and the AWS_* variables that point at it."""
+    pytest.importorskip("moto", reason="moto[server] is a test extra: scripts/setup.sh --test installs it")
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    pytest.fail(f"moto's server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.1)
+        from pyarrow import fs
+
+        fs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
+                        allow_bucket_creation=True).create_dir("fleet")
+        yield {"port": port, "env": env, "fs": fs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http",
+                                                               region="us-east-1")}
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import ROOT, run_recorder
+from conftest import ROOT, free_port, run_recorder
 
 from recorder.cluster_demo import ClusterSpec, write_cluster
 from store.cluster import explain_paths, render_explain
@@ -141,51 +140,6 @@ def test_a_local_export_and_cluster_explain_never_make_an_s3_client(fleet, tmp_p
 
 
 # -- the object store -----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1 with a bucket `fleet`, and the AWS_* variables that point at it."""
-    pytest.importorskip("moto", reason="moto[server] is a test extra: scripts/setup.sh --test installs it")
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=out, stderr=subprocess.STDOUT)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    pytest.fail(f"moto's server did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
-        from pyarrow import fs
-
-        fs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
-                        allow_bucket_creation=True).create_dir("fleet")
-        yield {"port": port, "env": env, "fs": fs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http",
-                                                               region="us-east-1")}
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def test_cluster_explain_over_the_parquet_of_4_nodes_in_s3_names_the_late_rank_and_why(fleet, s3, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(fleet["job"], src)
@@ -256,3 +210,16 @@ def test_a_database_with_several_sessions_exports_each_with_its_answers(tmp_path
     for sid in sids:
         assert list((tmp_path / "out" / "export_meta").glob(f"*/session={sid}/*.parquet")), sid
         assert list((tmp_path / "out" / "step_cause").glob(f"*/session={sid}/*.parquet")), sid
+
+
+def test_a_spool_entry_left_half_filled_by_a_dead_process_is_cleared_but_one_being_filled_is_kept(tmp_path):
+    from store import objectstore
+
+    spool = tmp_path / "x.db.spool"
+    dead = objectstore.new_entry(spool, "dead")
+    live = objectstore.new_entry(spool, "live")
+    (dead / "part-0.parquet").write_bytes(b"half")
+    old = time.time() - objectstore.ABANDONED_S - 60
+    os.utime(dead.parent, (old, old))
+    assert objectstore.drain(spool) == {"uploaded": [], "pending": 0, "error": None}
+    assert not dead.parent.exists() and live.is_dir()
