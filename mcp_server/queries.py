@@ -16,7 +16,7 @@ from store.analysis.losses import losses
 from store.db import Store
 from store.db.rules import slow_call_rule, stall_rule
 from store.errors import UserError
-from store.report.build import LAYERS, analyse_step, resolve_window, session_row, session_state, slow_calls, utc
+from store.report.build import analyse_step, layer_words, resolve_window, session_row, session_state, slow_calls, utc
 from store.report.listing import STALLS_ANALYSED
 
 MAX_LIMIT = 500
@@ -82,7 +82,7 @@ def layer_status(store: Store, session_id: int, layer: str) -> dict:
                        (session_id, layer))
     attached = sum(r["status"] == "attached" for r in rows)
     return {
-        "layer": layer, "what": LAYERS.get(layer, layer), "observed": attached > 0,
+        "layer": layer, "what": layer_words(store, session_id).get(layer, layer), "observed": attached > 0,
         "probes_attached": attached, "probes_not_attached": len(rows) - attached,
         "not_attached": [{"probe": r["probe"], "target": r["target"], "status": r["status"],
                           "detail": r["detail"]} for r in rows if r["status"] != "attached"][:20],
@@ -94,7 +94,8 @@ def capabilities(store: Store, session_id: int | None) -> dict:
     sid = session["id"]
     layers = [row["layer"] for row in store.query(
         "SELECT DISTINCT layer FROM capability WHERE session_id = ? ORDER BY layer", (sid,))]
-    all_layers = list(LAYERS) + [x for x in layers if x not in LAYERS]
+    words = layer_words(store, sid)
+    all_layers = list(words) + [x for x in layers if x not in words]
     loss = losses(store, sid)
     off = session["wall_offset_ns"]
     return {

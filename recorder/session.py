@@ -16,7 +16,7 @@ import signal
 import socket
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from recorder.core.processes import (
     worth_configuring,
 )
 from recorder.core.settings import Settings
+from recorder.core.stacks import OBSERVES as PYTHON_OBSERVES
 from recorder.core.stacks import StackRecorder
 from recorder.errors import TargetError, UserError
 from recorder.flight import FlightOptions, FlightRecorder
@@ -48,6 +49,19 @@ VERSION = "0.1.0"
 UNEXPECTED_SIZE = ("recorder", "loss", "ring record of unexpected size", "ring records", "unexpected size")
 FLUSH_INTERVAL_S = 0.1
 HOUSEKEEPING_INTERVAL_S = 1.0
+
+
+def vocabulary(layers: Sequence[Layer]) -> list[tuple[str, str, str, str, str]]:
+    """The rows of `layer_vocabulary` a session of `layers` (or of their classes: the words are class
+    attributes) writes at its start, less its id: (layer, kind, word, what, why) of the loss words
+    (kind 'loss': a `loss.probe`, what was lost and why) and of the capability words reports list
+    (kind 'capability': a `capability.layer` word and what it observes; layer and word are the same,
+    why is empty), the layers' and the session's own."""
+    rows = [(loss.layer, "loss", loss.probe, loss.what, loss.why) for layer in layers for loss in layer.losses]
+    rows.append(UNEXPECTED_SIZE)
+    words = [word for layer in layers for word in layer.observes] + [PYTHON_OBSERVES]  # the stack recorder's
+    rows += [(word.layer, "capability", word.layer, word.what, "") for word in words]
+    return rows
 
 
 def status_path(db: Path) -> Path:
@@ -214,12 +228,9 @@ class Session:
         return sorted(self.layers, key=lambda layer: layer.flush_phase)
 
     def _write_vocabulary(self) -> None:
-        """Every word the layers (and the session) write into `loss`, with what it means, for the report."""
-        for layer in self.layers:
-            for loss in layer.losses:
-                self.writer.add("layer_vocabulary", (self.session_id, loss.layer, "loss", loss.probe, loss.what,
-                                                     loss.why))
-        self.writer.add("layer_vocabulary", (self.session_id, *UNEXPECTED_SIZE))
+        """Every word the layers (and the session) write into `loss` and `capability`, with what it
+        means, for the report."""
+        self.writer.extend("layer_vocabulary", [(self.session_id, *row) for row in vocabulary(self.layers)])
         self.loss_layers = {loss.probe: loss.layer for layer in self.layers for loss in layer.losses}
 
     def _take_lock(self) -> None:

@@ -191,6 +191,9 @@ class CallReport(Part):
     negatives: list[str]
     observed_layers: list[str]
     not_observed: list[NotObserved]
+    layer_words: dict[str, str] | None = Field(
+        None, description="what an observed layer observes, for the layers this version of the report does not "
+                          "word itself (a layer added since); left out when none")
     loss: Loss
     next_actions: list[str]
     hang: Hang | None = Field(None, description="calls in flight at the stop (left out when none)")
@@ -443,6 +446,9 @@ class StepReport(Part):
     session: Session
     observed_layers: list[str]
     not_observed: list[NotObserved]
+    layer_words: dict[str, str] | None = Field(
+        None, description="what an observed layer observes, for the layers this version of the report does not "
+                          "word itself (a layer added since); left out when none")
     loss: Loss
     window: Window
     stall: bool

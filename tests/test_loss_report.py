@@ -97,6 +97,46 @@ def test_every_loss_name_the_recorder_writes_has_a_layer_and_a_reason() -> None:
         "sched", "sched_waking runs", "the kernel skipped them: another BPF program was running on the CPU")
 
 
+def test_the_capability_words_the_layers_declare_read_as_the_store_words_them(recording: Path) -> None:
+    """Each layer declares the capability words reports list; a session writes them at its start. A
+    recording with those rows reads exactly as one without them (made before, or a demo); a word the
+    store does not know (a layer added since) is listed after the others, worded as declared, in the
+    text and in the JSON it is rendered from."""
+    from recorder.layers import LAYERS
+    from recorder.session import vocabulary
+    from store.db.session import KNOWN_LAYERS
+    from store.report.build import render_text
+
+    rows = vocabulary(LAYERS)
+    words = [(word, what) for _, kind, word, what, _ in rows if kind == "capability"]
+    assert sorted(words) == sorted(KNOWN_LAYERS.items())  # every word once, each meaning as before
+
+    def report() -> tuple[str, dict]:
+        with open_store(recording, readonly=True) as store:
+            json_report = analyse(store).to_json()
+        return render_text(json_report), json_report
+
+    before = report()
+    assert "Observed: scheduler (off-CPU intervals), CUDA runtime/driver calls, Python source lines" in before[0]
+    conn = sqlite3.connect(recording)
+    # in registry order, as the session writes them
+    conn.executemany("INSERT INTO layer_vocabulary (session_id, layer, kind, word, what, why)"
+                     " VALUES (1, ?, ?, ?, ?, ?)", rows)
+    conn.commit()
+    assert report() == before
+    conn.execute("INSERT INTO layer_vocabulary VALUES (1, 'execve', 'capability', 'execve', 'execve calls', '')")
+    conn.execute("INSERT INTO capability (session_id, layer, probe, target, status, detail, ts)"
+                 " VALUES (1, 'execve', 'syscalls:sys_enter_execve', '', 'attached', '', 0)")
+    conn.commit()
+    conn.close()
+    text, json_report = report()
+    observed = next(line for line in text.splitlines() if line.startswith("Observed: "))
+    assert observed.endswith(", execve calls") and observed.startswith(
+        next(line for line in before[0].splitlines() if line.startswith("Observed: "))), observed
+    assert json_report["observed_layers"][-1] == "execve" and json_report["layer_words"] == {"execve": "execve calls"}
+    assert "layer_words" not in before[1]
+
+
 def test_a_contender_of_unknown_process_is_not_given_another_tasks_pid(recording: Path) -> None:
     """The task that ran longest on the CPU (ffmpeg) is known by its thread only; the task that took
     the CPU at the switch is another process's. The contender keeps its own identity: no pid of the

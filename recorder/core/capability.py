@@ -1,4 +1,5 @@
-"""What a layer could observe: one row of the `capability` table per probe, tracepoint or file."""
+"""What a layer could observe: one row of the `capability` table per probe, tracepoint or file, and
+the words of that table a report lists as observed or not (`Observation`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ class Capability:
     detail: str = ""
     target: str = ""
     ts: int = 0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A `capability.layer` word that reports list under "Observed:" or "Not observed:", and what it
+    observes: a layer declares its own (its `observes`), the session stores them in
+    `layer_vocabulary` (kind 'capability'), where the report reads them (store/db/session.py)."""
+
+    layer: str  # the `capability.layer` word ('block')
+    what: str  # what the report says was observed ('block I/O requests')
 
 
 CAPABILITY_COLUMNS = ("session_id", "layer", "probe", "target", "status", "detail", "ts")

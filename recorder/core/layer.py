@@ -49,6 +49,9 @@ Stopping, in this order:
 What a layer loses is written to `loss` under the names in its `losses` (per-probe drops are counted
 by the loader from its `records.drops`; a layer adds its own reasons), each with what it means; the
 session stores them in `layer_vocabulary` so the report can word them without knowing the layer.
+Likewise its `observes`: the `capability.layer` words a report lists under "Observed:" or "Not
+observed:", each with what it observes ('block': 'block I/O requests'); a layer whose capability rows
+no report lists (the task layer's) declares none.
 Layers never import the session or each other: what they share goes through the `Context` (the
 identity, the stack recorder, the libraries attached, the session's reactions to processes).
 """
@@ -60,6 +63,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
+from recorder.core.capability import Observation  # where the layers import it from
 from recorder.core.events import Loss, Records
 from recorder.core.settings import Settings
 from recorder.core.sources import BpfSource  # where the layers import it from
@@ -140,6 +144,9 @@ class Layer(Protocol):
     def losses(self) -> tuple[Loss, ...]: ...  # every `loss.probe` name it writes, with what it means
 
     @property
+    def observes(self) -> tuple[Observation, ...]: ...  # the `capability.layer` words reports list, and their meaning
+
+    @property
     def flush_phase(self) -> Phase: ...
 
     def prepare(self) -> None: ...
@@ -193,6 +200,7 @@ class BaseLayer:
     records: ClassVar[Records] = Records()
     tables: tuple[str, ...] = ()
     losses: tuple[Loss, ...] = ()
+    observes: tuple[Observation, ...] = ()
     flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from recorder.core.capability import Observation
 from recorder.core.elfsyms import FunctionSymbols
 from recorder.core.pyframes import (
     COUNT_NAMES,
@@ -49,6 +50,7 @@ from recorder.core.pyframes import (
 )
 
 CAPABILITY_PROBE = "cpython frames"
+OBSERVES = Observation("python", "Python source lines")  # what its CAPABILITY_PROBE rows say was observed
 PENDING_JOIN_NS = 600 * 1_000_000_000  # a stack waits this long for its call's row (long syncs)
 PARKED_MAX = 65536  # threads whose latest unjoined stack is kept beyond that, for a hang's call
 # Shared keys already taken stay per thread for the syscall's other events, e.g. a throttled bio a

@@ -33,7 +33,7 @@ from typing import Any
 
 from recorder.core.clock import now_ns
 from recorder.core.events import Loss
-from recorder.core.layer import BaseLayer, Context, Phase
+from recorder.core.layer import BaseLayer, Context, Observation, Phase
 from recorder.core.settings import DEFAULT_GPU_INTERVAL_MS, Settings
 from recorder.errors import UserError
 from store.db import Writer
@@ -298,6 +298,7 @@ class GpuLayer(BaseLayer):
     name = "gpu"
     tables = ("gpu_sample",)
     losses = (Loss(LOSS_PROBE, "gpu", "GPU samples", "the GPU did not answer"),)
+    observes = (Observation("gpu", "GPU utilisation (NVML)"),)
     flush_phase = Phase.DEVICES
 
     def __init__(self, context: Context) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 
 from recorder.core.events import Layout, Loss, Records
-from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
+from recorder.core.layer import BaseLayer, BpfSource, Context, Observation, Phase, Sink
 from recorder.core.settings import DEFAULT_OFFCPU_STACK_MIN_US
 
 # where the kernel has them, a wake-up from a timer, interrupt or softirq is told from one by a task
@@ -108,6 +108,7 @@ class SchedLayer(BaseLayer):
     tables = ("offcpu_interval",)
     records = RECORDS
     losses = RECORDS.losses()
+    observes = (Observation("sched", "scheduler (off-CPU intervals)"),)
     flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:

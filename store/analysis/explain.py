@@ -14,8 +14,9 @@ from store.analysis.losses import losses, lossy_layers, wording
 from store.db import Store
 from store.db.rules import cause_rule, slow_call_rule, stall_rule
 from store.db.session import (
-    STEP_LAYERS,
+    KNOWN_LAYERS,
     has_steps,
+    layer_words,
     recording_end,
     resolve_window,
     session_end,
@@ -113,10 +114,11 @@ def _call_text(call: dict) -> str:
     return text
 
 
-def _capabilities(store: Store, session_id: int, layers: dict[str, str] = STEP_LAYERS,
-                  outside: str | None = None) -> dict:
-    """Which of `layers` the session observed, and for the others why not; none when the window
-    lies outside the recording (`outside` says so)."""
+def _capabilities(store: Store, session_id: int, layers: dict[str, str], outside: str | None = None) -> dict:
+    """Which of `layers` (word -> what it observes, `layer_words()`) the session observed, and for the
+    others why not; none when the window lies outside the recording (`outside` says so). `words`: what
+    the observed layers observe where KNOWN_LAYERS says otherwise (a layer this store does not know),
+    for the report to word them (left out of it when empty)."""
     rows = store.query(
         "SELECT layer, status, count(*) AS n FROM capability WHERE session_id = ? GROUP BY layer, status",
         (session_id,),
@@ -136,7 +138,8 @@ def _capabilities(store: Store, session_id: int, layers: dict[str, str] = STEP_L
             " FROM capability WHERE session_id = ? AND layer = ? LIMIT 3", (session_id, layer))
         not_observed.append({"layer": layer, "what": label,
                              "why": "; ".join(r["why"] for r in reasons) or "not recorded by this session"})
-    return {"observed": observed, "not_observed": not_observed}
+    words = {k: layers[k] for k in observed if KNOWN_LAYERS.get(k) != layers[k]}
+    return {"observed": observed, "not_observed": not_observed, **({"words": words} if words else {})}
 
 
 def _next_actions(cause: dict | None, call: dict | None) -> list[str]:
@@ -237,8 +240,9 @@ def _report(store: Store, session_id: int | None, window: str | None, since: str
     calls = slow_calls(store, sid, start, end, limit)
     if worst and calls:
         start, end = calls[0]["ts"], calls[0]["ts"] + calls[0]["dur"]
-    caps = _capabilities(store, sid, outside=_outside(store, session, start, end))
-    lost, lossy = _loss(store, sid, start, end, off, STEP_LAYERS)
+    layers = layer_words(store, sid)
+    caps = _capabilities(store, sid, layers, outside=_outside(store, session, start, end))
+    lost, lossy = _loss(store, sid, start, end, off, layers)
     checked = [layer for layer in caps["observed"] if layer not in lossy]
     primary = calls[0] if calls else None
     cause = primary["cause"] if primary else None
@@ -394,6 +398,7 @@ def _call_report(store: Store, session: dict, state: str, sid: int, start: int, 
         negatives=negatives,
         observed_layers=caps["observed"],
         not_observed=caps["not_observed"],
+        **({"layer_words": caps["words"]} if "words" in caps else {}),
         loss=lost,
         next_actions=_next_actions(cause, primary),
     )
@@ -603,13 +608,15 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         stalls = find_stalls(store, sid, start, end)
         rows = [r for r in stalls if r["step"] == stalls[0]["step"]] if stalls else []
     outside = _outside(store, session, start, end) if step is None else None
-    caps = _capabilities(store, sid, STEP_LAYERS, outside=outside)
+    layers = layer_words(store, sid)
+    caps = _capabilities(store, sid, layers, outside=outside)
     observed = set(caps["observed"])
     base = {
         "mode": "step",
         "session": {"id": sid, "state": state, "host": session["hostname"], "kernel": session["kernel_release"],
                     "target": session["target"], **_session_notes(store, sid)},
         "observed_layers": caps["observed"], "not_observed": caps["not_observed"],
+        **({"layer_words": caps["words"]} if "words" in caps else {}),
     }
     if not rows:
         summary = store.row("SELECT count(*) AS n, min(dur) AS lo, max(dur) AS hi FROM step_all"
@@ -617,7 +624,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         med = store.query("SELECT dur FROM step_all WHERE session_id = ? AND ts >= ? AND ts < ? AND complete"
                           " ORDER BY dur", (sid, start, end))
         typical = med[(len(med) - 1) // 2]["dur"] if med else None
-        lost, lossy = _loss(store, sid, start, end, off, STEP_LAYERS)
+        lost, lossy = _loss(store, sid, start, end, off, layers)
         return StepReport(
             **base, loss=lost, window=_window(start, end, off), stall=False, step=None,
             symptom=f"nothing recorded: {outside}" if outside else
@@ -628,7 +635,7 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
             gpu=_gpu_during(store, sid, start, end), next_actions=[], straggler=None)
     chosen, late = _choose(store, session, rows)
     a, b = chosen["ts"], chosen["ts"] + chosen["dur_ns"]
-    lost, lossy = _loss(store, sid, a, b, off, STEP_LAYERS)
+    lost, lossy = _loss(store, sid, a, b, off, layers)
     p = chosen["primary_cause"]
     gpu = _gpu_during(store, sid, a, b, chosen)
     symptom = (f"step {chosen['step']} took {ms(chosen['dur_ns'])}, {chosen['ratio']}x its median of "

@@ -1,5 +1,5 @@
 """Sessions and windows: which session a report is about, its state and end, the window a user
-asked for, and the layers it observed."""
+asked for, and the layers it may have observed (the words of its `capability` rows a report lists)."""
 
 from __future__ import annotations
 
@@ -10,24 +10,35 @@ from store.db import Store, lock_holder
 from store.errors import UserError
 from store.units import NS, utc
 
-# Layers a session may observe, and the capability layer that says whether it did.
-LAYERS = {
+# What each `capability.layer` word a report lists observes, in the order reports list them. The
+# recorder's layers declare their words (recorder/layers/*: `observes`) and the session stores them in
+# `layer_vocabulary` (kind 'capability'); these are the words of sessions recorded before, and of
+# recordings written without a recorder (the demos). A new layer's word is not added here.
+KNOWN_LAYERS = {
     "sched": "scheduler (off-CPU intervals)",
     "cuda": "CUDA runtime/driver calls",
     "python": "Python source lines",
     "nccl": "NCCL collectives",
     "block": "block I/O requests",
     "kmsg": "kernel log (NVMe, I/O errors, IOMMU, AER, Xid, OOM)",
-}
-
-
-STEP_LAYERS = {
-    **LAYERS,
     "mm": "memory pressure (reclaim, dirty throttling, OOM)",
     "net": "TCP retransmits",
     "dma": "DMA mapping, SWIOTLB bounces, IOMMU faults",
     "gpu": "GPU utilisation (NVML)",
 }
+
+
+def layer_words(store: Store, session_id: int) -> dict[str, str]:
+    """`capability.layer` word -> what it observes, of the words the session's layers declared; for a
+    session that declared none, KNOWN_LAYERS. The words KNOWN_LAYERS has come first in its order, so a
+    report lists the layers as it always did; the others follow in the order the session declared them."""
+    declared = {r["word"]: r["what"] for r in store.query(
+        "SELECT word, what FROM layer_vocabulary WHERE session_id = ? AND kind = 'capability' ORDER BY rowid",
+        (session_id,))}
+    if not declared:
+        return dict(KNOWN_LAYERS)
+    known = [word for word in KNOWN_LAYERS if word in declared]
+    return {word: declared[word] for word in known + [word for word in declared if word not in KNOWN_LAYERS]}
 
 
 def session_row(store: Store, session_id: int | None) -> dict:

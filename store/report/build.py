@@ -20,9 +20,8 @@ from store.analysis.explain import (
     slow_calls,
 )
 from store.db.session import (
-    LAYERS,
-    STEP_LAYERS,
     has_steps,
+    layer_words,
     parse_duration,
     recording_end,
     resolve_window,
@@ -35,8 +34,8 @@ from store.report.render import render_step_text, render_text
 from store.units import NS, ms, utc
 
 __all__ = [
-    "LAYERS", "NS", "OTHER_STALLS", "SLOW_LIMIT", "STEP_LAYERS", "StallReport", "analyse", "analyse_step", "explain",
-    "explain_steps",
+    "NS", "OTHER_STALLS", "SLOW_LIMIT", "StallReport", "analyse", "analyse_step", "explain",
+    "explain_steps", "layer_words",
     "has_steps", "ms", "parse_duration", "recording_end", "render_step_text", "render_text", "resolve_window",
     "session_end",
     "session_row", "session_state", "slow_calls", "utc",

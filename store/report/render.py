@@ -4,7 +4,7 @@ always carry the same content."""
 
 from __future__ import annotations
 
-from store.db.session import STEP_LAYERS
+from store.db.session import KNOWN_LAYERS
 from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
 from store.units import NS, ms
 
@@ -27,10 +27,12 @@ def _finding_lines(findings: list[CallFinding], stack: bool) -> list[str]:
     return out
 
 
-def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, layers: dict[str, str]) -> list[str]:
-    """What was and was not observed, and what was lost."""
+def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, words: dict[str, str] | None) -> list[str]:
+    """What was and was not observed (each layer worded by the report's `layer_words`, else as it always
+    was), and what was lost."""
     lossy = {x.layer for x in loss.in_window}
-    lines = ["Observed: " + (", ".join(layers[k] + (" (records lost in this window)" if k in lossy else "")
+    layers = {**KNOWN_LAYERS, **(words or {})}
+    lines = ["Observed: " + (", ".join(layers.get(k, k) + (" (records lost in this window)" if k in lossy else "")
                                        for k in observed) or "nothing")]
     if not observed and len({n.why for n in not_observed}) == 1 and len(not_observed) > 1:
         lines.append(f"Not observed: any layer ({not_observed[0].why})")
@@ -104,7 +106,7 @@ def render_text(report: Report, stack: bool = False) -> str:
                          f" at {x.python or 'no Python line'}, {x.threads}")
     if r.negatives:
         lines.append("Checked and clean: " + "; ".join(r.negatives))
-    lines += _tail(r.observed_layers, r.not_observed, r.loss, STEP_LAYERS)
+    lines += _tail(r.observed_layers, r.not_observed, r.loss, r.layer_words)
     lines += _actions(r.next_actions)
     return "\n".join(lines)
 
@@ -169,7 +171,7 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         lines.append("Secondary signals: " + "; ".join(r.secondary))
     if r.negatives:
         lines.append("Checked and clean: " + "; ".join(r.negatives))
-    lines += _tail(r.observed_layers, r.not_observed, r.loss, STEP_LAYERS)
+    lines += _tail(r.observed_layers, r.not_observed, r.loss, r.layer_words)
     if r.other_stalls:
         lines.append("Other stalled steps: " + ", ".join(
             f"{o.step} ({ms(o.dur_ns)}, {o.ratio}x)" for o in r.other_stalls))

@@ -13,7 +13,7 @@ from recorder.core.clock import now_ns
 from recorder.core.events import Loss
 from recorder.core.inflight import in_flight
 from recorder.core.int64 import signed64
-from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
+from recorder.core.layer import BaseLayer, BpfSource, Context, Observation, Phase, Sink
 from recorder.core.libraries import (
     cuda_library_kind,
     exported_functions,
@@ -126,6 +126,7 @@ class CudaLayer(BaseLayer):
     tables = ("cuda_api", "cuda_call", "library")
     records = RECORDS
     losses = (*RECORDS.losses(), _OPEN_LOST, _ROUTE_LOST)
+    observes = (Observation("cuda", "CUDA runtime/driver calls"),)
     flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recorder.core.int64 import signed64
-from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
+from recorder.core.layer import BaseLayer, BpfSource, Context, Observation, Phase, Sink
 from recorder.core.settings import DEFAULT_INFLIGHT_MAX_AGE_S
 from recorder.layers.io.devices import BlockDeviceTable
 from recorder.layers.io.records import (
@@ -193,6 +193,10 @@ class IoLayer(BaseLayer):
               "nvme_timeout_action", "checkpoint_write", "block_device")
     records = RECORDS
     losses = (*RECORDS.losses(), AGED_OUT)
+    observes = (Observation("block", "block I/O requests"),
+                Observation("mm", "memory pressure (reclaim, dirty throttling, OOM)"),
+                Observation("net", "TCP retransmits"),
+                Observation("dma", "DMA mapping, SWIOTLB bounces, IOMMU faults"))
     flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:

@@ -4,7 +4,7 @@ blocking, into the tables of store/migrations/0002_kernel_log.sql."""
 from __future__ import annotations
 
 from recorder.core.clock import now_ns
-from recorder.core.layer import BaseLayer, Context, Phase
+from recorder.core.layer import BaseLayer, Context, Observation, Phase
 from recorder.layers import kmsg
 
 
@@ -14,6 +14,7 @@ class KernelLog(BaseLayer):
     name = "kmsg"
     tables = tuple(kmsg.TABLE_COLUMNS)
     losses = ()  # records the kernel overwrote before they were read are counted by the reader only
+    observes = (Observation("kmsg", "kernel log (NVMe, I/O errors, IOMMU, AER, Xid, OOM)"),)
     flush_phase = Phase.DEVICES
 
     def __init__(self, context: Context) -> None:

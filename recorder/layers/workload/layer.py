@@ -18,7 +18,7 @@ from recorder.core.clock import now_ns
 from recorder.core.events import Loss
 from recorder.core.inflight import in_flight
 from recorder.core.int64 import signed64
-from recorder.core.layer import BaseLayer, Context, Phase, Sink
+from recorder.core.layer import BaseLayer, Context, Observation, Phase, Sink
 from recorder.core.libraries import exported_functions, mapped_files, resolve, workload_library_kind
 from recorder.layers.workload import nccl
 from recorder.layers.workload.records import MARKER, NCCL, RECORDS
@@ -46,6 +46,7 @@ class WorkloadLayer(BaseLayer):
               "library")
     records = RECORDS
     losses = (*RECORDS.losses(), _OPEN_LOST)
+    observes = (Observation("nccl", "NCCL collectives"),)  # its "markers" rows are listed by no report
     flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:
