@@ -109,6 +109,9 @@ def test_every_layer_class_implements_the_contract() -> None:
     declared = [loss.probe for cls in LAYERS for loss in cls.losses]
     assert len(declared) == len(set(declared))
     assert set(definitions().probe_names) <= set(declared), set(definitions().probe_names) - set(declared)
+    # and every capability word a report lists to exactly one, which says what it observes
+    words = [word.layer for cls in LAYERS for word in cls.observes]
+    assert len(words) == len(set(words)) and all(word.what for cls in LAYERS for word in cls.observes)
     # the core's records are the shared constants only; every struct is a layer's
     assert {name for name in events.CONSTANTS} == {"MODE_PIDS", "MODE_CGROUP", "MODE_ALL"}
     assert not [name for name in vars(events) if isinstance(vars(events)[name], events.Layout)]
@@ -132,7 +135,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recorder.core.events import Layout, Loss, Records
-from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, Sink
+from recorder.core.layer import BaseLayer, BpfSource, Context, Observation, Phase, Sink
 
 EXECVE = Layout("execve_event", (("ts", "u64"), ("pid", "u32"), ("tid", "u32")), "one execve call of a target")
 RECORDS = Records((EXECVE,), {}, (
@@ -145,6 +148,7 @@ class ExecveLayer(BaseLayer):
     records = RECORDS
     tables = ("execve_call",)
     losses = RECORDS.losses()
+    observes = (Observation("execve", "execve calls"),)
     flush_phase = Phase.THREADS
 
     def __init__(self, context: Context) -> None:
@@ -249,7 +253,7 @@ def test_adding_a_layer_touches_only_what_the_checklist_names(added_layer) -> No
 @needs_bpf
 def test_the_session_runs_an_added_layer(added_layer, tmp_path: Path) -> None:
     """A recording made with the copy: the new layer's BPF is compiled and attached, its rows land,
-    and its loss words are in the recording for the report."""
+    and its loss and capability words are in the recording for the report, which lists it observed."""
     root = added_layer[0]
     db = tmp_path / "execve.db"
     env = {**os.environ, "PYTHONPATH": str(root), "STALL_RECORDER_GPU_INTERVAL_MS": "0"}
@@ -265,6 +269,14 @@ def test_the_session_runs_an_added_layer(added_layer, tmp_path: Path) -> None:
     assert {pid for (pid,) in calls} <= processes
     assert q(db, "SELECT layer, what, why FROM layer_vocabulary WHERE word = 'execve ring buffer'") == [
         ("execve", "execve calls", "ring buffer full")]
+    assert q(db, "SELECT layer, what FROM layer_vocabulary WHERE kind = 'capability' AND word = 'execve'") == [
+        ("execve", "execve calls")]
+    explain = subprocess.run([sys.executable, "-m", "recorder", "explain", "--db", str(db)], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert explain.returncode == 0, explain.stderr
+    text = explain.stdout
+    observed = next(line for line in text.splitlines() if line.startswith("Observed: "))
+    assert observed.startswith("Observed: scheduler (off-CPU intervals)") and observed.endswith(", execve calls"), text
 
 
 def test_the_package_layout_names_every_module() -> None:
