@@ -160,7 +160,7 @@ def not_running(db: Path) -> UserError:
             ended = recording_end(store, row) if row else None
     except (StoreError, sqlite3.Error) as e:
         return UserError(f"{base} ({e})")
-    if ended:
+    if ended and row:
         return UserError(f"{base}: session {row['id']} {ended}; what it wrote is readable with 'recorder explain "
                          f"--db {db}'; start a new one with 'recorder start --db {db}'")
     return UserError(f"{base}: start one with 'recorder start --db {db}'")
@@ -182,7 +182,7 @@ def finalize_dead(db: Path) -> int | None:
             return None
         from store.report.build import session_end
 
-        end = session_end(store, store.one("SELECT * FROM session WHERE id = ?", (row["id"],)))
+        end = session_end(store, store.row("SELECT * FROM session WHERE id = ?", (row["id"],)))
         store.conn.execute("UPDATE session SET status = 'incomplete', stopped_ts = ?, stop_reason = ? "
                            "WHERE id = ? AND status = 'recording'",
                            (end, f"the recorder (pid {row['recorder_pid']}) died without a stop", row["id"]))
@@ -204,7 +204,7 @@ def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
     from recorder.session import session_summary
 
     with open_store(db) as store:
-        sid = store.one("SELECT max(id) AS id FROM session")["id"]
+        sid = store.row("SELECT max(id) AS id FROM session")["id"]
         return session_summary(store, sid)
 
 

@@ -38,7 +38,7 @@ from recorder.slow_calls import SlowCallWatch
 from recorder.steps_infer import infer_steps
 from recorder.steps_live import InferredStepWatch
 from store.db import Store, open_store, sqlite_uri
-from store.db.rules import slow_call_rule, stall_rule
+from store.db.rules import StallRule, slow_call_rule, stall_rule
 from store.errors import UserError
 from store.flight import (
     Retention,
@@ -221,7 +221,7 @@ class FlightRecorder:
         self._monitor: sqlite3.Connection | None = None
         self._last_id: dict[str, int] = {}
         self._steps: dict[int, tuple[int, int, deque[int]]] = {}
-        self._rule = None
+        self._rule: StallRule  # the report's stall rule, read at start()
         self._calls: SlowCallWatch | None = None  # the stall trigger of threads with no steps
         self._inferred: InferredStepWatch | None = None  # and of processes whose steps are inferred
         self.folder = incidents_dir(session.db_path)
@@ -379,7 +379,9 @@ class FlightRecorder:
 
     def _make_room(self, conn: sqlite3.Connection, rows: int) -> None:
         """The writer's backstop under --max-size (Retention.make_room), before each piece it inserts."""
-        room = int(self.bound.room(wal_bytes(self.session.db_path)) * 0.9)
+        bound = self.bound
+        assert bound is not None  # the writer calls this only under --max-size (start())
+        room = int(bound.room(wal_bytes(self.session.db_path)) * 0.9)
         cut = self.retention.make_room(conn, room, rows * ROW_BYTES)
         if cut is not None:
             self._cut = cut if self._cut is None else max(self._cut, cut)
@@ -416,6 +418,8 @@ class FlightRecorder:
     # -- triggers ---------------------------------------------------------------------------------
     def _watch(self, now: int) -> None:
         mon = self._monitor
+        if mon is None:  # not started, or closed
+            return
         trig = self.options.triggers
         for table, trigger, cond in WATCHED:
             rows = mon.execute(
@@ -577,10 +581,12 @@ class FlightRecorder:
         from store.objectstore import spool_folder
 
         spool = spool_folder(self.session.db_path)
+        ship = self.options.ship
+        assert ship is not None  # this thread runs only with --ship (_save)
         while (out := self._to_ship.get()) is not None:
             began = time.monotonic()
             try:
-                result = ship_incident(out, self.options.ship, socket.gethostname(), spool)
+                result = ship_incident(out, ship, socket.gethostname(), spool)
             except (UserError, sqlite3.Error, OSError) as e:
                 self._note_error(f"shipping {out.name}: {e}")
                 continue

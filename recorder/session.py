@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from recorder.core.capability import CAPABILITY_COLUMNS
 from recorder.core.clock import now_ns
@@ -129,9 +130,9 @@ class Session:
         self.cuda_libs = cuda_libs
         self.command = command
         self.described_target = described_target or target.describe()
-        self.store: Store | None = None
-        self.probes: Probes | None = None
-        self._lock_file = None
+        self.store: Store  # from begin() on, as are the BPF object, the writer, the context and the stacks
+        self.probes: Probes
+        self._lock_file: IO[str] | None = None
         self.counters = Counters()
         self.pystacks: list[bytes] = []  # raw Python stack records, for the stack recorder
         self.known_pids: set[int] = set()
@@ -157,12 +158,12 @@ class Session:
         started = now_ns()
         wall = time.time_ns() - started
         uname = os.uname()
-        self.session_id = self.store.db["session"].insert({
+        self.session_id: int = self.store.db.table("session").insert({
             "started_ts": started, "wall_offset_ns": wall, "status": "recording",
             "recorder_pid": os.getpid(), "hostname": socket.gethostname(),
             "kernel_release": uname.release, "boot_id": _boot_id(), "cpu_count": os.cpu_count() or 0,
             "target": self.described_target, "command": self.command, "tool_version": VERSION,
-        }).last_pk
+        }).last_pk  # type: ignore[assignment]  # the row's id: an insert of one row always has it
         self.store.conn.commit()
         self.started_ts = started
         self.writer = Writer(self.store, background=True)
@@ -258,7 +259,7 @@ class Session:
         give_back_reserve(self.db_path)
         for layer in self.layers:
             layer.stop()
-        if self.store:
+        if getattr(self, "store", None):
             if getattr(self, "writer", None):
                 self.writer.close()
             self.store.conn.execute(
@@ -268,7 +269,7 @@ class Session:
             self.store.conn.commit()
 
     def summary_at_start(self) -> dict:
-        caps = [(c.layer, c.probe, c.status, c.detail) for c in (self.probes.capabilities if self.probes else [])]
+        caps = [(c.layer, c.probe, c.status, c.detail) for c in self.probes.capabilities]
         for layer in self.layers:
             caps.extend(layer.summary())
         return {
@@ -585,12 +586,12 @@ def _say(text: str) -> None:
 
 
 def session_summary(store: Store, session_id: int) -> dict:
-    s = store.one("SELECT * FROM session WHERE id = ?", (session_id,))
+    s = store.row("SELECT * FROM session WHERE id = ?", (session_id,))
     counts = {
-        table: store.one(f"SELECT count(*) AS n FROM {table} WHERE session_id = ?", (session_id,))["n"]
+        table: store.row(f"SELECT count(*) AS n FROM {table} WHERE session_id = ?", (session_id,))["n"]
         for table in ("offcpu_interval", "cuda_call", "thread", "process", "library")
     }
-    lost = store.one("SELECT coalesce(sum(dropped), 0) AS n FROM loss WHERE session_id = ?",
+    lost = store.row("SELECT coalesce(sum(dropped), 0) AS n FROM loss WHERE session_id = ?",
                      (session_id,))["n"]
     dur = ((s["stopped_ts"] or s["started_ts"]) - s["started_ts"]) / 1e9
     return {"session_id": session_id, "status": s["status"], "stop_reason": s["stop_reason"],

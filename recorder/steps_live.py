@@ -128,7 +128,7 @@ class InferredStepWatch:
                 t.judged = ts
                 if len(t.durs) >= self.baseline_steps and self._judged_thread(thread_id, t):
                     median = statistics.median(t.durs)
-                    if self.rule.stalled(dur, median):
+                    if self.rule.stalled(dur, median) and t.pattern is not None:  # a step begins under a pattern
                         out.append((ts, self._detail(t, t.pattern, t.start, dur, median)))
             t.durs.append(dur)
         t.start = ts
