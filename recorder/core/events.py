@@ -590,6 +590,10 @@ PROBE_NAMES.update({
 CONSTANTS["PROBE_CUDA_DISPATCH"] = CONSTANTS["PROBE_COUNT"]
 CONSTANTS["PROBE_COUNT"] += 1
 PROBE_NAMES[CONSTANTS["PROBE_CUDA_DISPATCH"]] = "cuda call's API note overwritten"
+# the same for an NCCL call (bpf/nccl.bpf.c nccl_dispatch)
+CONSTANTS["PROBE_NCCL_DISPATCH"] = CONSTANTS["PROBE_COUNT"]
+CONSTANTS["PROBE_COUNT"] += 1
+PROBE_NAMES[CONSTANTS["PROBE_NCCL_DISPATCH"]] = "nccl call's API note overwritten"
 
 
 def probe_names(*constants: str) -> tuple[str, ...]:
