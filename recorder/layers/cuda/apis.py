@@ -4,8 +4,8 @@ Each API has an argument layout (which registers or stack slots hold size, strea
 ...). One entry and one return program is generated per exported symbol name: it only notes its API
 and layout and tail-calls the body program of its kind (launch or not, runtime or driver), which
 reads the arguments by the layout, so that each body is compiled and verified once, not once per
-API (bpf/cuda.bpf.c cuda_dispatch). Variants
-(`_v2`, `_ptsz`, `_ptds`) are separate exported functions and are listed explicitly.
+API or layout (bpf/cuda.bpf.c cuda_dispatch). Variants (`_v2`, `_ptsz`, `_ptds`) are separate
+exported functions and are listed explicitly.
 """
 
 from __future__ import annotations

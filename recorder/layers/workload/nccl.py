@@ -110,7 +110,7 @@ def bpf_programs() -> str:
         "    return noted < 0 ? 0 : nccl_end(ctx, (u32)noted);\n"
         "}\n",
     ]
-    for i, _api in enumerate(APIS):
+    for i in range(len(APIS)):
         parts.append(f"int nccl_entry_{i}(struct pt_regs *ctx) {{ return nccl_dispatch(ctx, {i}, 0); }}\n"
                      f"int nccl_return_{i}(struct pt_regs *ctx) {{ return nccl_dispatch(ctx, {i}, 1); }}\n")
     return "\n".join(parts)
