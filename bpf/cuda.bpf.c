@@ -170,21 +170,22 @@ static __always_inline int cuda_capture(struct pt_regs *ctx, u64 ts, u32 api)
     return pystack_continue(ctx, st, 0);
 }
 
-/* One program per API only notes which API it is and tail-calls the body of its kind of API (its
- * argument layout, launch or not, runtime or driver; recorder/layers/cuda/apis.py generates both):
- * LLVM compiles ~30 bodies instead of ~340 inlined copies (most of a session's start-up CPU) and the
- * verifier checks each body once. The note is per CPU, with its thread: a body whose note another
- * thread overwrote in between records nothing and counts it. */
+/* One program per API only notes which API it is and its argument layout, and tail-calls the body
+ * of its kind of API (launch or not, runtime or driver; recorder/layers/cuda/apis.py generates
+ * both), which reads the arguments by the layout: LLVM compiles 6 bodies instead of ~340 inlined
+ * copies (most of a session's start-up CPU) and the verifier checks each body once. The note is per
+ * CPU, with its thread: a body whose note another thread overwrote in between records nothing and
+ * counts it. */
 struct cuda_note {
     u64 owner;  /* pid_tgid of the thread the note is for */
     u32 api;
-    u32 pad;
+    u32 layout; /* apis.py LAYOUT_INDEX */
 };
 BPF_PERCPU_ARRAY(cuda_notes, struct cuda_note, 1);
 #define CUDA_BODY_SLOTS 64 /* apis.py CUDA_BODY_SLOTS */
 BPF_PROG_ARRAY(cuda_bodies, CUDA_BODY_SLOTS);
 
-static __always_inline int cuda_dispatch(struct pt_regs *ctx, u32 api, u32 body)
+static __always_inline int cuda_dispatch(struct pt_regs *ctx, u32 api, u32 body, u32 layout)
 {
     u32 zero = 0;
     struct cuda_note *n = cuda_notes.lookup(&zero);
@@ -192,12 +193,14 @@ static __always_inline int cuda_dispatch(struct pt_regs *ctx, u32 api, u32 body)
         return 0;
     n->owner = bpf_get_current_pid_tgid();
     n->api = api;
+    n->layout = layout;
     cuda_bodies.call(ctx, body);
     return 0; /* the body is not installed: the capability table says why */
 }
 
-/* The API the program that tail-called this body noted, or -1 when the note is another thread's. */
-static __always_inline s64 cuda_noted_api(void)
+/* The API the program that tail-called this body noted (and its layout, in *layout), or -1 when the
+ * note is another thread's. */
+static __always_inline s64 cuda_noted_api(u32 *layout)
 {
     u32 zero = 0;
     struct cuda_note *n = cuda_notes.lookup(&zero);
@@ -207,6 +210,7 @@ static __always_inline s64 cuda_noted_api(void)
         count_drop(PROBE_CUDA_DISPATCH);
         return -1;
     }
+    *layout = n->layout;
     return n->api;
 }
 

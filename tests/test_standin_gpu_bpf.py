@@ -49,6 +49,9 @@ def test_every_call_kept_at_fifty_thousand_launches_a_second(tmp_path: Path, nat
     assert calls["cudaLaunchKernel"] >= 0.8 * RATE * SECONDS
     # not one call dropped, and nothing else lost but program runs a busy machine skips
     assert losses_beyond_skips(db) == {}
+    # every program loaded (without the dlopen hold's, the launches made before the recorder attached
+    # to the libraries the job just opened are missing, with no loss to count)
+    assert q(db, "SELECT layer, probe, detail FROM capability WHERE status = 'failed'") == []
     rows = rows_by_api(db)
     # one row per launch: the runtime's (which names the driver API it went through) until the
     # recorder has seen 1,000 of them all go through the driver's launch probes, then the driver's

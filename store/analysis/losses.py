@@ -38,6 +38,8 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "dma ring buffer": ("dma", "DMA events", "ring buffer full"),
     "nccl ring buffer": ("nccl", "NCCL calls", "ring buffer full"),
     "nccl in-flight map full": ("nccl", "NCCL calls", "in-flight map full"),
+    "nccl call's API note overwritten": ("nccl", "NCCL calls",
+                                         "another thread's call on the same CPU overwrote the API its probe noted"),
     "marker ring buffer": ("markers", "step and lineage marks", "ring buffer full"),
     "checkpoint ring buffer": ("checkpoint", "checkpoint events", "ring buffer full"),
     "checkpoint descriptor map full": ("checkpoint", "checkpoint files", "descriptor map full"),  # before v14

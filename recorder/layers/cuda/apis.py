@@ -2,9 +2,10 @@
 
 Each API has an argument layout (which registers or stack slots hold size, stream, kernel function,
 ...). One entry and one return program is generated per exported symbol name: it only notes its API
-and tail-calls the body program of its kind (layout, launch or not, runtime or driver), so that
-each body is compiled and verified once, not once per API (bpf/cuda.bpf.c cuda_dispatch). Variants
-(`_v2`, `_ptsz`, `_ptds`) are separate exported functions and are listed explicitly.
+and layout and tail-calls the body program of its kind (launch or not, runtime or driver), which
+reads the arguments by the layout, so that each body is compiled and verified once, not once per
+API or layout (bpf/cuda.bpf.c cuda_dispatch). Variants (`_v2`, `_ptsz`, `_ptds`) are separate
+exported functions and are listed explicitly.
 """
 
 from __future__ import annotations
@@ -168,14 +169,21 @@ def return_program(api: Api) -> str:
 
 
 CUDA_BODY_SLOTS = 64  # the size of bpf/cuda.bpf.c's cuda_bodies
+LAYOUT_INDEX: dict[str, int] = {layout: i for i, layout in enumerate(ARG_LAYOUTS)}
 
 
-def _bodies(chosen: tuple[Api, ...]) -> dict[tuple[str, int, int], int]:
-    """(layout, launch, runtime) -> slot of its entry body in cuda_bodies, in the APIs' order; the
-    two return bodies (driver, runtime) follow."""
-    slots: dict[tuple[str, int, int], int] = {}
+def _kind(api: Api) -> tuple[int, int]:
+    """(launch, runtime): the APIs of one kind share an entry body, which reads their arguments by
+    their layout."""
+    return int(is_launch(api)), int(api.library == "runtime")
+
+
+def _bodies(chosen: tuple[Api, ...]) -> dict[tuple[int, int], int]:
+    """(launch, runtime) -> slot of its entry body in cuda_bodies, in the APIs' order; the two
+    return bodies (driver, runtime) follow."""
+    slots: dict[tuple[int, int], int] = {}
     for api in chosen:
-        slots.setdefault((api.layout, int(is_launch(api)), int(api.library == "runtime")), len(slots))
+        slots.setdefault(_kind(api), len(slots))
     if len(slots) + 2 > CUDA_BODY_SLOTS:
         raise ValueError(f"{len(slots) + 2} CUDA body programs do not fit cuda_bodies ({CUDA_BODY_SLOTS})")
     return slots
@@ -191,26 +199,32 @@ def body_programs(names: list[str] | None = None) -> list[str]:
 
 def bpf_programs(names: list[str] | None = None) -> str:
     """C text with an entry program per API symbol and a return program per API that is no launch
-    (all known ones by default), each a note of its API and a tail call, and the bodies they call. A
-    driver API's entry body first checks whether its thread is inside a runtime call (which then
-    makes the one event); a runtime API's marks its thread as inside it."""
+    (all known ones by default), each a note of its API and its argument layout and a tail call, and
+    the bodies they call: an entry body per kind of API (launch or not, runtime or driver) and a
+    return body per library. A driver API's entry body first checks whether its thread is inside a
+    runtime call (which then makes the one event); a runtime API's marks its thread as inside it."""
     chosen = APIS if names is None else tuple(APIS[API_INDEX[n]] for n in names)
     slots = _bodies(chosen)
     returns = len(slots)
     parts = [f"#if CUDA_BODY_SLOTS != {CUDA_BODY_SLOTS}\n#error \"cuda_bodies' size differs from apis.py\"\n#endif\n"]
-    for (layout, launch, runtime), slot in slots.items():
+    for (launch, runtime), slot in slots.items():
         nested = "" if runtime else f"    if (cuda_nested(ctx, api, {launch}, {FIRST_DRIVER_API})) return 0;\n"
         entry_ip = "    e.entry_ip = PT_REGS_IP(ctx); e.entry_sp = PT_REGS_SP(ctx);\n" if launch else ""
         end = "return 0;" if launch else "return cuda_capture(ctx, e.ts, api);"
+        layouts = dict.fromkeys(api.layout for api in chosen if _kind(api) == (launch, runtime))
+        cases = "".join(f"    case {LAYOUT_INDEX[layout]}: {{ {ARG_LAYOUTS[layout]} break; }}\n" for layout in layouts)
         parts.append(
             f"int cuda_body_{slot}(struct pt_regs *ctx) {{\n"
-            "    s64 noted = cuda_noted_api();\n"
+            "    u32 layout = 0;\n"
+            "    s64 noted = cuda_noted_api(&layout);\n"
             "    if (noted < 0) return 0;\n"
             "    u32 api = (u32)noted;\n"
             f"{nested}"
             "    struct cuda_inflight e = {};\n"
             "    if (!cuda_begin(&e, api)) return 0;\n"
-            f"    {ARG_LAYOUTS[layout]}\n"
+            "    switch (layout) {\n"
+            f"{cases}"
+            "    }\n"
             f"{entry_ip}"
             f"    cuda_save(&e, api, {launch}, {runtime});\n"
             f"    {end}\n"
@@ -218,17 +232,19 @@ def bpf_programs(names: list[str] | None = None) -> str:
         )
     for runtime in (0, 1):
         parts.append(f"int cuda_return_body_{runtime}(struct pt_regs *ctx) {{\n"
-                     "    s64 noted = cuda_noted_api();\n"
+                     "    u32 layout = 0;\n"
+                     "    s64 noted = cuda_noted_api(&layout);\n"
                      f"    return noted < 0 ? 0 : cuda_end(ctx, (u32)noted, {runtime});\n"
                      "}\n")
     for api in chosen:
         i = API_INDEX[api.name]
-        launch, runtime = int(is_launch(api)), int(api.library == "runtime")
+        launch, runtime = _kind(api)
+        layout = LAYOUT_INDEX[api.layout]
         parts.append(f"int cuda_entry_{i}(struct pt_regs *ctx) {{ return cuda_dispatch(ctx, {i}, "
-                     f"{slots[(api.layout, launch, runtime)]}); }}\n")
+                     f"{slots[(launch, runtime)]}, {layout}); }}\n")
         if not launch:
             parts.append(f"int cuda_return_{i}(struct pt_regs *ctx) {{ return cuda_dispatch(ctx, {i}, "
-                         f"{returns + runtime}); }}\n")
+                         f"{returns + runtime}, {layout}); }}\n")
     parts.append(f"int {LAUNCH_RETURN}(struct pt_regs *ctx) {{ return cuda_launch_end(ctx, {FIRST_DRIVER_API}); }}\n")
     return "\n".join(parts)
 

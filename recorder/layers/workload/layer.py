@@ -9,6 +9,7 @@ programs of recorder/layers/workload/nccl.py) is compiled after every other laye
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Iterable
 
@@ -60,6 +61,16 @@ class WorkloadLayer(BaseLayer):
 
     def sinks(self) -> dict[str, Sink]:
         return {"nccl_events": self.raw["nccl"].append, "marker_events": self.raw["marker"].append}
+
+    def attach(self) -> None:
+        """The bodies the per-API NCCL programs tail-call (bpf/nccl.bpf.c nccl_dispatch)."""
+        probes = self.context.probes
+        try:
+            bodies = probes.bpf.get_table("nccl_bodies")
+            for slot, name in enumerate(nccl.body_programs()):
+                bodies[ctypes.c_int(slot)] = ctypes.c_int(probes.bpf.load_func(name, probes.BPF.KPROBE).fd)
+        except Exception as e:  # BCC raises bare Exception; no NCCL call can be recorded
+            probes.cap("nccl", "call bodies", "failed", failure(e))
 
     def prepare(self) -> None:
         """Tables and the API list, once the store and writer exist."""

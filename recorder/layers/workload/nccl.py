@@ -1,7 +1,9 @@
 """NCCL calls the recorder traces, their argument layouts, and the BPF programs generated for them.
 
-Like recorder/layers/cuda.py: one small entry and return program per exported symbol, so the API is a
-compile-time constant. `pnccl*` aliases share the address of `nccl*` and are not attached twice.
+Like recorder/layers/cuda/apis.py: one small entry and return program per exported symbol, which notes
+its API and tail-calls one entry body (which reads the arguments by the API's layout) or the return
+body (bpf/nccl.bpf.c nccl_dispatch). `pnccl*` aliases share the address of `nccl*` and are not attached
+twice.
 """
 
 from __future__ import annotations
@@ -74,19 +76,43 @@ DATATYPES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uin
 REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 
 
+NCCL_BODY_SLOTS = 2  # the size of bpf/nccl.bpf.c's nccl_bodies: the entry body, the return body
+
+
+def body_programs() -> list[str]:
+    """The body programs' names, by their slot in nccl_bodies (recorder/layers/workload/layer.py
+    loads them there)."""
+    return ["nccl_entry_body", "nccl_return_body"]
+
+
 def bpf_programs() -> str:
-    parts = []
-    for i, api in enumerate(APIS):
-        parts.append(
-            f"int nccl_entry_{i}(struct pt_regs *ctx) {{\n"
-            f"    struct nccl_inflight e = {{}};\n"
-            f"    if (!nccl_begin(&e)) return 0;\n"
-            f"    {ARG_LAYOUTS[api.layout]}\n"
-            f"    nccl_save(&e, {i});\n"
-            f"    PYSTACK_CAPTURE(ctx, e.ts);\n"
-            f"}}\n"
-            f"int nccl_return_{i}(struct pt_regs *ctx) {{ return nccl_end(ctx, {i}); }}\n"
-        )
+    """C text with the two bodies (the entry's reads each API's arguments by its layout), then an
+    entry and a return program per API, each a note of its API and a tail call."""
+    cases = []
+    for layout in dict.fromkeys(api.layout for api in APIS):
+        labels = " ".join(f"case {i}:" for i, api in enumerate(APIS) if api.layout == layout)
+        cases.append(f"    {labels} {{ {ARG_LAYOUTS[layout]} break; }}\n")
+    parts = [
+        f"#if NCCL_BODY_SLOTS != {NCCL_BODY_SLOTS}\n#error \"nccl_bodies' size differs from nccl.py\"\n#endif\n",
+        "int nccl_entry_body(struct pt_regs *ctx) {\n"
+        "    s64 noted = nccl_noted_api();\n"
+        "    if (noted < 0) return 0;\n"
+        "    struct nccl_inflight e = {};\n"
+        "    if (!nccl_begin(&e)) return 0;\n"
+        "    switch (noted) {\n"
+        f"{''.join(cases)}"
+        "    }\n"
+        "    nccl_save(&e, (u32)noted);\n"
+        "    PYSTACK_CAPTURE(ctx, e.ts);\n"
+        "}\n",
+        "int nccl_return_body(struct pt_regs *ctx) {\n"
+        "    s64 noted = nccl_noted_api();\n"
+        "    return noted < 0 ? 0 : nccl_end(ctx, (u32)noted);\n"
+        "}\n",
+    ]
+    for i in range(len(APIS)):
+        parts.append(f"int nccl_entry_{i}(struct pt_regs *ctx) {{ return nccl_dispatch(ctx, {i}, 0); }}\n"
+                     f"int nccl_return_{i}(struct pt_regs *ctx) {{ return nccl_dispatch(ctx, {i}, 1); }}\n")
     return "\n".join(parts)
 
 

@@ -48,5 +48,9 @@ MARKER = Layout(
 RECORDS = Records((NCCL, MARKER), {"MARKER_STEP": 1, "MARKER_LINEAGE": 2, "MARKER_CHECKPOINT": 3}, (
     ("PROBE_NCCL", Loss("nccl ring buffer", "nccl", "NCCL calls", "ring buffer full")),
     ("PROBE_NCCL_MAP", Loss("nccl in-flight map full", "nccl", "NCCL calls", "in-flight map full")),
+    # an NCCL call whose API its per-API program noted was overwritten before the body read it
+    # (bpf/nccl.bpf.c nccl_dispatch): the call is not recorded
+    ("PROBE_NCCL_DISPATCH", Loss("nccl call's API note overwritten", "nccl", "NCCL calls",
+                                 "another thread's call on the same CPU overwrote the API its probe noted")),
     ("PROBE_MARKER", Loss("marker ring buffer", "markers", "step and lineage marks", "ring buffer full")),
 ))
