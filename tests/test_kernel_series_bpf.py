@@ -69,7 +69,7 @@ import json, os, subprocess, sys
 subprocess.run(["mount", "--bind", sys.argv[1], "/sys/kernel/tracing"], check=True)
 from bcc import BPF, lib
 from recorder.core import kheaders, loader
-from recorder.layers import bpf_sources
+from recorder.layers import bpf_sources, definitions
 from recorder.layers.cuda.apis import bpf_programs
 kheaders.locate()
 
@@ -89,6 +89,7 @@ p = object.__new__(loader.Probes)
 p.target = loader.TargetSpec(pids=(os.getpid(),))
 p.capabilities, p.layers, p.optional, p.sources = [], [], {}, bpf_sources()
 p.settings = loader.Settings.from_environment()
+p.definitions = definitions()
 text = p._source([bpf_programs()])
 out = {"defines": sorted(l.split()[1] for l in text.splitlines() if l.startswith("#define HAVE_TP")),
        "layers": p.layers}
