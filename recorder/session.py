@@ -363,6 +363,12 @@ class Session:
                 self.flush()
                 last_flush = now
             if now - last_house >= HOUSEKEEPING_INTERVAL_S:
+                # a dlopen or exec the rings hold already is the layers' to see before the rescan
+                # finds its mapping: read them and flush what they brought first
+                self.probes.poll(0)
+                if any(layer.wants_flush() for layer in self.layers):
+                    self.flush()
+                    last_flush = now
                 self.housekeeping()
                 last_house = now
             if self.writer.stopped is not None:  # the disk took no more: stop recording, not the target
