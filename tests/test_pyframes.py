@@ -32,7 +32,7 @@ from recorder.core.pyframes import (  # noqa: E402
     parse_pystack_event,
 )
 
-INSTALLED = harness.INTERPRETERS  # those not installed are cases that skip (harness.interpreter_params)
+INSTALLED = harness.INTERPRETERS  # a key not installed is a case that skips (harness.interpreter_params)
 NO_BPF = harness.bpf_unavailable()
 bpf_only = pytest.mark.skipif(NO_BPF is not None, reason=NO_BPF or "")
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests" / "pyframes"))  # not a package
 import harness  # noqa: E402
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
-INSTALLED = harness.INTERPRETERS  # those not installed are cases that skip (harness.interpreter_params)
+INSTALLED = harness.INTERPRETERS  # a key not installed is a case that skips (harness.interpreter_params)
 MAX_FRAMES = 64
 # A Python that maps libpython after its exec is detected once the loader has mapped it; these
 # workloads make their first call after this pause, so that every call has its stack.

@@ -56,25 +56,24 @@ def find_cpython(version: str) -> str | None:
 
 
 def find_interpreters() -> tuple[dict[str, str], dict[str, str]]:
-    """({key: executable} of the interpreters found, {key: why it is not run} of the others)."""
-    found: dict[str, str] = {}
+    """({key: executable} of every key: the interpreter found, else where pyenv would install it;
+    {key: why it is not run} of those not found or found under another key)."""
+    paths: dict[str, str] = {}
     skips: dict[str, str] = {}
     for version in VERSIONS:
         path = find_cpython(version)
+        paths[version] = path or str(_pyenv_roots()[0] / "versions" / PREFERRED[version] / "bin" / f"python{version}")
         if path is None:
             skips[version] = (f"CPython {version} is not installed: scripts/setup.sh --test installs python{version} "
                               f"where the distribution packages it; elsewhere `pyenv install {PREFERRED[version]}`")
         elif path in DISTRIBUTION.values():
             key = next(k for k, v in DISTRIBUTION.items() if v == path)
             skips[version] = f"CPython {version} here is the distribution's {path}, run as {key}"
-        else:
-            found[version] = path
     for key, path in DISTRIBUTION.items():
-        if os.access(path, os.X_OK):
-            found[key] = path
-        else:
+        paths[key] = path
+        if not os.access(path, os.X_OK):
             skips[key] = f"{path} is not installed (the distribution's CPython 3.11, Debian 12's python3)"
-    return found, skips
+    return paths, skips
 
 
 INTERPRETERS, INTERPRETER_SKIPS = find_interpreters()
