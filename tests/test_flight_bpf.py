@@ -376,13 +376,13 @@ def test_a_flight_recording_that_loses_keeps_the_losses_of_the_rows_it_keeps(tmp
     work = subprocess.Popen([sys.executable, "-c", DIRECT_WRITES, f"/dev/{loop_dev}", "40"])
     one_page = {**os.environ, "STALL_RECORDER_BLOCK_RING_PAGES": "1"}
     try:
-        res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--keep", "12s", "--max-size", "64MB",
-                           *SHORT, "--triggers", "", "--json", env=one_page)
+        res = run_recorder("start", "--db", str(db), "-p", str(work.pid), "--keep", "10s", "--max-size", "64MB",
+                           "--before", "2s", "--after", "2s", "--triggers", "", "--json", env=one_page)
         assert res.returncode == 0, res.stderr
-        time.sleep(14)
+        time.sleep(12)
         mid = tmp_path / "mid.db"
         run_recorder("dump", "--db", str(db), "-o", str(mid), check=True)
-        time.sleep(6)
+        time.sleep(4)
     finally:
         stopped = run_recorder("stop", "--db", str(db), "--json")
         work.kill()
