@@ -169,6 +169,21 @@ def cgroup_layout(request) -> str:
     return request.param
 
 
+def realtime() -> list[str]:
+    """The command prefix that runs a workload as a real-time task (SCHED_FIFO): it then never waits for
+    a CPU behind the machine's other work, so a test can expect the one cause it made. Skips the test,
+    with the reason, where the host refuses real-time tasks (a container without CAP_SYS_NICE, a cgroup
+    with no real-time runtime)."""
+    prefix = ["chrt", "-f", "1"]
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        pytest.skip("needs real-time scheduling (chrt -f 1) to keep the machine's other work off the workload")
+    return prefix
+
+
 def q(db: Path | str, sql: str, params: tuple = ()) -> list[tuple]:
     """Rows of one query on a recording, through a fresh connection."""
     conn = sqlite3.connect(db)

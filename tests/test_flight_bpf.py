@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_bpf, q, run_recorder
+from conftest import ROOT, needs_bpf, q, realtime, run_recorder
 
 from store.flight import event_tables
 
@@ -174,7 +174,7 @@ def test_a_stalled_step_of_a_job_without_markers_saves_an_incident_that_names_it
     # the calls take microseconds (sleeps, no CPU work): no load makes one slow by the slow-call rule
     loop = [sys.executable, TRAIN, "--libdir", str(native["dir"]), "--steps", "100000", "--sync-sleep-us", "40000",
             "--step-sleep-us", "50000", "--host-work-us", "2000", "--malloc-work-us", "0", "--launch-work-us", "0"]
-    fifo = ["chrt", "-f", "1"]
+    fifo = realtime()
     stalled = subprocess.Popen([*fifo, *loop, "--slow-when", str(go), "--slow-ms", "1200"], stdout=subprocess.PIPE,
                                text=True)
     steady = subprocess.Popen([*fifo, *loop], stdout=subprocess.PIPE, text=True)

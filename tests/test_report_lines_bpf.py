@@ -20,6 +20,7 @@ from conftest import (
     memory_limit,
     needs_bpf,
     q,
+    realtime,
     require_cgroup,
     run_recorder,
     workload_output,
@@ -94,7 +95,7 @@ def reclaimed(request, tmp_path_factory):
     cg = next(gen)
     try:
         db = tmp / "r.db"
-        res = run_recorder("record", "--db", str(db), "--", "chrt", "-f", "1", sys.executable,
+        res = run_recorder("record", "--db", str(db), "--", *realtime(), sys.executable,
                            str(ROOT / "tests" / "workloads" / "alloc_touch.py"), "--file", str(tmp / "fill.bin"),
                            "--cgroup-procs", str(cg / "cgroup.procs"), "--steps", "8", "--reclaim-step", "5",
                            "--mib", "48", "--step-mib", "8", "--fill-mib", "72", timeout=300)
