@@ -18,6 +18,29 @@ if [ $want_test = 1 ]; then
   # chromium: tests render the HTML report headless and look at it (tests/test_html_report.py)
   for p in xfsprogs chromium; do have "$p" || need+=("$p"); done
 fi
+# The frame-walker and marker tests run every CPython the walker supports (tests/pyframes/harness.py
+# finds pyenv's builds, then the distribution's python3.X). A version found nowhere is installed
+# here with its headers where the distribution packages it (Debian 12 packages 3.11 only, Debian 13
+# 3.13, Ubuntu 22.04 3.10, Ubuntu 24.04 3.12); no registry reached here ships other CPython builds
+# without a download from elsewhere, so the tests of a version still missing skip and say so.
+interpreters=()
+packaged() {  # unknown until the package lists were read once: then apt-get update below tells
+  ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || [ -n "$(apt-cache madison "$1" 2>/dev/null)" ]
+}
+if [ $want_test = 1 ]; then
+  pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+  for v in 3.10 3.11 3.12 3.13; do
+    if ! ls "$pyenv_root"/versions/$v.*/bin/python$v >/dev/null 2>&1 && [ ! -x /usr/bin/python$v ]; then
+      if packaged "python$v"; then
+        interpreters+=("python$v" "python$v-dev")
+      else
+        echo "setup: CPython $v is not packaged by this distribution: its tests skip and say how to install it"
+      fi
+    elif [ -x /usr/bin/python$v ] && ! have "python$v-dev" && packaged "python$v-dev"; then
+      interpreters+=("python$v-dev")  # the tests build a small extension for each interpreter
+    fi
+  done
+fi
 
 kver=$(uname -r)
 headers=""
@@ -29,7 +52,11 @@ if [ ! -e "/lib/modules/$kver/build" ]; then
   fi
 fi
 
-if [ ${#need[@]} -gt 0 ] || [ -n "$headers" ]; then
+if [ ${#interpreters[@]} -gt 0 ] && [ "$(id -u)" != 0 ]; then
+  echo "setup: not root, so not installing ${interpreters[*]}: the tests of those interpreters skip"
+  interpreters=()
+fi
+if [ ${#need[@]} -gt 0 ] || [ -n "$headers" ] || [ ${#interpreters[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup: missing system packages (${need[*]} $headers): run as root or install them with apt-get" >&2
     exit 1
@@ -37,6 +64,13 @@ if [ ${#need[@]} -gt 0 ] || [ -n "$headers" ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   [ ${#need[@]} -gt 0 ] && apt-get install -y -qq "${need[@]}" >/dev/null
+  for p in "${interpreters[@]}"; do
+    if [ -n "$(apt-cache madison "$p" 2>/dev/null)" ]; then
+      apt-get install -y -qq "$p" >/dev/null
+    else
+      echo "setup: $p is not packaged by this distribution: its tests skip and say how to install it"
+    fi
+  done
   if [ -n "$headers" ]; then
     if apt-cache show "$headers" >/dev/null 2>&1; then
       apt-get install -y -qq "$headers" >/dev/null

@@ -63,15 +63,91 @@ def loop_dev(tmp_path):
         subprocess.run(["losetup", "-d", loop], check=False)
 
 
-MEMORY_V1 = Path("/sys/fs/cgroup/memory")  # the cgroup v1 memory controller
+# -- cgroups with limits, on whichever layout the host has -------------------------------------------
+# Hosts run cgroup v1 (a hierarchy per controller: blkio, memory) or v2 (one hierarchy, io and memory
+# controllers enabled in cgroup.subtree_control: Debian 11+, Ubuntu 22.04+, RHEL 9, Kubernetes), and
+# some mount a v2 hierarchy beside v1 with no controller of its own. A test that needs a throttle or a
+# memory limit runs once per layout (the `cgroup_layout` fixture) and skips, with the reason, the
+# layout this host cannot give it.
+CGROUP_LAYOUTS = ("v1", "v2")
+_V1_NAMES = {"io": "blkio", "memory": "memory"}
 
 
-def cgroup_v1(root: Path, settings: dict[str, str]):
-    """A generator: yields a new cgroup under the cgroup v1 controller `root` with `settings`
-    written, and removes it (its processes moved back to `root`) when resumed. Skips the test
-    where that controller is not mounted."""
-    if not (root / "cgroup.procs").exists():
-        pytest.skip(f"needs the cgroup v1 controller at {root}")
+def _cgroup_mounts() -> list[tuple[str, Path, set[str]]]:
+    """(type, mount point, options) of each cgroup and cgroup2 mount of this process's namespace."""
+    out = []
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] in ("cgroup", "cgroup2"):
+            out.append((fields[2], Path(fields[1].replace("\\040", " ")), set(fields[3].split(","))))
+    return out
+
+
+def cgroup_root(layout: str, controller: str) -> tuple[Path | None, str]:
+    """(root of the hierarchy that has `controller` ('io' or 'memory') on `layout`, None) or
+    (None, why there is none)."""
+    mounts = _cgroup_mounts()
+    if layout == "v1":
+        for kind, point, options in mounts:
+            if kind == "cgroup" and _V1_NAMES[controller] in options:
+                return point, ""
+        return None, f"no cgroup v1 {_V1_NAMES[controller]} hierarchy is mounted (this host runs cgroup v2 only)"
+    v2 = [point for kind, point, _ in mounts if kind == "cgroup2"]
+    for point in v2:
+        try:
+            if controller in (point / "cgroup.controllers").read_text().split():
+                return point, ""
+        except OSError:
+            continue
+    if not v2:
+        return None, "no cgroup v2 hierarchy is mounted"
+    bound = next((point for kind, point, options in mounts if kind == "cgroup" and _V1_NAMES[controller] in options),
+                 None)
+    where = f": it is bound to the cgroup v1 hierarchy at {bound}" if bound else ""
+    return None, (f"the cgroup v2 hierarchy at {v2[0]} has no {controller} controller{where} (a controller "
+                  "moves to v2 only once its v1 hierarchy is unmounted and empty, or at boot with "
+                  "cgroup_no_v1=)")
+
+
+def io_limits(layout: str, majmin: str, *, read_bps: int | None = None, write_bps: int | None = None,
+              write_iops: int | None = None) -> dict[str, str]:
+    """The files and values that throttle a cgroup's I/O to device `majmin` ('M:m') on `layout`."""
+    if layout == "v1":
+        names = {"read_bps": read_bps, "write_bps": write_bps, "write_iops": write_iops}
+        return {f"blkio.throttle.{k}_device": f"{majmin} {v}" for k, v in names.items() if v is not None}
+    keys = {"rbps": read_bps, "wbps": write_bps, "wiops": write_iops}
+    return {"io.max": " ".join([majmin, *(f"{k}={v}" for k, v in keys.items() if v is not None)])}
+
+
+def memory_limit(layout: str, limit: int) -> dict[str, str]:
+    """The file and value that limit a cgroup's memory (its page cache included) to `limit` bytes:
+    past it the cgroup's own tasks reclaim (memcg direct reclaim)."""
+    return {"memory.limit_in_bytes" if layout == "v1" else "memory.max": str(limit)}
+
+
+def require_cgroup(layout: str, controller: str) -> Path:
+    """The root of the hierarchy with `controller` on `layout`; skips the test, with the reason, where
+    there is none (call it before making what the test would limit)."""
+    root, why = cgroup_root(layout, controller)
+    if root is None:
+        pytest.skip(f"needs the {controller} controller on cgroup {layout}: {why}")
+    return root
+
+
+def limited_cgroup(layout: str, controller: str, settings: dict[str, str]):
+    """A generator: yields a new cgroup (its folder: processes join it by writing their pid to its
+    cgroup.procs) on `layout` with `controller` and `settings` written, and removes it (its processes
+    moved back to the root) when resumed. Skips the test, with the reason, where this host has no
+    such hierarchy."""
+    root = require_cgroup(layout, controller)
+    if layout == "v2":  # the root's children get the controller only once it is enabled for them
+        enabled = (root / "cgroup.subtree_control").read_text().split()
+        if controller not in enabled:
+            (root / "cgroup.subtree_control").write_text(f"+{controller}")
     path = root / f"stall-test-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     try:
@@ -85,6 +161,27 @@ def cgroup_v1(root: Path, settings: dict[str, str]):
             except OSError:
                 pass
         path.rmdir()
+
+
+@pytest.fixture(params=CGROUP_LAYOUTS)
+def cgroup_layout(request) -> str:
+    """'v1' or 'v2': the layout of the cgroups a test limits (limited_cgroup skips the one the host lacks)."""
+    return request.param
+
+
+def realtime() -> list[str]:
+    """The command prefix that runs a workload as a real-time task (SCHED_FIFO): it then never waits for
+    a CPU behind the machine's other work, so a test can expect the one cause it made. Skips the test,
+    with the reason, where the host refuses real-time tasks (a container without CAP_SYS_NICE, a cgroup
+    with no real-time runtime)."""
+    prefix = ["chrt", "-f", "1"]
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        pytest.skip("needs real-time scheduling (chrt -f 1) to keep the machine's other work off the workload")
+    return prefix
 
 
 def q(db: Path | str, sql: str, params: tuple = ()) -> list[tuple]:

@@ -15,8 +15,8 @@ import sqlite3
 import sys
 
 import pytest
-from conftest import ROOT, cgroup_v1, needs_bpf, q, run_recorder, workload_output
-from test_io_bpf import BLKIO, ext4_loop  # noqa: F401  (fixture)
+from conftest import ROOT, io_limits, limited_cgroup, needs_bpf, q, require_cgroup, run_recorder, workload_output
+from test_io_bpf import ext4_loop  # noqa: F401  (fixture)
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "ckpt_steps.py")
@@ -24,9 +24,10 @@ RATE = 2 * 1024 * 1024
 
 
 @pytest.fixture
-def write_throttled(ext4_loop):  # noqa: F811
-    mnt, majmin, name = ext4_loop
-    gen = cgroup_v1(BLKIO, {"blkio.throttle.write_bps_device": f"{majmin} {RATE}"})
+def write_throttled(request, cgroup_layout):
+    require_cgroup(cgroup_layout, "io")
+    mnt, majmin, name = request.getfixturevalue("ext4_loop")
+    gen = limited_cgroup(cgroup_layout, "io", io_limits(cgroup_layout, majmin, write_bps=RATE))
     cg = next(gen)
     yield mnt, majmin, name, cg
     next(gen, None)

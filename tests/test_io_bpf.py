@@ -1,7 +1,7 @@
 """The block and memory layers with real BPF on a real loop device: ext4 on a loop device,
-throttled through cgroup v1 blkio, and a memory cgroup v1 limit. Skipped with the reason where
-root, BPF, loop devices or cgroup v1 controllers are missing. Mounts, loop devices and cgroups
-are removed even when a test fails."""
+throttled through the cgroup's I/O limit, and a cgroup memory limit, each on cgroup v1 and on v2.
+Skipped with the reason where root, BPF, loop devices or that layout's controller are missing.
+Mounts, loop devices and cgroups are removed even when a test fails."""
 
 from __future__ import annotations
 
@@ -11,12 +11,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MEMORY_V1, ROOT, cgroup_v1, needs_bpf, q, run_recorder, workload_output
+from conftest import (
+    ROOT,
+    io_limits,
+    limited_cgroup,
+    memory_limit,
+    needs_bpf,
+    q,
+    require_cgroup,
+    run_recorder,
+    workload_output,
+)
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "io_calls.py")
 SIZED = str(ROOT / "tests" / "workloads" / "sized_io.py")
-BLKIO = Path("/sys/fs/cgroup/blkio")
 RATE = 2 * 1024 * 1024  # bytes/s allowed by the throttle
 
 
@@ -45,10 +54,12 @@ def ext4_loop(tmp_path):
 
 
 @pytest.fixture
-def throttled(ext4_loop):
-    mnt, majmin, name = ext4_loop
-    gen = cgroup_v1(BLKIO, {"blkio.throttle.write_bps_device": f"{majmin} {RATE}",
-                          "blkio.throttle.read_bps_device": f"{majmin} {RATE}"})
+def throttled(request, cgroup_layout):
+    """(mount point, 'M:m', device, cgroup) of ext4_loop with a cgroup whose reads and writes to it are
+    throttled to RATE (blkio.throttle.* on cgroup v1, io.max on v2)."""
+    require_cgroup(cgroup_layout, "io")
+    mnt, majmin, name = request.getfixturevalue("ext4_loop")
+    gen = limited_cgroup(cgroup_layout, "io", io_limits(cgroup_layout, majmin, read_bps=RATE, write_bps=RATE))
     cg = next(gen)
     yield mnt, majmin, name, cg
     next(gen, None)
@@ -148,13 +159,14 @@ def test_exact_percentiles_match_python(tmp_path, ext4_loop):
     assert windows[0][0] == len(durs)
 
 
-def test_memcg_reclaim_is_recorded(tmp_path, ext4_loop):
+def test_memcg_reclaim_is_recorded(tmp_path, request, cgroup_layout):
     """Reading a 96 MiB file in a memory cgroup limited to 24 MiB makes the reader reclaim."""
-    mnt, majmin, name = ext4_loop
+    require_cgroup(cgroup_layout, "memory")
+    mnt, majmin, name = request.getfixturevalue("ext4_loop")
     subprocess.run(["dd", "if=/dev/zero", f"of={mnt}/big.bin", "bs=1M", "count=96", "conv=fsync"],
                    check=True, capture_output=True)
     Path("/proc/sys/vm/drop_caches").write_text("1")
-    gen = cgroup_v1(MEMORY_V1, {"memory.limit_in_bytes": str(24 * 1024 * 1024)})
+    gen = limited_cgroup(cgroup_layout, "memory", memory_limit(cgroup_layout, 24 * 1024 * 1024))
     cg = next(gen)
     try:
         db = tmp_path / "m.db"

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_bpf, q, run_recorder, workload_output
+from conftest import ROOT, io_limits, limited_cgroup, needs_bpf, q, require_cgroup, run_recorder, workload_output
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 ZRAM_CONTROL = Path("/sys/class/zram-control")
@@ -211,15 +211,13 @@ def test_a_full_ring_is_counted_and_reported(tmp_path, zram):
 
 
 @pytest.fixture
-def held_writes(tmp_path):
+def held_writes(tmp_path, cgroup_layout):
     """(loop device, cgroup.procs, writer binary, throttle): writes to the loop device stay in flight for
-    seconds. The loop device (direct I/O) is backed by a file on a second loop device, which a
-    cgroup v1 blkio throttle holds to 10 writes a second for the cgroup's I/O (the loop worker
-    writes on behalf of the cgroup of the request). The writer is a static binary on tmpfs, so the
-    traced process does no other block I/O."""
-    blkio = Path("/sys/fs/cgroup/blkio")
-    if not (blkio / "cgroup.procs").exists():
-        pytest.skip("needs the cgroup v1 blkio controller")
+    seconds. The loop device (direct I/O) is backed by a file on a second loop device, which the
+    cgroup's I/O limit (blkio.throttle.* on cgroup v1, io.max on v2) holds to 10 writes a second for
+    the cgroup's I/O (the loop worker writes on behalf of the cgroup of the request). The writer is a
+    static binary on tmpfs, so the traced process does no other block I/O."""
+    require_cgroup(cgroup_layout, "io")
     if not Path("/dev/loop-control").exists() or not shutil.which("gcc"):
         pytest.skip("needs loop devices and gcc")
     binary = Path("/dev/shm") / f"stall-test-writes-{uuid.uuid4().hex[:8]}"
@@ -228,9 +226,9 @@ def held_writes(tmp_path):
     mnt.mkdir()
     outer = tmp_path / "outer.img"
     subprocess.run(["truncate", "-s", "64M", str(outer)], check=True)
-    cg = blkio / f"stall-test-{uuid.uuid4().hex[:8]}"
     lower = inner = ""
     mounted = False
+    gen = None
     try:
         lower = subprocess.run(["losetup", "-f", "--show", str(outer)], capture_output=True, text=True,
                                check=True).stdout.strip()
@@ -240,22 +238,18 @@ def held_writes(tmp_path):
         subprocess.run(["truncate", "-s", "16M", str(mnt / "inner.img")], check=True)
         inner = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(mnt / "inner.img")],
                                capture_output=True, text=True, check=True).stdout.strip()
-        cg.mkdir()
         majmin = Path(f"/sys/block/{Path(lower).name}/dev").read_text().strip()
-        (cg / "blkio.throttle.write_iops_device").write_text(f"{majmin} 10")
+        gen = limited_cgroup(cgroup_layout, "io", io_limits(cgroup_layout, majmin, write_iops=10))
+        cg = next(gen)
 
         def throttle(iops: int) -> None:
-            (cg / "blkio.throttle.write_iops_device").write_text(f"{majmin} {iops}")
+            for name, value in io_limits(cgroup_layout, majmin, write_iops=iops).items():
+                (cg / name).write_text(value)
 
         yield Path(inner).name, cg / "cgroup.procs", binary, throttle
     finally:
-        if cg.exists():
-            for pid in (cg / "cgroup.procs").read_text().split():
-                try:
-                    (blkio / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass
-            cg.rmdir()
+        if gen is not None:
+            next(gen, None)
         if inner:
             subprocess.run(["losetup", "-d", inner], check=False)
         if mounted:

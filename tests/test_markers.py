@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -15,8 +16,8 @@ from conftest import ROOT, needs_bpf
 
 import recorder
 
-PYENV = Path("/root/.pyenv/versions")
-INTERPRETERS = [str(p / "bin" / "python3") for p in sorted(PYENV.glob("3.1[0-3].*"))] + ["/usr/bin/python3.11"]
+sys.path.insert(0, str(ROOT / "tests" / "pyframes"))  # not a package
+import harness  # noqa: E402
 
 
 def build_markers_for(python: str, dest: Path) -> Path:
@@ -33,8 +34,9 @@ def build_markers_for(python: str, dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("python", [p for p in INTERPRETERS if os.path.exists(p)])
-def test_markers_import_light_under_every_interpreter(python, tmp_path):
+@pytest.mark.parametrize("interp", harness.interpreter_params())
+def test_markers_import_light_under_every_interpreter(interp, tmp_path):
+    python = harness.INTERPRETERS[interp]
     folder = build_markers_for(python, tmp_path)
     code = (
         "import sys, json, recorder\n"

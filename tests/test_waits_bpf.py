@@ -17,9 +17,11 @@ import pytest
 from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder, workload_output
 from test_io_bpf import ext4_loop, throttled  # noqa: F401 - fixtures
 
+sys.path.insert(0, str(ROOT / "tests" / "pyframes"))  # not a package
+import harness  # noqa: E402
+
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "waits.py")
-PYENV = Path("/root/.pyenv/versions")
 
 
 def record(db: Path, *cmd: str, python: str = sys.executable, prefix: tuple[str, ...] = ()) -> dict:
@@ -218,13 +220,10 @@ def test_clean_run_without_a_gil_holder(tmp_path):
 
 
 def _interpreter(version: str) -> str:
-    found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
-    if not found:
-        pytest.skip(f"needs CPython {version} (pyenv install {version})")
-    return str(found[-1])
+    return harness.find_cpython(version) or ""
 
 
-@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
+@pytest.mark.parametrize("version", harness.version_params())
 def test_gil_waits_are_recognised_on_every_supported_cpython(tmp_path, version):
     """Without markers (the marker extension is built for one interpreter): the rows of offcpu_wait."""
     db = tmp_path / "gil.db"

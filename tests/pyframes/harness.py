@@ -18,13 +18,86 @@ ROOT = Path(__file__).resolve().parents[2]
 BPF_DIR = ROOT / "bpf"
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"
 
-INTERPRETERS: dict[str, str] = {
-    "3.10": "/root/.pyenv/versions/3.10.13/bin/python3.10",
-    "3.11": "/root/.pyenv/versions/3.11.7/bin/python3.11",
-    "3.12": "/root/.pyenv/versions/3.12.1/bin/python3.12",
-    "3.13": "/root/.pyenv/versions/3.13.0/bin/python3.13",
-    "debian-3.11": "/usr/bin/python3.11",
-}
+# The CPythons the frame walker supports, each run by the walker and marker tests. "3.X" is a CPython
+# 3.X built from its release (pyenv's, as a GPU node's venv has) or else the distribution's;
+# "debian-3.11" is Debian 12's own build (its python3), whose layout and symbols differ from a
+# release build's. scripts/setup.sh --test installs what the distribution packages; a version
+# found nowhere is a test case that skips and says how to get it (INTERPRETER_SKIPS).
+VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+# the releases these tests were written against, preferred where pyenv has several of a version
+PREFERRED = {"3.10": "3.10.13", "3.11": "3.11.7", "3.12": "3.12.1", "3.13": "3.13.0"}
+DISTRIBUTION = {"debian-3.11": "/usr/bin/python3.11"}
+
+
+def _pyenv_roots() -> list[Path]:
+    """$PYENV_ROOT where set (as pyenv itself reads it), else ~/.pyenv and root's."""
+    if os.environ.get("PYENV_ROOT"):
+        return [Path(os.environ["PYENV_ROOT"])]
+    return list(dict.fromkeys(Path(r) for r in (os.path.expanduser("~/.pyenv"), "/root/.pyenv")))
+
+
+def _release_key(path: Path) -> tuple[int, ...]:
+    return tuple(int(x) if x.isdigit() else -1 for x in path.parents[1].name.split("."))
+
+
+def find_cpython(version: str) -> str | None:
+    """An executable CPython `version` ('3.12'): pyenv's (the preferred release, else the newest),
+    else the distribution's /usr/bin/python3.X, else /usr/local/bin's."""
+    for root in _pyenv_roots():
+        found = sorted((p for p in root.glob(f"versions/{version}.*/bin/python{version}") if os.access(p, os.X_OK)),
+                       key=_release_key)
+        preferred = [p for p in found if p.parents[1].name == PREFERRED[version]]
+        if preferred or found:
+            return str((preferred or found)[-1])
+    for folder in ("/usr/bin", "/usr/local/bin"):
+        if os.access(f"{folder}/python{version}", os.X_OK):
+            return f"{folder}/python{version}"
+    return None
+
+
+def find_interpreters() -> tuple[dict[str, str], dict[str, str]]:
+    """({key: executable} of every key: the interpreter found, else where pyenv would install it;
+    {key: why it is not run} of those not found or found under another key)."""
+    paths: dict[str, str] = {}
+    skips: dict[str, str] = {}
+    for version in VERSIONS:
+        path = find_cpython(version)
+        paths[version] = path or str(_pyenv_roots()[0] / "versions" / PREFERRED[version] / "bin" / f"python{version}")
+        if path is None:
+            skips[version] = (f"CPython {version} is not installed: scripts/setup.sh --test installs python{version} "
+                              f"where the distribution packages it; elsewhere `pyenv install {PREFERRED[version]}`")
+        elif path in DISTRIBUTION.values():
+            key = next(k for k, v in DISTRIBUTION.items() if v == path)
+            skips[version] = f"CPython {version} here is the distribution's {path}, run as {key}"
+    for key, path in DISTRIBUTION.items():
+        paths[key] = path
+        if not os.access(path, os.X_OK):
+            skips[key] = f"{path} is not installed (the distribution's CPython 3.11, Debian 12's python3)"
+    return paths, skips
+
+
+INTERPRETERS, INTERPRETER_SKIPS = find_interpreters()
+
+
+def interpreter_params(keys: tuple[str, ...] | None = None) -> list[Any]:
+    """pytest parameters, one per interpreter key (all of them unless `keys`): those not installed
+    are collected and skip with the reason, so no case vanishes from a run."""
+    import pytest
+
+    out = []
+    for key in keys or (*VERSIONS, *DISTRIBUTION):
+        reason = INTERPRETER_SKIPS.get(key)
+        out.append(pytest.param(key, id=key, marks=pytest.mark.skip(reason=reason)) if reason else key)
+    return out
+
+
+def version_params() -> list[Any]:
+    """pytest parameters, one per supported version, run with whichever build find_cpython finds."""
+    import pytest
+
+    return [pytest.param(v, id=v, marks=pytest.mark.skip(reason=INTERPRETER_SKIPS.get(v, "")))
+            if find_cpython(v) is None else v for v in VERSIONS]
+
 
 # The probe a recorder layer would write: its own record first, the stack capture last. BCC
 # rewrites map syntax (map.lookup(), .call()) only in the main text, so the loader pastes
