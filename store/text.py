@@ -28,3 +28,9 @@ def printable(text: str, limit: int | None = None) -> str:
     if limit is not None and len(out) > limit:
         out = out[: max(limit - 3, 0)] + "..."
     return out
+
+
+def without_controls(text: str) -> str:
+    """`text` with its control characters removed (where an escape would still be noise: one line
+    handed to a pager or a chat)."""
+    return _CONTROL.sub("", text)
