@@ -261,11 +261,11 @@ def header_deadline_protocol(tls: ssl.SSLContext) -> type:
             else:
                 self._early.append(data)
 
-        def eof_received(self) -> bool | None:
+        def eof_received(self) -> None:
             if self._http is not None:
-                return self._http.eof_received()
-            self._eof = True
-            return None
+                self._http.eof_received()
+            else:
+                self._eof = True
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._lost = True

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from store.errors import UserError
@@ -40,10 +41,10 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def hook_environment(passed: tuple[str, ...], incident: dict[str, str],
-                     source: dict[str, str] | None = None) -> dict[str, str]:
-    """The command's whole environment: PATH and LANG of the recorder's (`source`), each of `passed`
-    (NAME: the recorder's value, when it has one; NAME=VALUE: that value), then the incident's."""
-    source = os.environ if source is None else source
+                     recorder_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The command's whole environment: PATH and LANG of the recorder's, each of `passed` (NAME: the
+    recorder's value, when it has one; NAME=VALUE: that value), then the incident's."""
+    source: Mapping[str, str] = os.environ if recorder_env is None else recorder_env
     env = {name: source[name] for name in PASSED_ALWAYS if name in source}
     for item in passed:
         name, sep, value = item.partition("=")
