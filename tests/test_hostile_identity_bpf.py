@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder
 
-pytestmark = [needs_bpf, pytest.mark.bpf]
+pytestmark = [needs_bpf, pytest.mark.bpf, pytest.mark.slow]
 
 # torchrun's variables as a hostile process sets them: a digit int() refuses, an integer SQLite
 # cannot hold, a newline that would forge a report line
