@@ -229,7 +229,7 @@ def header_deadline_protocol(tls: ssl.SSLContext) -> type:
             try:
                 app_transport = await self._loop.start_tls(self._raw, self, tls, server_side=True,
                                                            ssl_handshake_timeout=HEADER_TIMEOUT_S)
-            except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError):
+            except Exception:  # noqa: BLE001 - a failed handshake (reset, timeout, not TLS) ends that connection only
                 self._disarm()
                 self._raw.abort()
                 return

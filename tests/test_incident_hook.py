@@ -141,3 +141,18 @@ def test_the_summary_has_no_control_characters_of_a_process_name():
     line = incident_summary("stall", 1_700_000_000 * 10**9, "node1", facts, "detail\x00")
     assert line == ("stall-recorder on node1: stall incident at 2023-11-14T22:13:20Z: step 7 stalled, primary cause "
                     "cpu_contention: CPU contention: evil]0;pwnedname (pid 9) held the CPU forged; detail")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--keep", "10m", "--on-incident-env", "PAGER_TOKEN"),
+     "--on-incident-env passes variables to the --on-incident command: add --on-incident CMD"),
+    (("--keep", "10m", "--on-incident", "/bin/true", "--on-incident-env", "2BAD"),
+     "--on-incident-env '2BAD': give a variable's NAME (passed from the recorder's environment) or NAME=VALUE, "
+     "e.g. --on-incident-env PAGER_TOKEN"),
+])
+def test_bad_on_incident_env_options_are_one_line_errors(tmp_path, args, message):
+    from conftest import run_recorder
+
+    res = run_recorder("record", "--db", str(tmp_path / "f.db"), *args, "--", "true")
+    assert res.returncode == 2 and res.stderr.strip() == f"recorder: {message}"
+    assert not (tmp_path / "f.db").exists()
