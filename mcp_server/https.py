@@ -1,6 +1,7 @@
 """`recorder mcp --http`: the MCP server over HTTPS (streamable HTTP at /mcp) with a bearer token.
 
-TLS is uvicorn's (the SDK's own runner has no TLS options). The token comes from a file (or
+uvicorn serves HTTP (the SDK's own runner has no TLS options); the TLS handshake is the server's
+own, on each accepted connection, so that connections still in it are bounded too. The token comes from a file (or
 $STALL_RECORDER_MCP_TOKEN), never from the command line, and is required on every address and path: a
 request without it, or with another, gets 401 with a body and a WWW-Authenticate header that say
 "bearer token required". No OAuth metadata is advertised (there is no authorization server: a client
@@ -144,18 +145,29 @@ def check_tls(certfile: Path, keyfile: Path) -> None:
                         "-days 365 -subj /CN=localhost -keyout key.pem -out cert.pem'") from None
 
 
-HEADER_TIMEOUT_S = 10.0  # a request's headers are in within this of the connection (or of the last answer)
-MAX_WAITING = 64  # connections with no request in yet: past this the one waiting longest is closed
+HEADER_TIMEOUT_S = 10.0  # a connection's TLS handshake and a request's headers are in within this of it
+MAX_WAITING = 64  # connections in their handshake or with no request in yet: past this the oldest is closed
 
 
-def header_deadline_protocol() -> type:
-    """uvicorn's HTTP/1.1 protocol with a deadline on a request's headers: a connection that sends
-    them slowly (or not at all) is closed after HEADER_TIMEOUT_S, and at most MAX_WAITING connections
-    wait for theirs at once (the one waiting longest goes), so connections that never reach the
-    token check cannot take every file descriptor and starve a real client's handshake."""
+def header_deadline_protocol(tls: ssl.SSLContext) -> type:
+    """uvicorn's HTTP/1.1 protocol behind a TLS handshake of its own, with a deadline on both: a
+    connection that does not finish its handshake and send a request's headers within
+    HEADER_TIMEOUT_S is closed, and at most MAX_WAITING connections are in their handshake or wait
+    for their headers at once (the one waiting longest goes), so connections that never reach the
+    token check (raw TCP connections that never say hello included) cannot take every file
+    descriptor and starve a real client. The handshake is the server's own (asyncio's start_tls on
+    the accepted connection): a listener given an SSL context would hide a connection from the
+    protocol, and from this count, until its handshake is done."""
+    import asyncio
+
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     waiting: dict[Any, None] = {}  # insertion order: the one waiting longest first
+
+    def wait(conn: Any) -> None:
+        waiting[conn] = None
+        while len(waiting) > MAX_WAITING:
+            next(iter(waiting))._too_slow()
 
     class HeaderDeadline(H11Protocol):
         _deadline: Any = None
@@ -167,9 +179,7 @@ def header_deadline_protocol() -> type:
         def _arm(self) -> None:
             self._disarm()
             self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._too_slow)
-            waiting[self] = None
-            while len(waiting) > MAX_WAITING:
-                next(iter(waiting))._too_slow()
+            wait(self)
 
         def _disarm(self) -> None:
             if self._deadline is not None:
@@ -194,7 +204,83 @@ def header_deadline_protocol() -> type:
             self._disarm()
             super().connection_lost(exc)
 
-    return HeaderDeadline
+    class Handshake(asyncio.Protocol):
+        """An accepted TCP connection until its TLS handshake is done; then HeaderDeadline takes
+        it over, for what is left of the same deadline's count (a new deadline for the headers)."""
+
+        def __init__(self, **uvicorn_args: Any) -> None:
+            self._args = uvicorn_args
+            self._loop = uvicorn_args.get("_loop") or asyncio.get_event_loop()
+            self._raw: Any = None
+            self._deadline: Any = None
+            self._task: Any = None
+            self._http: HeaderDeadline | None = None
+            self._early: list[bytes] = []  # what came after the handshake before HeaderDeadline took over
+            self._eof = False
+            self._lost = False
+
+        def connection_made(self, transport: Any) -> None:
+            self._raw = transport
+            self._deadline = self._loop.call_later(HEADER_TIMEOUT_S, self._too_slow)
+            wait(self)
+            self._task = self._loop.create_task(self._handshake())
+
+        async def _handshake(self) -> None:
+            try:
+                app_transport = await self._loop.start_tls(self._raw, self, tls, server_side=True,
+                                                           ssl_handshake_timeout=HEADER_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a failed handshake (reset, timeout, not TLS) ends that connection only
+                self._disarm()
+                self._raw.abort()
+                return
+            self._disarm()
+            if self._lost or app_transport is None:
+                return
+            http = self._http = HeaderDeadline(**self._args)
+            app_transport.set_protocol(http)
+            http.connection_made(app_transport)
+            for data in self._early:
+                http.data_received(data)
+            if self._eof:
+                http.eof_received()
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            waiting.pop(self, None)
+
+        def _too_slow(self) -> None:
+            self._disarm()
+            if self._raw is not None:
+                self._raw.abort()
+
+        def data_received(self, data: bytes) -> None:
+            if self._http is not None:
+                self._http.data_received(data)
+            else:
+                self._early.append(data)
+
+        def eof_received(self) -> None:
+            if self._http is not None:
+                self._http.eof_received()
+            else:
+                self._eof = True
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._lost = True
+            self._disarm()
+            if self._http is not None:
+                self._http.connection_lost(exc)
+
+    return Handshake
+
+
+def server_tls(certfile: Path, keyfile: Path) -> ssl.SSLContext:
+    """The server's TLS context (the defaults of the ssl module for a server: TLS 1.2 and later)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(certfile), str(keyfile))
+    return context
 
 
 def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | None, token_file: Path | None,
@@ -214,5 +300,6 @@ def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | N
                         "use with --allow-host NAME (or bind one address, e.g. 127.0.0.1)")
     check_tls(certfile, keyfile)
     app = build_app(db, host, port, read_token(token_file, env_token), extra_hosts)
-    uvicorn.run(app, host=host, port=port, ssl_certfile=str(certfile), ssl_keyfile=str(keyfile),
-                log_level="warning", timeout_graceful_shutdown=2, http=header_deadline_protocol())
+    # TLS is done by the protocol (header_deadline_protocol), not by uvicorn's listener
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
+                http=header_deadline_protocol(server_tls(certfile, keyfile)))

@@ -86,8 +86,10 @@ class ProcessInfo(Result):
     cmdline: OptText
     first_ts: int
     exit_ts: int | None
-    environ_status: str | None = Field(None, description="'read', 'empty', 'gone', 'unreadable: <reason>'; "
-                                                         "null for recordings older than schema v20")
+    # marked as data: after 'read; ' it quotes values the process chose ("RANK unreadable: '...'")
+    environ_status: OptText = Field(None, description="'read', 'empty', 'gone', 'unreadable: <reason>'; after "
+                                                      "'read; ' the values the process carries that their fields "
+                                                      "cannot hold, and why; null for recordings older than schema v20")
     job_rank: int | None = None
     job_local_rank: int | None = None
     job_world_size: int | None = None

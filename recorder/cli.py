@@ -154,6 +154,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                        help="run --on-incident through /bin/sh -c (the path is $1, the summary $2)")
         f.add_argument("--on-incident-timeout", metavar="DURATION", default="60s",
                        help="kill an --on-incident command still running after DURATION (default 60s)")
+        f.add_argument("--on-incident-env", metavar="NAME", action="append", default=[],
+                       help="pass the recorder's variable NAME (or NAME=VALUE) to --on-incident; repeat for "
+                            "more. Otherwise it gets only PATH, LANG and the STALL_RECORDER_INCIDENT* variables")
         p.add_argument("--metrics-file", type=Path, metavar="PATH",
                        help="rewrite PATH every 5 s with Prometheus metrics (node_exporter textfile format): "
                             "events, drops, CPU, database size, incidents (docs/flight-recorder.md)")
@@ -299,7 +302,7 @@ def _flight_options(args):
     if not args.keep:
         if args.max_size:
             raise UserError("--max-size bounds a flight recording: add --keep DURATION (e.g. --keep 10m)")
-        if args.on_incident:
+        if args.on_incident or args.on_incident_env:
             raise UserError("--on-incident runs for the incidents of a flight recording: add --keep DURATION "
                             "(e.g. --keep 10m)")
         if args.ship:
@@ -307,9 +310,11 @@ def _flight_options(args):
                             "(e.g. --keep 10m)")
         return None
     hook = None
+    if args.on_incident_env and args.on_incident is None:
+        raise UserError("--on-incident-env passes variables to the --on-incident command: add --on-incident CMD")
     if args.on_incident is not None:
         hook = HookOptions(args.on_incident, shell=args.on_incident_shell,
-                           timeout_s=parse_duration(args.on_incident_timeout) / 1e9)
+                           timeout_s=parse_duration(args.on_incident_timeout) / 1e9, env=tuple(args.on_incident_env))
     options = FlightOptions(
         keep_ns=parse_duration(args.keep), max_bytes=parse_size(args.max_size) if args.max_size else None,
         before_ns=parse_duration(args.before), after_ns=parse_duration(args.after),

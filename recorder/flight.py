@@ -50,6 +50,7 @@ from store.flight import (
     used_bytes,
     wal_bytes,
 )
+from store.text import without_controls
 
 NS = 1_000_000_000
 SHIP_WAIT_S = 60.0  # at stop, how long the incidents still to upload are waited for, in all
@@ -160,7 +161,8 @@ def incident_summary(trigger: str, when_unix_ns: int, host: str, facts: dict, de
             else "stall" if facts["stall"] else "no stall found in the window")
     cause = f", primary cause {facts['cause_kind']}: {facts['cause']}" if facts["cause_kind"] else ""
     line = f"stall-recorder on {host}: {trigger} incident at {when:%Y-%m-%dT%H:%M:%SZ}: {what}{cause}; {detail}"
-    line = " ".join(line.split())  # one line, whatever the detail held
+    # one line, whatever the detail or a process name in the cause held, and no control characters
+    line = without_controls(" ".join(line.split()))
     return line if len(line) <= 500 else line[:497] + "..."
 
 

@@ -2,14 +2,17 @@
 
 `recorder start --metrics-file PATH` (or `record`) rewrites PATH every few seconds: node_exporter's
 textfile collector (`--collector.textfile.directory`) serves it with the node's other metrics, so
-the recorder needs no port of its own. The file is written next to its final name and renamed over
-it, so a scrape never reads half of it. At a clean stop `stall_recorder_up` becomes 0; a recorder
-that died leaves `stall_recorder_last_update_timestamp_seconds` behind, which an alert can watch.
+the recorder needs no port of its own. The file is written next to its final name (under a random
+name, created new) and renamed over it, so a scrape never reads half of it. At a clean stop
+`stall_recorder_up` becomes 0; a recorder that died leaves
+`stall_recorder_last_update_timestamp_seconds` behind, which an alert can watch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,13 +64,22 @@ def render(metrics: list[Metric]) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to a temporary file in `path`'s folder, then rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write `text` to a new temporary file in `path`'s folder, then rename it over `path`.
+
+    The folder is often one other users can write (a textfile collector's): the temporary file gets
+    a random name and is created, never opened (O_CREAT|O_EXCL|O_NOFOLLOW, what mkstemp does), so a
+    file or a symlink planted under a name the recorder would use is never written through. The
+    rename replaces a symlink at `path` itself, never its target. Readable by all (0644), as
+    node_exporter, which runs as a user of its own, reads it."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text)
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
         raise
 
 

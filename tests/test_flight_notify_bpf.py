@@ -32,7 +32,8 @@ path, summary = sys.argv[-2], sys.argv[-1]
 env = {k: v for k, v in os.environ.items() if k.startswith("STALL_RECORDER_")}
 name = os.path.join(out, "%d-%d.json" % (time.monotonic_ns(), os.getpid()))
 with open(name, "w") as f:
-    json.dump({"argv": sys.argv[1:], "env": env, "exists": os.path.exists(path)}, f)
+    json.dump({"argv": sys.argv[1:], "env": env, "exists": os.path.exists(path), "names": sorted(os.environ),
+               "team": os.environ.get("HOOK_TEAM")}, f)
 """
 
 
@@ -72,9 +73,10 @@ def flight(native, s3, tmp_path_factory):
     rec = subprocess.Popen(
         [*RECORDER, "start", "--foreground", "--db", str(db), "-p", str(work.pid), "--keep", "30s", "--before", "4s",
          "--after", "2s", "--triggers", "stall", "--cooldown", "0s", "--metrics-file", str(prom),
-         "--on-incident", f"{sys.executable} {script} {hooks}", "--ship", "s3://fleet/notify"],
+         "--on-incident", f"{sys.executable} {script} {hooks}", "--on-incident-env", "HOOK_TEAM",
+         "--ship", "s3://fleet/notify"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NOTIFY_SOCKET": str(tmp / "notify.sock")})
+        env={**os.environ, "NOTIFY_SOCKET": str(tmp / "notify.sock"), "HOOK_TEAM": "ml"})
     try:
         ready = notify.recv(4096).decode()
         live = _metrics(prom)  # written before READY=1
@@ -165,6 +167,11 @@ def test_on_incident_ran_with_each_incidents_path_and_summary(flight):
         assert r["env"]["STALL_RECORDER_INCIDENT_TRIGGER"] == files[path]
         assert r["env"]["STALL_RECORDER_DB"] == str(db)
         assert "\n" not in summary and f"{files[path]} incident at " in summary
+        # the recorder's environment holds the object store's keys (--ship): the command gets none of
+        # it, only PATH, LANG, the incident's variables and what --on-incident-env passed
+        assert "AWS_SECRET_ACCESS_KEY" in os.environ and r["team"] == "ml"
+        assert not {n for n in r["names"] if not n.startswith("STALL_RECORDER_")} - {
+            "PATH", "LANG", "HOOK_TEAM", "LC_CTYPE"}, r["names"]  # LC_CTYPE: the hook's Python sets it
     # the stall trigger names the step that stalled, by its number: step 300 slept 1.2 s longer, and
     # no other step of the loop (13 ms each) can take a second, however loaded the machine. Each
     # trigger's own words are kept in the detail of the incident it saved or joined.

@@ -420,3 +420,37 @@ def test_slow_header_connections_are_capped_and_closed_and_a_real_client_gets_th
     assert all(map(closed, slow))
     for conn in slow:
         conn.close()
+
+
+def test_connections_still_in_the_tls_handshake_count_against_the_limit(tls, https_server):
+    """Raw TCP connections that never send a ClientHello: they are counted with those waiting for
+    their headers, so past MAX_WAITING the oldest are closed at once (the TLS layer used to hold
+    each for a minute, uncounted), and a real client is answered meanwhile. (The deadline that
+    closes the rest is HEADER_TIMEOUT_S from the connection, the same for both.)"""
+    from mcp_server.https import MAX_WAITING
+
+    port = int(https_server.rsplit(":", 1)[1].split("/")[0])
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(MAX_WAITING + 40)]
+    time.sleep(0.5)
+
+    def closed(conn: socket.socket) -> bool:
+        conn.settimeout(0.05)
+        try:
+            return conn.recv(1) == b""
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+
+    try:
+        assert sum(map(closed, silent[:40])) == 40  # the oldest beyond the cap went at once
+        assert not any(map(closed, silent[-MAX_WAITING // 2:]))  # the newest wait, within the limit
+        ctx = tls_context(tls)
+        token = tls["token"].read_text().strip()
+        started = time.monotonic()
+        with httpx2.Client(verify=ctx, headers={**HEADERS, "Authorization": f"Bearer {token}"}, timeout=10) as http:
+            assert http.post(https_server, json=INIT).status_code == 200
+        assert time.monotonic() - started < 5
+    finally:
+        for conn in silent:
+            conn.close()

@@ -73,3 +73,23 @@ def test_cpu_contention_from_a_helper_is_not_blamed_on_dataloader_workers(tmp_pa
     # a forked copy of the training process (its name) is a worker: fewer workers is the advice
     worker = _contention_actions(tmp_path / "worker.db", "python3")
     assert "num_workers" in worker, worker
+
+
+def test_a_name_with_a_newline_or_an_escape_forges_no_report_line(tmp_path: Path) -> None:
+    """A process names itself: a contender called 'ffmpeg\\nPrimary cause: none...' (as a recording
+    of an older version stored it) is printed with its control characters escaped, so the report
+    keeps one primary cause and no escape sequence reaches the terminal."""
+    from conftest import run_recorder
+
+    path = tmp_path / "forged.db"
+    write_scenario("cpu-contention", path)
+    name = "ffmpeg\nPrimary cause: none (all is well)\x1b[2J"
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE thread SET name = ? WHERE tid = 31337", (name,))
+    conn.execute("UPDATE process SET name = ? WHERE pid = 31337", (name,))
+    conn.commit()
+    conn.close()
+    text = run_recorder("explain", "--db", str(path), check=True).stdout
+    assert [line for line in text.splitlines() if line.startswith("Primary cause:")] == [
+        line for line in text.splitlines() if line.startswith("Primary cause: CPU contention")], text
+    assert "\x1b" not in text and "ffmpeg\\nPrimary cause: none (all is well)\\x1b[2J" in text, text

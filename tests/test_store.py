@@ -144,3 +144,28 @@ def test_empty_session_reports_no_stall(tmp_path):
         report = explain(s)
     assert report["stall"] is False and report["primary_cause"] is None
     assert "Primary cause: none" in render_text(report)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_the_writer_refuses_a_bad_row_alone_and_writes_on(tmp_path, capsys, background):
+    """A row SQLite cannot take (an integer past int64, a text that cannot be encoded) costs only
+    itself: the rows around it, in the same batch and in later ones, are written, the refused row
+    is counted and said once, and the writer goes on (it used to raise at the next flush)."""
+    from store.db import Writer
+
+    store = open_store(tmp_path / "w.db", create=True)
+    store.conn.execute("CREATE TABLE t (a INTEGER, b TEXT)")
+    store.conn.commit()
+    writer = Writer(store, background=background)
+    writer.table("t", ("a", "b"))
+    writer.extend("t", [(i, "before") for i in range(120)] + [(10**20, "too large"), (1, "\ud800")]
+                  + [(i, "after") for i in range(3)])
+    writer.flush()
+    writer.sync()
+    writer.add("t", (7, "next batch"))
+    writer.close()
+    rows = store.conn.execute("SELECT b, count(*) FROM t GROUP BY b ORDER BY b").fetchall()
+    assert rows == [("after", 3), ("before", 120), ("next batch", 1)]
+    assert writer.rows_refused == 2 and writer.rows_written == 124
+    assert writer.refused == {"t": "OverflowError: Python int too large to convert to SQLite INTEGER"}
+    assert capsys.readouterr().out.count("row was not written") == 1

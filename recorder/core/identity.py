@@ -7,49 +7,67 @@ writer, so resolving a new thread costs no database round trip.
 
 from __future__ import annotations
 
-from recorder.core.job import JOB_COLUMNS, read_job_identity
+from recorder.core.job import JOB_COLUMNS, JobIdentity, read_job_identity
 from store.db import Store, Writer
+from store.text import printable
 
 PROCESS_COLUMNS = ("id", "session_id", "pid", "start_ticks", "parent_pid", "name", "cmdline", "first_ts",
                    *JOB_COLUMNS)
-CMDLINE_MAX = 1024
+CMDLINE_MAX = 1024  # bytes of a command line kept
+NAME_MAX = 64  # characters of a thread or process name kept (the kernel's comm is 16 bytes)
 THREAD_COLUMNS = ("id", "session_id", "tid", "process_id", "name", "first_ts", "traced")
 THREAD_NAME_COLUMNS = ("session_id", "thread_id", "ts", "name")
 
 
+def task_name(name: str | bytes) -> str:
+    """A comm as the kernel gives it (NUL-padded bytes) or as text, made printable: a task names
+    itself, and a newline or an escape sequence in its name must not reach a report as such."""
+    if isinstance(name, bytes):
+        name = name.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return printable(name, NAME_MAX)
+
+
 def read_proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(comm, ppid, starttime ticks) of a task, or None if it is gone."""
+    """(comm, ppid, starttime ticks) of a task, or None if it is gone (or its stat unreadable)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+            data = f.read(4096)
+        close = data.rfind(b")")
+        comm = task_name(data[data.find(b"(") + 1 : close])
+        fields = data[close + 2 :].split()
+        return comm, int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
         return None
-    close = data.rfind(b")")
-    comm = data[data.find(b"(") + 1 : close].decode("utf-8", "replace")
-    fields = data[close + 2 :].split()
-    return comm, int(fields[1]), int(fields[19])
 
 
 def read_cmdline(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
+            raw = f.read(CMDLINE_MAX)  # capped: a command line can carry a whole environment as arguments
     except OSError:
         return None
-    # capped: a command line can carry a whole environment as arguments
-    text = raw[:CMDLINE_MAX].rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    text = printable(raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace"))
     return text or None
 
 
 def read_tgid(tid: int) -> int | None:
     try:
-        with open(f"/proc/{tid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
+        with open(f"/proc/{tid}/status", "rb") as f:
+            for line in f.read(8192).splitlines():
+                if line.startswith(b"Tgid:"):
                     return int(line.split()[1])
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def safe_job_identity(pid: int) -> JobIdentity:
+    """read_job_identity(), and whatever it could not read said in environ_status instead of
+    ending the recorder: it reads files another user's process controls."""
+    try:
+        return read_job_identity(pid)
+    except Exception as e:  # noqa: BLE001 - one process's identity never ends the recording
+        return JobIdentity(printable(f"unreadable: {type(e).__name__}: {e}", 200))
 
 
 DEPARTED_NS = 2_000_000_000  # an exited thread's identity still answers for events this long after
@@ -87,7 +105,7 @@ class Identity:
         # gets a new row (process_exec) and so is read again
         self.writer.add(
             "process", (pid_id, self.session_id, pid, start, ppid, comm, read_cmdline(pid), ts,
-                        *read_job_identity(pid).row())
+                        *safe_job_identity(pid).row())
         )
         self.processes[pid] = pid_id
         return pid_id
@@ -113,8 +131,7 @@ class Identity:
         if pid is None:
             pid = read_tgid(tid)
         process_id = self.process(pid, ts) if pid else None
-        if isinstance(name, bytes):
-            name = name.split(b"\0", 1)[0].decode("utf-8", "replace")
+        name = task_name(name) if name else None
         if not name:
             stat = read_proc_stat(tid)
             name = stat[0] if stat else None
@@ -152,7 +169,7 @@ class Identity:
         tid_id = self.threads.get(tid) or self.others.get(tid)
         if tid_id is None:  # not seen yet: it is named by its comm when it is
             return
-        text = name.split(b"\0", 1)[0].decode("utf-8", "replace")
+        text = task_name(name)
         self.writer.add("thread_name", (self.session_id, tid_id, ts, text))
         self.exited.append(("rename", tid_id, ts, text))
         if tid == pid and pid in self.processes:

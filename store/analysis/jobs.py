@@ -7,14 +7,20 @@ from __future__ import annotations
 import sqlite3
 
 from store.db import Store
+from store.text import printable
 
 JOB_FIELDS = ("environ_status", "job_rank", "job_local_rank", "job_world_size", "master_addr", "run_id", "slurm_job_id",
               "slurm_step_id", "pod_uid", "pod_namespace", "pod_name", "cgroup")
 
 
+LABEL_MAX = 1024  # characters of a label
+
+
 def job_label(row: dict) -> str | None:
     """'rank 1 of 2 (local rank 1), torchrun run r42, Slurm job 4711 step 0, pod ml/trainer-1' from a
-    process row; what could not be read is said so; None when the process carries nothing."""
+    process row; what could not be read is said so ('RANK unreadable: ...'); None when the process
+    carries nothing. Printable whatever the row holds (a recording of an older version kept values
+    as the process gave them)."""
     status = row.get("environ_status")
     parts = []
     if row.get("job_rank") is not None:
@@ -32,9 +38,12 @@ def job_label(row: dict) -> str | None:
         name = "/".join(x for x in (row.get("pod_namespace"), row.get("pod_name")) if x)
         parts.append("pod " + (name or row["pod_uid"]) + (f" (uid {row['pod_uid']})" if name and row.get("pod_uid")
                                                           else ""))
-    if status and status not in ("read", "empty"):
+    base, _, refused = (status or "").partition("; ")
+    if base not in ("", "read", "empty"):
         parts.append(f"environment {status}: rank and job not known")
-    return ", ".join(parts) or None
+    elif refused:  # values present but not what their fields hold, or an environment cut at its cap
+        parts.append(refused)
+    return printable(", ".join(parts), LABEL_MAX) or None
 
 
 def process_job(store: Store, process_id: int | None) -> dict:

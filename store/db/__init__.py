@@ -42,6 +42,8 @@ def _bind_none(value: None) -> None:
 sqlite3.register_adapter(type(None), _bind_none)
 APPLICATION_ID = 0x53544C52  # 'STLR'
 ROWS_PER_STATEMENT = 50
+# what one bad row makes SQLite (or the binding of its values) raise: it is refused alone
+ROW_REFUSED = (OverflowError, UnicodeError, sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError)
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # SQLite result codes (the sqlite3 module names them from Python 3.11 on)
 SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL = 10, 11, 13
@@ -491,6 +493,9 @@ class Writer:
         self.last_commit_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         self.rows_not_written = 0
         self.rows_written = 0
+        # rows SQLite refused (_insert_rows), and the first reason per table
+        self.rows_refused = 0
+        self.refused: dict[str, str] = {}
         self.rows_handed = 0  # rows_handed - rows_written: handed to the writer thread, not yet committed
         self._error: BaseException | None = None
         self._queue: queue.Queue | None = None
@@ -600,7 +605,6 @@ class Writer:
 
     def _write(self, batch: list, statements: list) -> None:
         conn = self.store.conn
-        k = ROWS_PER_STATEMENT
         first: list[tuple[str, Sequence]] = []
         if statements and statements[0] is None:
             end = statements.index(None, 1)
@@ -616,14 +620,7 @@ class Writer:
                 assert self._insert_packed is not None  # packed rows are offered only with the inserter
                 written += self._insert_packed(conn, sql, program, slots, rows)
             else:
-                written += len(rows)
-                full = len(rows) // k * k
-                if full:
-                    chain = itertools.chain.from_iterable
-                    conn.executemany(self._multi_sql[name],
-                                     [tuple(chain(rows[i:i + k])) for i in range(0, full, k)])
-                if full < len(rows):
-                    conn.executemany(self._sql[name], rows[full:])
+                written += self._insert_rows(conn, name, rows)
             if self.txn_rows and written >= self.txn_rows:
                 conn.commit()
                 self._committed(written)
@@ -632,6 +629,43 @@ class Writer:
             conn.execute(sql, params)
         conn.commit()
         self._committed(written)
+
+    def _insert_rows(self, conn: sqlite3.Connection, name: str, rows: list[Sequence]) -> int:
+        """Insert one table's rows (ROWS_PER_STATEMENT to a statement); returns how many went in.
+        A row SQLite refuses (an integer past int64, a text it cannot encode, a constraint) costs
+        only itself: the piece is rolled back to its savepoint and inserted row by row, the refused
+        rows counted in rows_refused and said once per table. The recorder reads values from
+        processes it does not control; one of them must not end the writing."""
+        k = ROWS_PER_STATEMENT
+        if not conn.in_transaction:
+            conn.execute("BEGIN")  # else the savepoint would be a transaction of its own
+        conn.execute("SAVEPOINT stall_rows")
+        try:
+            full = len(rows) // k * k
+            if full:
+                chain = itertools.chain.from_iterable
+                conn.executemany(self._multi_sql[name], [tuple(chain(rows[i:i + k])) for i in range(0, full, k)])
+            if full < len(rows):
+                conn.executemany(self._sql[name], rows[full:])
+            good = len(rows)
+        except ROW_REFUSED:
+            conn.execute("ROLLBACK TO stall_rows")
+            good = 0
+            for row in rows:
+                try:
+                    conn.execute(self._sql[name], row)
+                    good += 1
+                except ROW_REFUSED as e:
+                    self._refused(name, e)
+        conn.execute("RELEASE stall_rows")
+        return good
+
+    def _refused(self, table: str, e: BaseException) -> None:
+        self.rows_refused += 1
+        if table not in self.refused:
+            self.refused[table] = why = f"{type(e).__name__}: {e}"
+            print(f"recorder: a {table} row was not written ({why}); the recording goes on, such rows are "
+                  "counted", flush=True)
 
     def _committed(self, rows: int) -> None:
         self.rows_written += rows

@@ -9,6 +9,7 @@ from store.analysis.causes import all_steps, find_stalls
 from store.db import Store
 from store.db.rules import stall_rule
 from store.report.build import analyse_step, ms, session_row, utc
+from store.text import printable
 
 CAUSES_LISTED = 200  # stalls whose cause `steps --slow` works out (each is a few queries)
 STALLS_ANALYSED = 100  # stalls `top` attributes to lines and devices
@@ -51,7 +52,7 @@ def render_steps(result: dict) -> str:
                      f"{s['cause'] or ''}")
     lines.append(f"{result['count']} steps, {result['stalls']} stalled "
                  f"(! stalled: {result['stall_rule']}; ~ inferred; + still running at stop)")
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))
 
 
 def top(store: Store, session_id: int | None = None, limit: int = 5) -> dict:
@@ -124,4 +125,4 @@ def render_top(result: dict) -> str:
                    f"requests, p999 {ms(d['p999_dur_ns'])} over {d['requests'] or 0} requests")
     if not result["worst_devices"]:
         out.append("  none recorded")
-    return "\n".join(out)
+    return "\n".join(map(printable, out))

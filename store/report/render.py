@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from store.db.session import KNOWN_LAYERS
 from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
+from store.text import printable
 from store.units import NS, ms
 
 Report = StallReport | StepReport | CallReport | dict
@@ -108,7 +109,7 @@ def render_text(report: Report, stack: bool = False) -> str:
         lines.append("Checked and clean: " + "; ".join(r.negatives))
     lines += _tail(r.observed_layers, r.not_observed, r.loss, r.layer_words)
     lines += _actions(r.next_actions)
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))
 
 
 def render_step_text(report: Report, stack: bool = False) -> str:
@@ -176,4 +177,4 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         lines.append("Other stalled steps: " + ", ".join(
             f"{o.step} ({ms(o.dur_ns)}, {o.ratio}x)" for o in r.other_stalls))
     lines += _actions(r.next_actions)
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))
