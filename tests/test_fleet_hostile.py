@@ -280,6 +280,16 @@ def test_a_source_db_naming_an_unrelated_local_file_is_not_read(job, tmp_path):
     assert any("holds another recording" in n and "explained from the export alone" in n for n in report["notes"])
 
 
+def test_an_export_that_cannot_be_read_is_left_out_and_the_others_explained(job, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(job["parquet"], bad)
+    next((bad / "nccl_call").glob("node=node-01/*/part-0.parquet")).write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
+    report = explain_paths([job["job"] / "node-00.db", job["job"] / "node-01.db", bad], step=job["step"])
+    assert report["late_ranks"][0]["rank"] == LATE and len(report["recordings"]) == 2
+    assert any(f"the export {bad.resolve()} cannot be read" in n and n.endswith("it is left out")
+               for n in report["notes"]), report["notes"]
+
+
 def test_the_same_recording_named_by_its_export_is_read(job):
     """The export names the recording it came from, and it is here: explained from the recording."""
     out = job["root"] / "pq-same"

@@ -308,12 +308,12 @@ class Cluster:
         self.con.execute(f"CREATE TABLE answer ({ANSWER})")
         self._load_sqlite(dbs)
         for folder in exports:
-            self._load_parquet(folder)
+            self._load_export(duckdb, folder)
         for i, url in enumerate(urls):  # an export in an object store: the tables read here, copied privately
             tmp = private / f"export-{i}"
             tmp.mkdir(mode=0o700)
             self.notes += objectstore.download_export(url, tmp, PARQUET_TABLES, limits)
-            self._load_parquet(tmp, label=objectstore.shown(url))
+            self._load_export(duckdb, tmp, label=objectstore.shown(url))
             shutil.rmtree(tmp, ignore_errors=True)
         if not self.recordings:
             raise UserError("none of the recordings holds a session: record each node with 'recorder start'")
@@ -350,6 +350,22 @@ class Cluster:
                             "INSERT INTO mark SELECT rec, process_id, step, min(ts), max(inferred), max(exit_ts)"
                             " FROM _arrow_in GROUP BY rec, process_id, step")
                         self.con.unregister("_arrow_in")
+
+    def _load_export(self, duckdb, folder: Path, label: str | None = None) -> None:
+        """One export, whole or not at all: one that cannot be read (a damaged or foreign file, a
+        column of another type) is left out with a note, and the others are still explained."""
+        base = len(self.recordings)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self._load_parquet(folder, label)
+        except (duckdb.Error, ValueError, TypeError, OverflowError) as e:
+            self.con.execute("ROLLBACK")
+            del self.recordings[base:]
+            self._parquet_labels = {k: v for k, v in self._parquet_labels.items() if k[0] < base}
+            why = _printable(" ".join(str(e).split()), 200)
+            self.notes.append(f"the export {label or folder} cannot be read ({why}): it is left out")
+        else:
+            self.con.execute("COMMIT")
 
     def _load_parquet(self, folder: Path, label: str | None = None) -> None:
         def scan(table: str) -> str:
@@ -412,9 +428,11 @@ class Cluster:
             for rec, pid, *values in rows.fetchall():
                 label = jobs.job_label(dict(zip(fields, values, strict=True)))
                 if label:  # the last process image of a pid wins, as labels_by_pid has it
-                    self._parquet_labels[(rec, pid)] = label
+                    self._parquet_labels[(rec, pid)] = _printable(label)
         self.con.execute(
-            f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle, a.name, x.ts, x.dur, x.stream"
+            # an API name is an identifier: anything else an export holds there is not shown as written
+            f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle,"
+            f" left(regexp_replace(a.name, '[^A-Za-z0-9_]', '_', 'g'), 64), x.ts, x.dur, x.stream"
             f" FROM {scan('nccl_call')} x {j}"
             f" JOIN {scan('nccl_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
             f" JOIN {scan('thread')} t ON t.node = x.node AND t.session = x.session AND t.id = x.thread_id"
