@@ -138,8 +138,8 @@ def filesystem(url: str):
     if endpoint:
         where = urlsplit(endpoint)
         if where.scheme not in ("http", "https") or not where.netloc:
-            raise UserError(f"AWS_ENDPOINT_URL={endpoint} is not an http(s):// URL: set it to the store's address, "
-                            "e.g. http://127.0.0.1:9000")
+            raise UserError(f"AWS_ENDPOINT_URL={shown(endpoint)} is not an http(s):// URL: set it to the store's "
+                            "address, e.g. http://127.0.0.1:9000")
         options.update(endpoint_override=where.netloc, scheme=where.scheme)
         # a store of its own (MinIO, Ceph) is addressed by path: BUCKET is not a host name there
         options["force_virtual_addressing"] = False
@@ -476,11 +476,13 @@ def download_export(url: str, dest: Path, tables: tuple[str, ...],
     s3, base = filesystem(url)
     root = dest.resolve()
     skipped: list[str] = []
-    found = 0
+    found = in_listing = 0
     total = 0
     try:
         for table in tables:
             infos = s3.get_file_info(fs.FileSelector(f"{base}/{table}", recursive=True, allow_not_found=True))
+            in_listing += sum(1 for i in infos if i.type == fs.FileType.File)
+            _check_caps(url, in_listing, 0, limits)  # a listing of millions is refused before any download
             for info in infos:
                 if info.type != fs.FileType.File:
                     continue
