@@ -361,7 +361,8 @@ def drain(spool: Path, destination: str, sleep=time.sleep) -> dict:
         try:
             _upload_with_retries(spool / name / PAYLOAD, manifest["url"], manifest["replace_folders"], sleep)
         except BadEntry as e:
-            quarantined.append(quarantine(spool, name, str(e)))
+            if os.path.lexists(spool / name):  # not one another shipment took meanwhile
+                quarantined.append(quarantine(spool, name, str(e)))
             continue
         except StoreUnreachable as e:
             return {"uploaded": uploaded, "pending": len(ready) - i, "error": str(e), "quarantined": quarantined,
