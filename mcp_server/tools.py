@@ -31,7 +31,8 @@ class ToolDef:
     fn: Callable[..., Any]
     model: type[models.Result]
     schema: Callable[[], dict[str, Any]] | None = field(default=None)
-    marks_itself: bool = False  # its result's text is marked already (run_sql: by value, not by key)
+    marks_itself: bool = False  # its result's text is marked already (run_sql: by value, not by key;
+    # cluster_explain: every string, exports being other machines' files)
 
 
 def integer_id(name: str, value: int | str) -> int:
@@ -170,5 +171,5 @@ TOOLS: tuple[ToolDef, ...] = (
     ToolDef(nccl_collectives, models.NcclCollectives),
     ToolDef(evidence, models.Evidence),
     ToolDef(run_sql, models.SqlResult, marks_itself=True),
-    ToolDef(cluster_explain, models.ClusterReport),
+    ToolDef(cluster_explain, models.ClusterReport, marks_itself=True),
 )

@@ -46,21 +46,23 @@ def text(value: str, limit: int = MAX_CHARS) -> dict[str, Any]:
     return {MARKER: value[:limit], "original_chars": len(value)}
 
 
-def mark(value: Any, key: str | None = None) -> Any:
-    """`value` with every string not under a RECORDER_KEYS key wrapped by `text()`."""
+def mark(value: Any, key: str | None = None, trusted: frozenset[str] = RECORDER_KEYS) -> Any:
+    """`value` with every string not under a `trusted` key (default RECORDER_KEYS) wrapped by `text()`.
+    A result built from other machines' files (an export another node wrote) passes the few keys
+    its own code computes instead: there a key name proves nothing about where a value came from."""
     if isinstance(value, str):
-        return value if key in RECORDER_KEYS else text(value)
+        return value if key in trusted else text(value)
     if isinstance(value, dict):
         if MARKER in value:
             return value
         out = {}
         for k, v in value.items():
-            out[k] = mark(v, k)
+            out[k] = mark(v, k, trusted)
             if _needs_text(k, v) and f"{k}{TEXT_SUFFIX}" not in value:
                 out[f"{k}{TEXT_SUFFIX}"] = str(v)
         return out
     if isinstance(value, (list, tuple)):
-        return [mark(v, key) for v in value]
+        return [mark(v, key, trusted) for v in value]
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
         return {"blob_bytes": len(data), "hex": data[:64].hex()}

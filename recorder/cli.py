@@ -321,6 +321,10 @@ def _flight_options(args):
         hang_ns=parse_duration(args.hang), cooldown_ns=parse_duration(args.cooldown),
         triggers=frozenset(t.strip() for t in args.triggers.split(",") if t.strip()), hook=hook, ship=args.ship)
     options.check()
+    if args.ship:  # a spool someone else made or can write is refused now, not at the first incident
+        from store import objectstore
+
+        objectstore.check_spool(objectstore.spool_folder(args.db))
     return options
 
 
@@ -585,14 +589,23 @@ def cmd_export(args) -> int:
                   + (f" (the worst {explained}: at most 256 a session)" if explained < stalls else "")
                   + f", {reports} full reports (the worst steps' reports: --reports {args.reports}); "
                   f"export schema {w['schema_version']}")
+            if w.get("skipped_tables"):
+                print(f"recorder: left out {len(w['skipped_tables'])} table(s) whose names are not of the recorder's "
+                      f"shape (letters, digits, _): {', '.join(repr(n[:60]) for n in w['skipped_tables'][:5])}",
+                      file=sys.stderr)
             if w.get("shipped"):
                 sh = w["shipped"]
+                for line in sh.get("quarantined", []):
+                    print(f"recorder: {line}", file=sys.stderr)
                 if sh["pending"]:
                     print(f"recorder: the store did not take it ({sh['error']}): {sh['pending']} upload(s) kept in "
-                          f"{w['spool']}, sent by the next export or shipment that reaches the store",
+                          f"{w['spool']}, sent by the next export to {w['out']} that reaches the store",
                           file=sys.stderr)
                 elif len(sh["uploaded"]) > 1:
                     print(f"uploaded {len(sh['uploaded']) - 1} earlier upload(s) from the spool {w['spool']} too")
+                if sh.get("waiting"):
+                    print(f"{sh['waiting']} earlier upload(s) to other destinations wait in the spool {w['spool']}: "
+                          "each goes with the next export to its own URL")
         elif w["format"] == "perfetto":
             print(f"wrote {w['file']} ({w['bytes'] / 1e6:.1f} MB): session {w['session_id']}, {w['tracks']} tracks, "
                   f"{w['slices']} slices, {w['instants']} instants, {w['counter_values']} counter values, "

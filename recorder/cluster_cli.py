@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from store.errors import UserError
+from store.objectstore import ExportLimits
 
 EXAMPLES = (
     "recorder cluster explain /shared/run42/recordings/          # a folder of node-*.db, the worst step\n"
@@ -33,6 +34,7 @@ def add_parser(subs) -> None:
     g.add_argument("--step", type=int, metavar="N", help="explain step N (stalled or not)")
     g.add_argument("--worst", action="store_true", help="the worst step (the default): a hang, else the worst stall")
     e.add_argument("-j", "--json", action="store_true", help="the report as JSON (same content)")
+    _limit_options(e)
     s = cs.add_parser("steps", help="every step of the job across ranks: duration, baseline, latest arrival",
                       description="Every step across the ranks: median duration, rolling baseline, and the rank "
                                   "that entered the step's collective last.")
@@ -40,6 +42,7 @@ def add_parser(subs) -> None:
     s.add_argument("--slow", action="store_true", help="only the stalled steps")
     s.add_argument("--limit", type=int, default=0, metavar="N", help="at most N steps (default: all)")
     s.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+    _limit_options(s)
     d = cs.add_parser("demo", help="write synthetic node recordings of a job with one late rank (no root, no BPF)",
                       description="Write one synthetic recording per node (node-00.db, ...) of a data-parallel "
                                   "job whose rank --late-rank waits 3.4 s on an NVMe timeout in step 80042.")
@@ -53,16 +56,39 @@ def add_parser(subs) -> None:
                    help="shift node NODE's wall clock by MS milliseconds (repeatable)")
 
 
+def _limit_options(p) -> None:
+    """How much of an export is read: an export is input from whoever can write its folder or bucket."""
+    d = ExportLimits()
+    p.add_argument("--max-export-size", metavar="SIZE", default=f"{d.max_bytes >> 30}GiB",
+                   help=f"read at most SIZE of Parquet files from each export (default {d.max_bytes >> 30}GiB)")
+    p.add_argument("--max-export-objects", type=int, metavar="N", default=d.max_objects,
+                   help=f"read at most N Parquet files from each export (default {d.max_objects})")
+    p.add_argument("--memory", metavar="SIZE", default=d.memory,
+                   help=f"DuckDB's memory limit; beyond it, it spills to a private temporary folder "
+                        f"(default {d.memory})")
+
+
+def _limits(args) -> ExportLimits:
+    from recorder.flight import parse_size
+
+    size = parse_size(args.max_export_size)
+    memory = parse_size(args.memory)
+    if size < 1 or args.max_export_objects < 1 or memory < 16 << 20:
+        raise UserError("--max-export-size and --max-export-objects must be positive and --memory at least 16MB: "
+                        "pass e.g. --max-export-size 20GiB --max-export-objects 50000 --memory 8GB")
+    return ExportLimits(max_bytes=size, max_objects=args.max_export_objects, memory=f"{memory // (1 << 20)}MiB")
+
+
 def cmd_cluster(args) -> int:
     from store import cluster
 
     if args.cluster_command == "demo":
         return _demo(args)
     if args.cluster_command == "steps":
-        result = cluster.steps_paths(args.paths, slow_only=args.slow, limit=args.limit)
+        result = cluster.steps_paths(args.paths, slow_only=args.slow, limit=args.limit, limits=_limits(args))
         print(json.dumps(result, indent=1) if args.json else cluster.render_steps(result))
         return 0
-    report = cluster.explain_paths(args.paths, step=args.step, worst=args.worst)
+    report = cluster.explain_paths(args.paths, step=args.step, worst=args.worst, limits=_limits(args))
     print(json.dumps(report, indent=1) if args.json else cluster.render_explain(report))
     return 1 if report["verdict"] == "clock_skew_too_large" else 0
 

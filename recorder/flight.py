@@ -589,9 +589,11 @@ class FlightRecorder:
             began = time.monotonic()
             try:
                 result = ship_incident(out, ship, socket.gethostname(), spool)
-            except (UserError, sqlite3.Error, OSError) as e:
+            except (UserError, sqlite3.Error, OSError, ValueError) as e:  # this incident; the thread goes on
                 self._note_error(f"shipping {out.name}: {e}")
                 continue
+            for line in result.get("quarantined", []):  # an entry that failed a check, set aside
+                self._note_error(f"shipping: {line}")
             if result["pending"]:
                 self._note_error(f"shipping {out.name}: the store did not take it ({result['error']}); "
                                  f"{result['pending']} upload(s) kept in {result['spool']} for the next incident")

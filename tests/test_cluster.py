@@ -179,8 +179,14 @@ def test_runs_offline_without_any_duckdb_extension(job, tmp_path):
     assert json.loads(res.stdout)["late_ranks"][0]["rank"] == LATE
     assert not (tmp_path / ".duckdb").exists()  # nothing installed
     c = Cluster([job])
-    loaded = {r[0] for r in c.con.execute("SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()}
-    assert "sqlite_scanner" not in loaded and "sqlite" not in loaded
+    settings = dict(c.con.execute("SELECT name, value FROM duckdb_settings() WHERE name IN ('enable_external_access',"
+                                  " 'autoinstall_known_extensions', 'autoload_known_extensions', 'lock_configuration')"
+                                  ).fetchall())
+    assert settings == {"enable_external_access": "false", "autoinstall_known_extensions": "false",
+                        "autoload_known_extensions": "false", "lock_configuration": "true"}
+    with pytest.raises(duckdb.Error, match="disabled by configuration"):  # no extension can be listed or loaded
+        c.con.execute("SELECT extension_name FROM duckdb_extensions()").fetchall()
+    c.close()
 
 
 def test_bad_input_is_one_line_that_says_what_to_do(tmp_path, job):

@@ -167,9 +167,14 @@ def test_while_the_store_is_down_the_export_waits_in_the_spool_and_goes_with_the
     spool = tmp_path / "node-03.db.spool"
     assert len([p for p in spool.iterdir() if (p / "manifest.json").is_file()]) == 1
     assert s3["fs"].get_file_info("fleet/spooled").type.name == "NotFound"
-    result = export_parquet(db, "s3://fleet/other")  # the store is back: this one and the spooled one go
-    assert result["shipped"] == {"uploaded": ["s3://fleet/spooled", "s3://fleet/other"], "pending": 0,
-                                 "error": None}
+    # the store is back: an export elsewhere sends only its own, the spooled one waits for its destination
+    result = export_parquet(db, "s3://fleet/other")
+    assert result["shipped"] == {"uploaded": ["s3://fleet/other"], "pending": 0, "error": None, "quarantined": [],
+                                 "waiting": 1}
+    assert s3["fs"].get_file_info("fleet/spooled").type.name == "NotFound"
+    result = export_parquet(db, "s3://fleet/spooled")  # the next export there: the spooled one, then this one
+    assert result["shipped"] == {"uploaded": ["s3://fleet/spooled", "s3://fleet/spooled"], "pending": 0,
+                                 "error": None, "quarantined": [], "waiting": 0}
     assert not spool.exists()
     for prefix in ("spooled", "other"):
         info = s3["fs"].get_file_info(f"fleet/{prefix}/stall/node=node-03/session=1/part-0.parquet")
@@ -221,5 +226,6 @@ def test_a_spool_entry_left_half_filled_by_a_dead_process_is_cleared_but_one_bei
     (dead / "part-0.parquet").write_bytes(b"half")
     old = time.time() - objectstore.ABANDONED_S - 60
     os.utime(dead.parent, (old, old))
-    assert objectstore.drain(spool) == {"uploaded": [], "pending": 0, "error": None}
+    assert objectstore.drain(spool, "s3://fleet/x") == {"uploaded": [], "pending": 0, "error": None,
+                                                        "quarantined": [], "waiting": 0}
     assert not dead.parent.exists() and live.is_dir()

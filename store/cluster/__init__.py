@@ -6,11 +6,17 @@ ranks up through the NCCL communicator (`nccl_comm.comm_hash` is equal on every 
 numbers the ranks mark, names the rank(s) that entered the step's collective late (or never),
 and asks each late rank's own recording why (`store.report.build.explain`).
 
+Exports are input from whoever can write the folder or the bucket: only the layout the project
+writes is read (store/objectstore.py), within ExportLimits (files, bytes, DuckDB's memory and
+spill), by a DuckDB that can read only the named exports and its own private folder and loads no
+extension; an explanation an export stored is read through a fixed schema (EXPLANATION_FIELDS), and
+the recording an export names (`source_db`) is opened only when it is the same recording.
+
 The engine is DuckDB, embedded: the few columns the alignment needs (communicators, collective
 calls, stream synchronisations, step marks) are read from each SQLite file with Python's sqlite3
 into Arrow tables, or straight from a Parquet export (`recorder export --parquet`, hive folders
 node=/session=), and every cross-rank query runs in DuckDB. No DuckDB extension is loaded, so
-nothing is downloaded.
+nothing is downloaded (extensions are neither installed nor loaded automatically).
 
 Clocks. Each host has its own CLOCK_MONOTONIC. A row's wall time is ts + the session's
 wall_offset_ns (taken from the host's realtime clock, so as good as its NTP/PTP sync). That is
@@ -25,7 +31,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sqlite3
+import stat
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -67,6 +76,19 @@ ANSWER = "rec INTEGER, process_id BIGINT, step BIGINT, explanation VARCHAR"
 # The tables of an export this module reads (those copied from an object store).
 PARQUET_TABLES = ("session", "process", "thread", "nccl_comm", "nccl_call", "nccl_api", "cuda_call", "cuda_api",
                   "step_mark", "stall")
+
+# An explanation an export stored (its `stall` table's JSON, written by store/report/rank.py): what
+# is read of it, each key with its type and longest length; other keys are dropped.
+EXPLANATION_FIELDS: dict[str, tuple[str, int]] = {
+    "available": ("bool", 0), "stall": ("bool", 0), "step_dur_ns": ("int", 0), "symptom": ("str", 512),
+    "summary": ("str", 1024), "kind": ("name", 64), "device": ("str", 128), "python": ("str", 512),
+    "kernel_path": ("list", 256), "utc": ("utc", 40), "next_actions": ("list", 512),
+}
+EXPLANATION_LIST_ITEMS = 32
+NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+UTC = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{2,20}Z?")
+EXPORT_TEXT_MAX = 512  # longest host name or path taken from an export
+
 
 # The SQLite side: one query per relation, per session, its columns named a0, a1, ... in the order
 # of RELATIONS (after rec).
@@ -134,6 +156,92 @@ def _duckdb():
     return duckdb
 
 
+def _printable(value: object, limit: int = EXPORT_TEXT_MAX) -> str:
+    """Text from an export as one printable line, cut to `limit` characters."""
+    return "".join(c if c.isprintable() else "?" for c in str(value))[:limit]
+
+
+def explanation_from_export(answer: str) -> dict | None:
+    """The explanation an export stored, read through EXPLANATION_FIELDS: known keys of the right
+    type, cut to their length, control characters replaced; None when it is no such object."""
+    try:
+        data = json.loads(answer)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("available"), bool) \
+            or not isinstance(data.get("summary"), str):
+        return None
+    out: dict = {}
+    for key, (kind, limit) in EXPLANATION_FIELDS.items():
+        v = data.get(key)
+        if kind == "bool":
+            out[key] = v if isinstance(v, bool) else None
+        elif kind == "int":
+            out[key] = v if isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63 else None
+        elif kind == "list":
+            items = v if isinstance(v, list) else []
+            out[key] = [_printable(x, limit) for x in items[:EXPLANATION_LIST_ITEMS] if isinstance(x, str)]
+        elif not isinstance(v, str):
+            out[key] = None
+        elif kind == "name":
+            out[key] = v if NAME.fullmatch(v) else None
+        elif kind == "utc":
+            out[key] = v if UTC.fullmatch(v) else None
+        else:
+            out[key] = _printable(v, limit)
+    if not out["available"]:
+        return {"available": False, "summary": out["summary"]}
+    out["from_export"] = True
+    return out
+
+
+def same_recording(path: str, session: dict) -> bool:
+    """True when the SQLite file at `path` holds `session` (an export's session row): the same host,
+    boot, start and recorder process. An export names the file it was made from, but the same path
+    on another machine (every node of a fleet has /var/lib/stall-recorder/...) is another recording."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISREG(st.st_mode):  # never a FIFO or a device an export names
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)
+    except sqlite3.Error:
+        return False
+    try:
+        row = conn.execute("SELECT hostname, boot_id, started_ts, recorder_pid FROM session WHERE id = ?",
+                           (session["session"],)).fetchone()
+    except (sqlite3.Error, OverflowError):
+        return False
+    finally:
+        conn.close()
+    return row is not None and row == (session["hostname"], session["boot_id"], session["started_ts"],
+                                       session["recorder_pid"])
+
+
+def _export_size(folder: Path, tables: tuple[str, ...], limits) -> None:
+    """Refuse a local export beyond `limits`, or one whose tables hold a symbolic link (it could
+    point anywhere on this machine)."""
+    files = size = 0
+    for table in tables:
+        for top, dirs, names in os.walk(folder / table):
+            for name in dirs + names:
+                if os.path.islink(os.path.join(top, name)):
+                    raise UserError(f"{folder} holds a symbolic link ({os.path.join(top, name)}): an export is "
+                                    "folders and files only; copy the export without links")
+            for name in names:
+                if name.endswith(".parquet"):
+                    files += 1
+                    size += os.lstat(os.path.join(top, name)).st_size
+            if files > limits.max_objects or size > limits.max_bytes:
+                what = (f"more than {limits.max_objects} files" if files > limits.max_objects
+                        else f"more than {limits.max_bytes} bytes")
+                flag = "--max-export-objects" if files > limits.max_objects else "--max-export-size"
+                raise UserError(f"the export {folder} holds {what}: nothing of it was used; name a smaller "
+                                f"export, or raise {flag} if it is trusted")
+
+
 def _is_parquet_export(path: Path) -> bool:
     return (path / "session").is_dir() and (path / "nccl_call").is_dir()
 
@@ -167,33 +275,57 @@ def find_inputs(paths: list[str | os.PathLike]) -> tuple[list[Path], list[Path]]
 class Cluster:
     """Many recordings loaded into one in-memory DuckDB database (only the alignment columns)."""
 
-    def __init__(self, paths: list[str | os.PathLike]) -> None:
+    def __init__(self, paths: list[str | os.PathLike],
+                 limits: objectstore.ExportLimits = objectstore.DEFAULT_LIMITS) -> None:
         duckdb = _duckdb()
-        self.con = duckdb.connect(":memory:")
-        self.con.execute("SET enable_progress_bar = false")
         self.recordings: list[Recording] = []
         self.notes: list[str] = []
         self._labels: dict[tuple[int, int], str] | None = None
         self._parquet_labels: dict[tuple[int, int], str] = {}  # (rec, pid) -> label, from exports' process tables
         urls = [str(p) for p in paths if objectstore.is_url(p)]
+        for url in urls:
+            objectstore.check_url(url)
         dbs, exports = find_inputs([p for p in paths if not objectstore.is_url(p)]) if len(urls) < len(paths) \
             else ([], [])
+        for folder in exports:
+            _export_size(folder, PARQUET_TABLES, limits)
+        # DuckDB's spill and the exports copied from a store go in a private folder (0700); DuckDB
+        # reads only there and in the exports named, in bounded memory, and loads no extension
+        self._private = tempfile.TemporaryDirectory(prefix="stall-cluster-")
+        private = Path(self._private.name)
+        (private / "spill").mkdir(mode=0o700)
+        self.con = duckdb.connect(":memory:", config={
+            "memory_limit": limits.memory, "temp_directory": str(private / "spill"),
+            "max_temp_directory_size": limits.spill, "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False})
+        allowed = [f"{p}/" for p in [private, *exports]]
+        self.con.execute("SET allowed_directories = ?", (allowed,))
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET enable_progress_bar = false")
+        self.con.execute("SET lock_configuration = true")
         for name, cols in RELATIONS.items():
             self.con.execute(f"CREATE TABLE {name} ({cols})")
         self.con.execute(f"CREATE TABLE answer ({ANSWER})")
         self._load_sqlite(dbs)
         for folder in exports:
-            self._load_parquet(folder)
-        for url in urls:  # an export in an object store: the tables read here, copied into a temporary folder
-            with tempfile.TemporaryDirectory(prefix="stall-cluster-") as tmp:
-                objectstore.download_export(url, Path(tmp), PARQUET_TABLES)
-                self._load_parquet(Path(tmp), label=url)
+            self._load_export(duckdb, folder)
+        for i, url in enumerate(urls):  # an export in an object store: the tables read here, copied privately
+            tmp = private / f"export-{i}"
+            tmp.mkdir(mode=0o700)
+            self.notes += objectstore.download_export(url, tmp, PARQUET_TABLES, limits)
+            self._load_export(duckdb, tmp, label=objectstore.shown(url))
+            shutil.rmtree(tmp, ignore_errors=True)
         if not self.recordings:
             raise UserError("none of the recordings holds a session: record each node with 'recorder start'")
         if self.con.execute("SELECT count(*) FROM comm WHERE comm_hash = ?", (ENV_COMM_HASH,)).fetchone()[0]:
             self.notes.append("the ranks' communicator was created before the recording started: its ranks are "
                               "taken from their environment (RANK, WORLD_SIZE)")
         self._prepare()
+
+    def close(self) -> None:
+        """Close DuckDB and remove its private folder (spill, downloaded exports)."""
+        self.con.close()
+        self._private.cleanup()
 
     # -- loading ----------------------------------------------------------------------------------
     def _load_sqlite(self, dbs: list[Path]) -> None:
@@ -219,23 +351,52 @@ class Cluster:
                             " FROM _arrow_in GROUP BY rec, process_id, step")
                         self.con.unregister("_arrow_in")
 
+    def _load_export(self, duckdb, folder: Path, label: str | None = None) -> None:
+        """One export, whole or not at all: one that cannot be read (a damaged or foreign file, a
+        column of another type) is left out with a note, and the others are still explained."""
+        base = len(self.recordings)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self._load_parquet(folder, label)
+        except (duckdb.Error, ValueError, TypeError, OverflowError) as e:
+            self.con.execute("ROLLBACK")
+            del self.recordings[base:]
+            self._parquet_labels = {k: v for k, v in self._parquet_labels.items() if k[0] < base}
+            why = _printable(" ".join(str(e).split()), 200)
+            self.notes.append(f"the export {label or folder} cannot be read ({why}): it is left out")
+        else:
+            self.con.execute("COMMIT")
+
     def _load_parquet(self, folder: Path, label: str | None = None) -> None:
         def scan(table: str) -> str:
             pattern = str(folder / table / "**" / "*.parquet").replace("'", "''")
             return f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
 
         base = len(self.recordings)
-        sessions = self.con.execute(
-            f"SELECT node, session, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id, source_db"
-            f" FROM {scan('session')} ORDER BY node, session").fetchall()
+        cur = self.con.execute(
+            f"SELECT node, session, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id, source_db,"
+            f" recorder_pid FROM {scan('session')} ORDER BY node, session")
+        names = [d[0] for d in cur.description]
+        sessions = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         keys = []
-        for i, (node, session, host, off, started, stopped, boot, source_db) in enumerate(sessions):
+        elsewhere = []
+        for i, x in enumerate(sessions):
             rec = base + i
-            db = source_db if source_db and Path(source_db).is_file() else None
-            self.recordings.append(Recording(rec, host, int(session), source_db or label or str(folder), db, off))
+            host = _printable(x["hostname"])
+            source_db = _printable(x["source_db"]) if x["source_db"] else None
+            # the recording the export was made from, where it is the same recording on this machine
+            db = x["source_db"] if x["source_db"] and same_recording(x["source_db"], x) else None
+            if x["source_db"] and db is None and os.path.lexists(x["source_db"]):
+                elsewhere.append(source_db)
+            self.recordings.append(Recording(rec, host, int(x["session"]), source_db or label or str(folder), db,
+                                             x["wall_offset_ns"]))
             self.con.execute("INSERT INTO rec VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (rec, host, int(session), label or str(folder), source_db, off, started, stopped, boot))
-            keys.append((str(node), int(session), rec))
+                             (rec, host, int(x["session"]), label or str(folder), source_db, x["wall_offset_ns"],
+                              x["started_ts"], x["stopped_ts"], x["boot_id"]))
+            keys.append((str(x["node"]), int(x["session"]), rec))
+        if elsewhere:
+            self.notes.append(f"{len(elsewhere)} session(s) of the export name a recording that is here but holds "
+                              f"another recording (e.g. {elsewhere[0]!r}): they are explained from the export alone")
         if not keys:
             return
         self.con.execute("CREATE OR REPLACE TEMP TABLE _keys (node VARCHAR, session BIGINT, rec INTEGER)")
@@ -267,9 +428,11 @@ class Cluster:
             for rec, pid, *values in rows.fetchall():
                 label = jobs.job_label(dict(zip(fields, values, strict=True)))
                 if label:  # the last process image of a pid wins, as labels_by_pid has it
-                    self._parquet_labels[(rec, pid)] = label
+                    self._parquet_labels[(rec, pid)] = _printable(label)
         self.con.execute(
-            f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle, a.name, x.ts, x.dur, x.stream"
+            # an API name is an identifier: anything else an export holds there is not shown as written
+            f"INSERT INTO coll SELECT k.rec, t.process_id, x.thread_id, x.handle,"
+            f" left(regexp_replace(a.name, '[^A-Za-z0-9_]', '_', 'g'), 64), x.ts, x.dur, x.stream"
             f" FROM {scan('nccl_call')} x {j}"
             f" JOIN {scan('nccl_api')} a ON a.node = x.node AND a.session = x.session AND a.id = x.api_id"
             f" JOIN {scan('thread')} t ON t.node = x.node AND t.session = x.session AND t.id = x.thread_id"
@@ -647,8 +810,9 @@ def rank_explanation(rec: Recording, process_id: int, step: int, answer: str | N
     from store.report.rank import rank_step
 
     if rec.db is None or not Path(rec.db).is_file():
-        if answer:
-            return json.loads(answer)
+        stored = explanation_from_export(answer) if answer else None
+        if stored:
+            return stored
         return {"available": False,
                 "summary": f"the recording of {rec.node} is not here: run 'recorder explain --step {step} --session "
                            f"{rec.session_id}' on {rec.node} (or pass its database)"}
@@ -782,9 +946,19 @@ def render_steps(r: dict) -> str:
     return "\n".join(lines)
 
 
-def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst: bool = False) -> dict:
-    return Cluster(paths).explain(step, worst)
+def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst: bool = False,
+                  limits: objectstore.ExportLimits = objectstore.DEFAULT_LIMITS) -> dict:
+    c = Cluster(paths, limits)
+    try:
+        return c.explain(step, worst)
+    finally:
+        c.close()
 
 
-def steps_paths(paths: list[str | os.PathLike], slow_only: bool = False, limit: int = 0) -> dict:
-    return Cluster(paths).steps(slow_only, limit)
+def steps_paths(paths: list[str | os.PathLike], slow_only: bool = False, limit: int = 0,
+                limits: objectstore.ExportLimits = objectstore.DEFAULT_LIMITS) -> dict:
+    c = Cluster(paths, limits)
+    try:
+        return c.steps(slow_only, limit)
+    finally:
+        c.close()

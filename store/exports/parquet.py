@@ -5,13 +5,16 @@ next to the tables go the causal model's answers (stalls and their causes, repor
 store/exports/answers.py). DIR may be s3://BUCKET/PREFIX (store/objectstore.py). The schema is
 in docs/export.md.
 
-Rows are read with Python's sqlite3 and written with pyarrow; nothing else is needed.
+Rows are read with Python's sqlite3 and written with pyarrow; nothing else is needed. A table or
+view name becomes a folder name: only names of the recorder's own shape (TABLE_NAME) are exported,
+and every folder written or replaced is checked to lie inside DIR.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -26,6 +29,7 @@ BATCH = 200_000  # rows per Arrow batch
 VIEWS = ("thread_info", "step_all", "nccl_collective", "python_call_site", "block_latency")
 SKIP = {"sqlite_stat1"}
 PARTITION_COLUMNS = ("node", "session")
+TABLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")  # the names the recorder's schema uses
 DECLARED = {"INTEGER": "int64", "INT": "int64", "REAL": "float64", "TEXT": "string", "BLOB": "binary"}
 
 
@@ -53,7 +57,7 @@ def _column(values: list, declared: str):
 
 
 def _declared_types(conn: sqlite3.Connection, name: str) -> dict[str, str]:
-    return {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({name})")}
+    return {r[1]: r[2] or "" for r in conn.execute("SELECT * FROM pragma_table_info(?)", (name,))}
 
 
 def export_parquet(db: str | os.PathLike, out: str | os.PathLike, session_id: int | None = None,
@@ -97,13 +101,14 @@ def ship_incident(path: Path, url: str, host: str, spool: Path) -> dict:
     except BaseException:
         shutil.rmtree(payload.parent, ignore_errors=True)
         raise
-    first = objectstore.ship_file(path, objectstore.join(base, path.name), spool)
+    first = objectstore.ship_file(path, objectstore.join(base, path.name), spool, destination=url)
     if first["pending"]:  # the store is down: the export waits in the spool too, behind the file
         objectstore.enqueue(payload, objectstore.join(base, stem), replace_folders=True)
         return {**first, "pending": first["pending"] + 1, "url": objectstore.join(base, stem), "spool": str(spool)}
-    second = objectstore.ship_folder(payload, objectstore.join(base, stem), replace_folders=True)
+    second = objectstore.ship_folder(payload, objectstore.join(base, stem), replace_folders=True, destination=url)
     return {"url": objectstore.join(base, stem), "uploaded": first["uploaded"] + second["uploaded"],
-            "pending": second["pending"], "error": second["error"], "spool": str(spool)}
+            "pending": second["pending"], "error": second["error"], "spool": str(spool),
+            "quarantined": first["quarantined"] + second["quarantined"], "waiting": second["waiting"]}
 
 
 def _export_local(db: str | os.PathLike, out: Path, session_id: int | None, reports: int) -> dict:
@@ -121,8 +126,11 @@ def _export_local(db: str | os.PathLike, out: Path, session_id: int | None, repo
                                 + " ORDER BY id", (session_id,) if session_id else ()).fetchall()
         if not sessions:
             raise UserError(f"{db} holds no session {session_id or ''}".strip() + ": pass another --db or --session")
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-                  if r[0] not in SKIP and not r[0].startswith("sqlite_")]
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+                 if r[0] not in SKIP and not r[0].startswith("sqlite_")]
+        # a name becomes a folder: one not of the recorder's shape ('../x', 'a/b') is left out, said
+        tables = [n for n in names if TABLE_NAME.fullmatch(n)]
+        skipped = [n for n in names if not TABLE_NAME.fullmatch(n)]
         views = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'")}
         tables_written = set(tables) | set(VIEWS)
         written: dict[str, int] = {}
@@ -133,10 +141,10 @@ def _export_local(db: str | os.PathLike, out: Path, session_id: int | None, repo
                 clash = set(types) & set(PARTITION_COLUMNS)
                 if clash:
                     raise UserError(f"{name} has a column named {sorted(clash)[0]}, which the partition folders use")
-                folder = out / name / part
+                folder = _inside(out, name, part)
                 if folder.exists():  # a new export of this node's session replaces the old one
                     shutil.rmtree(folder)
-                cols = ", ".join(f'"{c}"' for c in types)
+                cols = ", ".join('"{}"'.format(c.replace('"', '""')) for c in types)
                 params: tuple[int, ...]
                 if "session_id" in types:
                     sql, params = f'SELECT {cols} FROM "{name}" WHERE session_id = ?', (sid,)
@@ -160,7 +168,7 @@ def _export_local(db: str | os.PathLike, out: Path, session_id: int | None, repo
             for name, table in answer_tables.items():
                 if name in tables_written:
                     raise UserError(f"{db} has a table named {name}, which the export's answers use")
-                folder = out / name / part
+                folder = _inside(out, name, part)
                 if folder.exists():
                     shutil.rmtree(folder)
                 folder.mkdir(parents=True)
@@ -168,7 +176,17 @@ def _export_local(db: str | os.PathLike, out: Path, session_id: int | None, repo
                 written[name] = written.get(name, 0) + table.num_rows
     return {"db": str(db), "out": str(out.resolve()), "sessions": [s[0] for s in sessions],
             "nodes": sorted({s[1] for s in sessions}), "rows": written, "schema_version": answers.SCHEMA_VERSION,
-            "answers": summaries}
+            "answers": summaries, "skipped_tables": skipped}
+
+
+def _inside(out: Path, name: str, part: Path) -> Path:
+    """out/NAME/node=HOST/session=ID, refused unless it stays inside `out` (through links too)."""
+    folder = out / name / part
+    root = out.resolve()
+    if not TABLE_NAME.fullmatch(name) or not folder.resolve().is_relative_to(root) or folder.resolve() == root:
+        raise UserError(f"{name!r} would be written outside {out}: not exported (a table name must be letters, "
+                        "digits and _, and no folder of the export may be a link out of it)")
+    return folder
 
 
 def _version() -> str:
