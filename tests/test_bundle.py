@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -53,13 +54,14 @@ WORKLOAD = ("import os, time\n"
             "print('workload done')\n")
 
 
-def in_chroot(*cmd: str, stdin: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+def in_chroot(*cmd: str, stdin: str | None = None, timeout: float = 240,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`cmd` inside the chroot, with the host's /proc, /sys (tracefs, BTF, cgroups) and /dev bound in a
-    mount namespace of its own: the mounts go away with the command."""
+    mount namespace of its own (the mounts go away with the command); the host's network."""
     script = ('mount --rbind /proc "$0/proc" && mount --rbind /sys "$0/sys" && mount --rbind /dev "$0/dev" '
               '&& exec chroot "$0" "$@"')
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(CHROOT), *cmd],
-                          input=stdin, capture_output=True, text=True, timeout=timeout, env=NODE_ENV)
+                          input=stdin, capture_output=True, text=True, timeout=timeout, env={**NODE_ENV, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -225,20 +227,37 @@ def test_explain_and_mcp_over_stdio(recorded):
     assert {"explain_stall", "run_sql"} <= tools, tools
 
 
-def test_export_parquet_and_cluster_explain_from_the_bundle(recorded):
+@pytest.fixture(scope="module")
+def job(installed) -> str:
+    """Synthetic recordings of a two-node job (rank 3 on node-01 late), written by the bundle."""
+    job = "/tmp/bundle-cluster"
+    shutil.rmtree(CHROOT / job.lstrip("/"), ignore_errors=True)
+    demo = in_chroot("recorder", "cluster", "demo", "--nodes", "2", "--ranks-per-node", "2", "--late-rank", "3", job)
+    assert demo.returncode == 0, demo.stderr
+    return job
+
+
+def test_export_parquet_and_cluster_explain_from_the_bundle(recorded, job):
     """Arrow, Parquet and DuckDB from the bundle: the recording and a job's node recordings exported,
     the job explained from the export."""
     assert recorded.returncode == 0, recorded.stderr
     exported = in_chroot("recorder", "export", "--parquet", "/tmp/bundle-parquet", "--db", "/tmp/bundle.db")
     assert exported.returncode == 0, exported.stderr
     assert list((CHROOT / "tmp/bundle-parquet").rglob("*.parquet")), exported.stdout
-    job = "/tmp/bundle-cluster"
-    shutil.rmtree(CHROOT / job.lstrip("/"), ignore_errors=True)
-    demo = in_chroot("recorder", "cluster", "demo", "--nodes", "2", "--ranks-per-node", "2", "--late-rank", "3", job)
-    assert demo.returncode == 0, demo.stderr
     for n in ("00", "01"):
         r = in_chroot("recorder", "export", "--parquet", f"{job}/parquet", "--db", f"{job}/node-{n}.db")
         assert r.returncode == 0, r.stderr
     explained = in_chroot("recorder", "cluster", "explain", f"{job}/parquet")
+    assert explained.returncode == 0, explained.stderr
+    assert "Late: rank 3 on node-01" in explained.stdout, explained.stdout
+
+
+def test_export_to_an_object_store_and_cluster_explain_from_it_with_the_bundle(job, s3):
+    """pyarrow's S3 file system from the bundle, against an S3-compatible server on 127.0.0.1."""
+    url = f"s3://fleet/bundle-{uuid.uuid4().hex[:8]}"
+    for n in ("00", "01"):
+        r = in_chroot("recorder", "export", "--parquet", url, "--db", f"{job}/node-{n}.db", env=s3["env"])
+        assert r.returncode == 0, r.stderr
+    explained = in_chroot("recorder", "cluster", "explain", url, env=s3["env"])
     assert explained.returncode == 0, explained.stderr
     assert "Late: rank 3 on node-01" in explained.stdout, explained.stdout
