@@ -298,12 +298,25 @@ def pip_env(cache: Path) -> dict[str, str]:
 
 def build_wheel(cache: Path) -> Path:
     """The project's wheel, as pip builds it for anyone who installs the project (C extensions built
-    here, for this CPython): the bundle holds what a wheel install holds."""
-    dest = cache / "wheel"
+    here, for this CPython): the bundle holds what a wheel install holds. Built from a copy of the
+    source files git knows of (tracked, or new and not ignored), so that nothing a build left in the
+    checkout (build/lib, *.egg-info, extensions built in place) ends up in it."""
+    dest, src = cache / "wheel", cache / "src"
     shutil.rmtree(dest, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True)
+    if listed.returncode:  # not a git checkout (an unpacked sdist): its files are the sources
+        shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns("build", ".venv", "*.egg-info"))
+    else:
+        for name in filter(None, listed.stdout.split("\0")):
+            if (ROOT / name).is_file():  # (a file deleted but not yet committed is listed too)
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, src / name, follow_symlinks=False)
     log("build the project's wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(ROOT)],
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
                        env=pip_env(cache), capture_output=True, text=True)
+    shutil.rmtree(src, ignore_errors=True)
     if r.returncode:
         sys.exit(f"bundle: building the wheel failed:\n{r.stdout}{r.stderr}")
     (wheel,) = dest.glob("stall_recorder-*.whl")
