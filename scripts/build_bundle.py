@@ -3,7 +3,8 @@ that has only a kernel with BPF (no BCC, no compiler, no Python of the right ver
 
 The bundle carries its own dynamic loader and C library (Debian 12's glibc), CPython 3.11, BCC
 (libbcc with its LLVM/clang libraries and bcc's Python module), Debian's generic kernel headers for
-BCC, the project's runtime packages and the project with its C extensions. `bin/recorder` starts
+BCC, the project's runtime packages and the project, installed from its wheel (C extensions built for
+that CPython). `bin/recorder` starts
 the interpreter through the bundled loader with `--library-path`, so no library of the node is loaded
 into the recorder (and nothing is put in the environment of the processes it starts). docs/deploy.md
 says which nodes it runs on and why.
@@ -14,6 +15,11 @@ cached under build/bundle/ so a second build needs no network.
 
     make bundle                  # or: .venv/bin/python scripts/build_bundle.py
     -> build/stall-recorder-VERSION-linux-x86_64.tar.gz      (--xz: .tar.xz, smaller and slower)
+    scripts/build_bundle.py --wheel DIST/stall_recorder-VERSION-cp311-*.whl     # from a wheel built before
+
+Before the tarball is written, the bundle's own interpreter imports every module of the project and
+every library its commands load, and uses Arrow, Parquet, DuckDB, matplotlib and the Perfetto protos
+once (CHECK below): a library the build left out fails the build, not a command on a node.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,12 +54,59 @@ DEBS = [
 # Extension modules left out: they need libraries nothing here uses (NIS, Berkeley DB, Tk)
 DROP_DYNLOAD = ("nis.", "_dbm.", "_gdbm.", "_tkinter.")
 DROP_STDLIB = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data")
-# Runtime packages' parts the recorder never loads: tests, C headers, console scripts, pip (which
-# sqlite-utils installs for its plugin command), and pyarrow's network file systems and RPC, which a
-# recorder that sends nothing anywhere has no use for
+# Runtime packages' parts the recorder never loads: tests, C headers and Cython sources, console
+# scripts, pip (which sqlite-utils installs for its plugin command), pyarrow's copies of its Python
+# bridge under names no library asks for (the loader looks for libarrow_python*.so.NNNN), its Flight RPC
+# and the C++ tests module. Its S3 file system (--ship) and every library its Parquet, dataset and
+# compute modules load stay: CHECK imports and uses them with the bundle's interpreter.
 DROP_SITE = ("bin", "*/tests", "numpy/*/tests", "pip", "pip-*.dist-info", "pyarrow/include", "pyarrow/src",
-             "pyarrow/*.pxd", "pyarrow/*.pyx", "pyarrow/libarrow_python.so", "pyarrow/libarrow_python.so.*.*",
-             "pyarrow/*flight*", "pyarrow/*s3*", "pyarrow/*substrait*")
+             "pyarrow/*.pxd", "pyarrow/*.pyx", "pyarrow/libarrow_python*.so", "pyarrow/libarrow_python*.so.*.*",
+             "pyarrow/*flight*", "pyarrow/_pyarrow_cpp_tests*")
+
+# Run by the bundle's interpreter (bin/python3, isolated mode, from a temporary folder) before the
+# tarball is written: every module of the project imports (a package the wheel lacks fails here), and
+# every library a command of the bundle loads imports and works once.
+CHECK = """
+import importlib, io, os, pkgutil, tempfile
+
+modules = 0
+for top in ("recorder", "store", "mcp_server", "bpf"):
+    package = importlib.import_module(top)
+    for info in pkgutil.walk_packages(package.__path__, top + "."):
+        if not info.name.endswith(".__main__"):  # recorder/__main__.py runs the command line
+            importlib.import_module(info.name)
+            modules += 1
+
+# record, start: BCC and the C extensions of the ingest path and the step markers
+import bcc, recorder._ingest, recorder._markers, store.db._insert
+# mcp (stdio, HTTPS): the MCP server, its models and its HTTP server; the gpu layer: NVML's binding;
+# the store: sqlite-utils; native symbols: pyelftools
+import mcp.server, pydantic, pydantic_core, uvicorn, pynvml, sqlite_utils, elftools.elf.elffile
+# export --parquet, --ship, cluster explain: Arrow, Parquet, S3, CSV and DuckDB over Arrow tables
+import duckdb, pyarrow as pa, pyarrow.csv, pyarrow.fs, pyarrow.parquet as pq
+# report --html: matplotlib's SVG output; export --perfetto: the Perfetto protos
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2
+
+with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "steps.parquet")
+    pq.write_table(pa.table({"step": [1, 2, 3]}), path)
+    steps = pq.read_table(path)
+    assert duckdb.connect(":memory:").execute("SELECT sum(step) FROM steps").fetchone()[0] == 6
+# the client --ship makes (made only: nothing is sent)
+pyarrow.fs.S3FileSystem(endpoint_override="127.0.0.1:9", scheme="http", anonymous=True)
+figure = plt.figure()
+plt.plot([0, 1], [1, 0])
+svg = io.StringIO()
+figure.savefig(svg, format="svg")
+assert "<svg" in svg.getvalue()
+trace = perfetto_trace_pb2.Trace()
+trace.packet.add().timestamp = 1
+assert trace.SerializeToString()
+print(f"{modules} modules of the project and the libraries of its commands import and work")
+"""
 # Kernel header folders BCC never includes from the BPF programs (sound, graphics, ...)
 DROP_HEADERS = ("dt-bindings", "sound", "drm", "media", "xen", "video", "rdma", "soc", "scsi", "target",
                 "ras", "kunit", "pcmcia", "math-emu", "misc", "memory")
@@ -238,14 +292,44 @@ def assemble_libc_data(root: Path, out: Path) -> None:
     shutil.copytree(root / "usr/lib/x86_64-linux-gnu/gconv", out / "lib/gconv")
 
 
-def install_project(out: Path, cache: Path) -> None:
-    """The project (its C extensions built here, for the bundle's CPython) and its runtime packages."""
+def pip_env(cache: Path) -> dict[str, str]:
+    return dict(os.environ, PIP_CACHE_DIR=str(cache / "pip"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+
+
+def build_wheel(cache: Path) -> Path:
+    """The project's wheel, as pip builds it for anyone who installs the project (C extensions built
+    here, for this CPython): the bundle holds what a wheel install holds. Built from a copy of the
+    source files git knows of (tracked, or new and not ignored), so that nothing a build left in the
+    checkout (build/lib, *.egg-info, extensions built in place) ends up in it."""
+    dest, src = cache / "wheel", cache / "src"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True)
+    if listed.returncode:  # not a git checkout (an unpacked sdist): its files are the sources
+        shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns("build", ".venv", "*.egg-info"))
+    else:
+        for name in filter(None, listed.stdout.split("\0")):
+            if (ROOT / name).is_file():  # (a file deleted but not yet committed is listed too)
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, src / name, follow_symlinks=False)
+    log("build the project's wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
+                       env=pip_env(cache), capture_output=True, text=True)
+    shutil.rmtree(src, ignore_errors=True)
+    if r.returncode:
+        sys.exit(f"bundle: building the wheel failed:\n{r.stdout}{r.stderr}")
+    (wheel,) = dest.glob("stall_recorder-*.whl")
+    return wheel
+
+
+def install_project(out: Path, cache: Path, wheel: Path) -> None:
+    """The project's wheel and its runtime packages."""
     site = out / "lib/python3/dist-packages"
-    env = dict(os.environ, PIP_CACHE_DIR=str(cache / "pip"), PIP_DISABLE_PIP_VERSION_CHECK="1")
-    log("pip install the project and its runtime packages")
+    log(f"pip install {wheel.name} and its runtime packages")
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--prefer-binary",
-                        "--no-warn-script-location", "--target", str(site), str(ROOT)],
-                       env=env, capture_output=True, text=True)
+                        "--no-warn-script-location", "--target", str(site), str(wheel)],
+                       env=pip_env(cache), capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"bundle: pip install failed:\n{r.stdout}{r.stderr}")
     for pattern in DROP_SITE:
@@ -254,7 +338,28 @@ def install_project(out: Path, cache: Path) -> None:
     missing = [m for m in ("recorder/_ingest", "recorder/_markers", "store/db/_insert")
                if not list(site.glob(f"{m}.cpython-*.so"))]
     if missing:
-        sys.exit(f"bundle: C extension(s) not built: {', '.join(missing)} (install gcc and python3-dev)")
+        sys.exit(f"bundle: C extension(s) not in the wheel: {', '.join(missing)} (install gcc and python3-dev)")
+
+
+def check_imports(out: Path) -> None:
+    """CHECK, run by the bundle's own interpreter with nothing of the node's Python on its path."""
+    with tempfile.TemporaryDirectory(prefix="stall-recorder-bundle-check-") as cwd:
+        r = subprocess.run([str(out / "bin/python3"), "-c", CHECK], cwd=cwd, capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"})
+    if r.returncode:
+        sys.exit(f"bundle: the bundle's interpreter cannot load what its commands need:\n{r.stdout}{r.stderr}")
+    log(r.stdout.strip())
+
+
+def normalise_modes(out: Path) -> None:
+    """Folders 0755, files 0755 where anyone may run them and 0644 otherwise, whatever the builder's
+    umask or the packages' own modes were: nothing of the bundle is writable by group or others."""
+    for dirpath, _dirnames, filenames in os.walk(out):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                os.chmod(p, 0o755 if os.stat(p).st_mode & 0o100 else 0o644)
 
 
 def check_libraries(out: Path) -> None:
@@ -298,7 +403,7 @@ def build(args: argparse.Namespace) -> Path:
     work = ROOT / "build/bundle"
     name = f"stall-recorder-{version}"
     out = work / name
-    tarball = ROOT / f"build/{name}-linux-x86_64.tar.{'xz' if args.xz else 'gz'}"
+    tarball = ROOT / f"build/{name}-linux-x86_64.tar{'' if args.no_compress else '.xz' if args.xz else '.gz'}"
     t0 = time.monotonic()
     hdr = headers_packages()
     debs = fetch_debs(work / "debs", DEBS + hdr)
@@ -314,7 +419,7 @@ def build(args: argparse.Namespace) -> Path:
     assemble_libc_data(root, out)
     assemble_headers(root, hdr, out / "share/kernel-headers")
     write_launchers(out, version)
-    install_project(out, work)
+    install_project(out, work, args.wheel.resolve() if args.wheel else build_wheel(work))
     check_libraries(out)
     manifest(out, debs)
     shutil.rmtree(root)
@@ -322,17 +427,22 @@ def build(args: argparse.Namespace) -> Path:
     # unchecked-hash: the bytecode is used as built, whatever the files' times after unpacking
     run([str(out / "bin/python3"), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
          str(out / f"lib/python{PYVER}"), str(out / "lib/python3/dist-packages")], stdout=subprocess.DEVNULL)
-    run([str(out / "bin/python3"), "-c", "import bcc, recorder._ingest, recorder._markers, store.db._insert, "
-         "pydantic, mcp, recorder.cli"])
+    check_imports(out)
+    normalise_modes(out)
     log(f"assembled {out.relative_to(ROOT)} ({du(out)}) in {time.monotonic() - t0:.0f} s")
     if args.no_tar:
         return out
     t1 = time.monotonic()
     epoch = subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
-    tar = ["tar", "--sort=name", "--owner=0", "--group=0", "--numeric-owner", f"--mtime=@{epoch or 0}",
+    # owner and group root, modes as normalise_modes() left them (never writable by group or others)
+    tar = ["tar", "--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mode=go-w", f"--mtime=@{epoch or 0}",
            "-C", str(work), "-cf", "-", name]
     with open(tarball, "wb") as f:
+        if args.no_compress:
+            run(tar, stdout=f)
+            log(f"{tarball.relative_to(ROOT)}: {tarball.stat().st_size / 2**20:.0f} MiB, not compressed")
+            return tarball
         p1 = subprocess.Popen(tar, stdout=subprocess.PIPE)
         # gzip: every node unpacks it, in seconds here; xz is a third smaller and takes minutes
         run(["xz", "-T0", "-6"] if args.xz else ["gzip", "-6", "-n"], stdin=p1.stdout, stdout=f)
@@ -351,6 +461,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-tar", action="store_true", help="assemble build/bundle/stall-recorder-VERSION only")
     ap.add_argument("--xz", action="store_true", help="a .tar.xz: about a third smaller, minutes slower to build")
+    ap.add_argument("--no-compress", action="store_true",
+                    help="a plain .tar, the same files: faster to write and unpack (the tests build this one)")
+    ap.add_argument("--wheel", type=Path, help="install this wheel of the project (default: build one with pip)")
     build(ap.parse_args())
 
 
