@@ -43,13 +43,20 @@ def call_ordinal(store: Store, call_id: int) -> tuple[int, bool]:
 
 
 def which_call(store: Store, call: dict) -> str:
-    """'the first of the session', 'the first of that size in the session', 'the second of the session'."""
-    n, first = call_ordinal(store, call["cuda_call_id"] if "cuda_call_id" in call else call["id"])
+    """'the first of the session', 'the first of that size in the session', 'the second of the
+    session'; in a flight recording or an incident, whose older rows are gone, 'in the window kept'."""
+    call_id = call["cuda_call_id"] if "cuda_call_id" in call else call["id"]
+    n, first = call_ordinal(store, call_id)
+    sid = store.row("SELECT session_id FROM cuda_call WHERE id = ?", (call_id,))["session_id"]
+    windowed = (store.one("SELECT 1 AS x FROM flight_window WHERE session_id = ?", (sid,))
+                or store.one("SELECT 1 AS x FROM incident WHERE session_id = ? AND own = 1", (sid,)))
+    where = "in the window kept" if windowed else "of the session"
     if first:
-        return "the first of the session"
+        return f"the first {where}"
     nth = ORDINALS[n - 1] if n <= len(ORDINALS) else f"{n}th"
-    return f"the {nth} of that size in the session" if call.get("size_bytes") is not None else \
-        f"the {nth} of the session"
+    if where == "of the session":
+        where = "in the session"
+    return f"the {nth} of that size {where}" if call.get("size_bytes") is not None else f"the {nth} {where}"
 
 
 def graph_detail(store: Store, call: dict) -> str:
