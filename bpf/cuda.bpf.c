@@ -352,9 +352,15 @@ static __always_inline int cuda_end(struct pt_regs *ctx, u32 api, int runtime)
     return 0;
 }
 
-/* Runtime launches returned and, of those, the ones seen going through a driver launch probe:
- * user space stops probing the runtime's launches once they all do (recorder/layers/cuda/layer.py) */
-BPF_PERCPU_ARRAY(cuda_launch_route, u64, 2);
+/* Per process: runtime launches returned and, of those, the ones seen going through a driver launch
+ * probe. User space stops probing a runtime library's launches once those of the processes that
+ * map it all do (recorder/layers/cuda/layer.py LaunchRoute); counted only while a runtime library's
+ * launch probes are attached. */
+struct cuda_route_count {
+    u64 launches;
+    u64 through;
+};
+BPF_TABLE("lru_hash", u32, struct cuda_route_count, cuda_launch_route, 4096);
 
 /* The return of every launch API (cuda_launch_return, generated with `first_driver`): one event;
  * the stacks of a slow or sampled launch, walked here (the native one inline, then the Python one
@@ -363,20 +369,34 @@ static __always_inline int cuda_launch_end(struct pt_regs *ctx, u32 first_driver
 {
     u64 key = cuda_key(CUDA_LAUNCH_SLOT);
     struct cuda_inflight *in = cuda_inflight.lookup(&key);
-    if (!in || !in->ts || PT_REGS_SP(ctx) != in->entry_sp + 8)
+    if (!in || !in->ts)
         return 0;
+    u64 sp = PT_REGS_SP(ctx);
+    if (sp != in->entry_sp + 8) {
+        /* not the recorded launch's own return: the return of a driver launch made inside it (a
+         * runtime launch, cuda_nested noted it) is part of it; any other is a launch one of the two
+         * lost (the recorded one's return was never seen, or this one's entry made no record) */
+        if (!(in->api < first_driver && in->driver_api != CUDA_NO_API && sp <= in->entry_sp &&
+              in->entry_sp - sp < NATIVE_STACK_SPAN))
+            count_drop(PROBE_CUDA_LAUNCH_RETURN);
+        return 0;
+    }
     u64 ts = in->ts, dur = bpf_ktime_get_ns() - ts;
     u32 api = in->api;
     s64 ret = (s64)(s32)PT_REGS_RC(ctx);
     if (api < first_driver) {
-        u32 slot = 0;
-        u64 *n = cuda_launch_route.lookup(&slot);
-        if (n)
-            (*n)++;
-        slot = 1;
-        n = cuda_launch_route.lookup(&slot);
-        if (n && in->driver_api != CUDA_NO_API)
-            (*n)++;
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        struct cuda_route_count *n = cuda_launch_route.lookup(&tgid);
+        if (!n) {
+            struct cuda_route_count zero = {};
+            cuda_launch_route.update(&tgid, &zero);
+            n = cuda_launch_route.lookup(&tgid);
+        }
+        if (n) {
+            __sync_fetch_and_add(&n->launches, 1);
+            if (in->driver_api != CUDA_NO_API)
+                __sync_fetch_and_add(&n->through, 1);
+        }
     }
     if (dur < CUDA_LATE_STACK_NS && (bpf_get_prandom_u32() & CUDA_STACK_SAMPLE_MASK)) {
         cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_NO_STACK);

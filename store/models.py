@@ -127,6 +127,9 @@ class CallFinding(Part):
     expected_dur_ns: int | None
     excess_dur_ns: int | None
     baseline_calls: int | None
+    judged: Literal["baseline", "step"] = Field(
+        "baseline", description="'baseline': slow against its own baseline; 'step': no baseline of its own, "
+                                "listed for its share of the step's excess (expected_dur_ns is then null)")
     size_bytes: int | None
     ret: int | None
     thread: Thread
@@ -389,6 +392,12 @@ class PrimaryCause(Part):
     seq: int | None = None
     expected_dur_ns: int | None = None
     call_dur_ns: int | None = None
+    judged: Literal["baseline", "step"] | None = Field(
+        None, description="slow_cuda_call, gpu_xid: how the call was judged: 'baseline' (slow against its own "
+                          "baseline), 'step' (no baseline of its own: its whole time against its step's neighbours)")
+    call_ordinal: int | None = Field(
+        None, description="slow_cuda_call judged by its step: its number among the session's calls of its family "
+                          "and size class (1: the first)")
     detail: str | None = None
     reason: str | None = None
     waker: str | None = None

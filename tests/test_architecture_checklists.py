@@ -164,7 +164,8 @@ def test_every_kind_is_declared_once_with_a_specificity_and_actions(tmp_path: Pa
     assert set(rule.event_cause.values()) <= set(KINDS)
     assert all(k in STEP_ACTIONS for k in KINDS)
     assert {k for f in FAMILIES for k in f.actions} - set(KINDS) == {
-        "cpu_contention_same_process", "cpu_contention_job", "cpu_contention_job_worker", "cpu_contention_recorder"}
+        "cpu_contention_same_process", "cpu_contention_job", "cpu_contention_job_worker", "cpu_contention_recorder",
+        "slow_cuda_call_once"}
 
 
 def test_the_server_publishes_exactly_the_registry_with_the_reports_schema(tmp_path: Path) -> None:

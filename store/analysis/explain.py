@@ -10,6 +10,7 @@ from store.analysis.actions import CALL_ACTIONS, fill
 from store.analysis.hangs import hang_facts
 from store.analysis.jobs import thread_names
 from store.analysis.kinds import KINDS, STEP_ACTIONS, cause_facts
+from store.analysis.kinds.cuda import which_call
 from store.analysis.losses import losses, lossy_layers, wording
 from store.db import Store
 from store.db.rules import cause_rule, slow_call_rule, stall_rule
@@ -34,12 +35,24 @@ OTHER_STALLS = 5
 
 
 # -- findings -------------------------------------------------------------------------------------
-def slow_calls(store: Store, session_id: int, start: int, end: int, limit: int = SLOW_LIMIT) -> list[dict]:
+def slow_calls(store: Store, session_id: int, start: int, end: int, limit: int = SLOW_LIMIT,
+               step: dict | None = None) -> list[dict]:
+    """The slow CUDA calls of [start, end) (slow_cuda_call), the largest excess first; with `step`
+    (its step_mark_id and excess_dur) also the step's calls judged by the step (step_cuda_call, no
+    baseline of their own) whose own time is at least cause_rule.secondary_share of its excess."""
     calls = store.query(
-        "SELECT * FROM slow_cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?"
+        "SELECT *, 'baseline' AS judged FROM slow_cuda_call WHERE session_id = ? AND ts >= ? AND ts < ?"
         " ORDER BY excess_dur DESC LIMIT ?",
         (session_id, start, end, limit),
     )
+    if step is not None:
+        floor = cause_rule(store).secondary_share * max(step["excess_dur"] or 0, 0)
+        calls += store.query(
+            "SELECT d.*, d.offcpu_dur - d.cpu_wait_dur AS blocked_dur, s.judged, s.expected_dur, s.excess_dur"
+            " FROM step_cuda_call s CROSS JOIN cuda_call_detail d ON d.id = s.cuda_call_id"
+            " WHERE s.step_mark_id = ? AND s.judged = 'step' AND s.own_excess_dur >= ?",
+            (step["step_mark_id"], floor))
+        calls = sorted(calls, key=lambda c: -(c["excess_dur"] or 0))[:limit]
     for call in calls:
         call["contenders"] = store.query(
             "SELECT contender_pid, contender_name, preemptions, delayed_wakeups, cpu_wait_dur, cpus"
@@ -59,6 +72,7 @@ def slow_calls(store: Store, session_id: int, start: int, end: int, limit: int =
             " WHERE c.id = ? ORDER BY f.depth", (call["id"],))]
         site = store.one("SELECT python_line FROM cuda_call_python WHERE cuda_call_id = ?", (call["id"],))
         call["python"] = site["python_line"] if site else None
+        call["which"] = which_call(store, {**call, "cuda_call_id": call["id"]}) if call["judged"] == "step" else None
         call["cause"] = _call_cause(call)
         call["text"] = _call_text(call)
     return calls
@@ -91,7 +105,10 @@ def _call_cause(call: dict) -> dict:
 
 
 def _call_text(call: dict) -> str:
-    text = f"{call['api']} {ms(call['dur'])} (expected ~{ms(call['expected_dur'])})"
+    if call.get("which"):
+        text = f"{call['api']} {ms(call['dur'])} ({call['which']}, no baseline of its own)"
+    else:
+        text = f"{call['api']} {ms(call['dur'])} (expected ~{ms(call['expected_dur'])})"
     dur = call["dur"] or 1
     if call["offcpu_dur"]:
         text += f": off-CPU {100 * call['offcpu_dur'] / dur:.0f}% of the call"
@@ -297,7 +314,7 @@ def _call_findings(calls: list[dict], off: int) -> list[dict]:
         "kind": "slow_cuda_call",
         "cuda_call_id": c["id"], "api": c["api"], "ts": c["ts"], "utc": utc(c["ts"] + off),
         "dur_ns": c["dur"], "expected_dur_ns": c["expected_dur"], "excess_dur_ns": c["excess_dur"],
-        "baseline_calls": c["baseline_calls"], "size_bytes": c["size_bytes"], "ret": c["ret"],
+        "baseline_calls": c["baseline_calls"], "judged": c["judged"], "size_bytes": c["size_bytes"], "ret": c["ret"],
         "thread": {"tid": c["tid"], "pid": c["pid"], "name": c["thread_name"],
                    "process": c["process_name"]},
         "offcpu_dur_ns": c["offcpu_dur"], "cpu_wait_dur_ns": c["cpu_wait_dur"],
@@ -670,7 +687,8 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         symptom=symptom,
         primary_cause=p,
         breakdown=chosen["breakdown"],
-        findings=_call_findings(slow_calls(store, sid, a, b), off),
+        findings=_call_findings(slow_calls(store, sid, a, b, step={"step_mark_id": chosen["step_mark_id"],
+                                                                          "excess_dur": chosen["excess_dur_ns"]}), off),
         secondary=chosen["secondary"],
         straggler=straggler,
         other_stalls=others,

@@ -130,21 +130,47 @@ JOIN thread me ON me.id = st.thread_id
 LEFT JOIN thread ct ON ct.id = coalesce(oi.contender_thread_id, oi.next_thread_id);
 
 -- view: step_cuda_call
--- Causal link: a step -> the slow CUDA calls of its thread inside it (slow_cuda_call), with the
--- part of their excess spent on the CPU inside the library (driver or device wait).
+-- Causal link: a step -> the CUDA calls of its thread inside it that explain its time, judged two
+-- ways (judged): 'baseline', slow against their own baseline (slow_cuda_call); 'step', calls with no
+-- baseline of their own (fewer than slow_call_rule.min_baseline_calls calls of their family and size
+-- class in the session: the first cudaMalloc of a session or after the cache was emptied, a
+-- cudaDeviceSynchronize at a checkpoint, a large cudaMemcpy at evaluation) that took at least
+-- slow_call_rule.min_excess_dur. The step judges those: the whole call is its excess, set against
+-- the same API's time in the neighbouring steps by the breakdown (store/analysis/causes.py).
 CREATE VIEW step_cuda_call AS
 SELECT
-    st.step_mark_id, st.session_id, st.step,
-    c.id AS cuda_call_id, c.api, c.family, c.ts, c.dur, c.expected_dur, c.excess_dur, c.size_bytes,
-    c.offcpu_dur, c.cpu_wait_dur, c.blocked_dur,
-    max(0, c.excess_dur - c.offcpu_dur) AS oncpu_excess_dur, -- ns of the excess spent on-CPU in the call
-    cc.python_stack_id
--- the step's calls through the (thread_id, ts) index, then each one's baseline by id: CROSS JOIN
--- keeps that order (joined the other way, a session-wide query scans every call of the thread
--- per step)
-FROM step st
-CROSS JOIN cuda_call cc ON cc.thread_id = st.thread_id AND cc.ts >= st.ts AND cc.ts < st.end_ts
-CROSS JOIN slow_cuda_call c ON c.id = cc.id;
+    j.step_mark_id, j.session_id, j.step, j.cuda_call_id, j.api, j.family, j.ts, j.dur,
+    j.judged,                           -- 'baseline' or 'step' (above)
+    j.baseline_calls,                   -- calls of its family and size class its baseline is taken over
+    j.expected_dur,                     -- ns, its baseline; NULL when the step judges it
+    j.excess_dur,                       -- ns above its baseline; the whole call when the step judges it
+    j.size_bytes, j.offcpu_dur, j.cpu_wait_dur, j.blocked_dur,
+    max(0, j.excess_dur - j.offcpu_dur) AS oncpu_excess_dur, -- ns of the excess spent on-CPU in the call
+    -- ns of the excess that is the call's own: on the CPU inside the library, or blocked in it
+    -- (waiting for the device or the driver); not the time it waited for a CPU, which is the
+    -- scheduler's (step_cause 'cpu_wait')
+    max(0, j.excess_dur - j.cpu_wait_dur) AS own_excess_dur,
+    j.python_stack_id
+FROM (
+    SELECT
+        st.step_mark_id, st.session_id, st.step,
+        c.id AS cuda_call_id, c.api, c.family, c.ts, c.dur, c.baseline_calls, c.size_bytes,
+        CASE WHEN c.baseline_calls >= r.min_baseline_calls THEN 'baseline' ELSE 'step' END AS judged,
+        CASE WHEN c.baseline_calls >= r.min_baseline_calls THEN c.expected_dur END AS expected_dur,
+        CASE WHEN c.baseline_calls >= r.min_baseline_calls THEN c.excess_dur ELSE c.dur END AS excess_dur,
+        c.offcpu_dur, c.cpu_wait_dur, c.offcpu_dur - c.cpu_wait_dur AS blocked_dur,
+        cc.python_stack_id
+    -- the step's calls through the (thread_id, ts) index, then each one's baseline by id: CROSS JOIN
+    -- keeps that order (joined the other way, a session-wide query scans every call of the thread
+    -- per step)
+    FROM step st
+    CROSS JOIN cuda_call cc ON cc.thread_id = st.thread_id AND cc.ts >= st.ts AND cc.ts < st.end_ts
+    CROSS JOIN cuda_call_detail c ON c.id = cc.id
+    CROSS JOIN slow_call_rule r
+    WHERE (c.baseline_calls >= r.min_baseline_calls AND c.dur >= r.ratio * c.expected_dur
+           AND c.excess_dur >= r.min_excess_dur)
+       OR (coalesce(c.baseline_calls, 0) < r.min_baseline_calls AND c.dur >= r.min_excess_dur)
+) j;
 
 -- view: step_nccl_wait
 -- Causal link: a step -> the collectives of its thread inside it, the time it waited in them (the
@@ -371,8 +397,8 @@ UNION ALL
 SELECT step_mark_id, 'dirty_throttle', bdi, sum(overlap_dur), count(*)
 FROM step_dirty_throttle GROUP BY step_mark_id, bdi
 UNION ALL
-SELECT step_mark_id, 'cuda_call', api, sum(oncpu_excess_dur), count(*)
-FROM step_cuda_call WHERE oncpu_excess_dur > 0 GROUP BY step_mark_id, api
+SELECT step_mark_id, 'cuda_call', api, sum(own_excess_dur), count(*)
+FROM step_cuda_call WHERE own_excess_dur > 0 GROUP BY step_mark_id, api
 UNION ALL
 SELECT step_mark_id, 'nccl_wait',
        api || CASE WHEN straggler_rank != rank THEN ' waiting for rank ' || straggler_rank ELSE '' END,
@@ -384,8 +410,8 @@ FROM step_nccl_wait GROUP BY 1, 2, 3;
 -- Causes are not exclusive (a slow CUDA call may contain the preemption that made it slow): each
 -- row is the time that cause accounts for on the critical path. cause: 'cpu_wait' (detail: the
 -- process that held the CPU), 'blocked' (detail: reason - io, futex, sleep, net, poll,
--- uninterruptible...), 'reclaim', 'dirty_throttle', 'cuda_call' (on-CPU excess of slow calls,
--- detail: API), 'nccl_wait' (detail: API, and the straggler rank when known).
+-- uninterruptible...), 'reclaim', 'dirty_throttle', 'cuda_call' (the own excess of the calls of
+-- step_cuda_call: on the CPU or blocked inside the library, not waiting for a CPU; detail: API), 'nccl_wait' (detail: API, and the straggler rank when known).
 -- A complete session's rows are stored at the stop (step_cause_stored); a session still recording
 -- is computed from its rows (step_cause_live).
 CREATE VIEW step_cause AS

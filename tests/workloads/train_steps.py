@@ -7,6 +7,7 @@ SIGINT ends the loop after the step running. Prints the CLOCK_MONOTONIC ns each 
     python train_steps.py --libdir build/native [--steps 200] [--cpu 1] [--malloc-work-us 600]
                           [--markers] [--slow-step 40 --slow-ms 300] [--slow-when FILE] [--jitter 0.3]
                           [--hog-step 30 --hog "busy_loop 1" --long-launch-ms 150]
+                          [--no-step-malloc] [--once-malloc-step 60 --once-malloc-ms 400]
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def main() -> None:
                          "--long-launch-ms launch, which the hog preempts")
     ap.add_argument("--hog", default="", help="the helper's command line")
     ap.add_argument("--long-launch-ms", type=int, default=150, help="CPU work of the long launch")
+    ap.add_argument("--no-step-malloc", action="store_true", help="no cudaMalloc/cudaFree in every step")
+    ap.add_argument("--once-malloc-step", type=int, default=-1,
+                    help="this step begins with one cudaMalloc of 1 GiB spending --once-malloc-ms on the CPU")
+    ap.add_argument("--once-malloc-ms", type=int, default=400)
     args = ap.parse_args()
     step_marker = None
     if args.markers:
@@ -96,7 +101,12 @@ def main() -> None:
             step_marker(step)
         t0 = time.monotonic()
         ptr = ctypes.c_void_p()
-        rt.cudaMalloc(ctypes.byref(ptr), 64 << 20)
+        if step == args.once_malloc_step:
+            rt.standin_configure(b"cudaMalloc", ctypes.c_uint64(args.once_malloc_ms * 1_000_000), ctypes.c_uint64(0), 0)
+            rt.cudaMalloc(ctypes.byref(ctypes.c_void_p()), 1 << 30)  # the once-only allocation
+            rt.standin_configure(b"cudaMalloc", ctypes.c_uint64(args.malloc_work_us * 1000), ctypes.c_uint64(0), 0)
+        if not args.no_step_malloc:
+            rt.cudaMalloc(ctypes.byref(ptr), 64 << 20)
         for _ in range(3):
             rt.cudaLaunchKernel(kernel, Dim3(128, 1, 1), Dim3(256, 1, 1), None, 0, stream)
         if step == args.hog_step:
@@ -111,7 +121,8 @@ def main() -> None:
                 sum(range(200))
             long_launch()  # most of the preemptions
         rt.cudaStreamSynchronize(stream)
-        rt.cudaFree(ptr)
+        if not args.no_step_malloc:
+            rt.cudaFree(ptr)
         host_s = args.host_work_us / 1e6 * (1 + rng.uniform(-args.jitter, args.jitter))
         until = time.thread_time() + host_s
         while time.thread_time() < until:

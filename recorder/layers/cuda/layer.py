@@ -7,6 +7,7 @@ import ctypes
 import os
 import struct
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from recorder.core.capability import failure
 from recorder.core.clock import now_ns
@@ -176,7 +177,7 @@ class CudaLayer(BaseLayer):
         count = 0
         for api in wanted:
             i = API_INDEX[api.name]
-            if not self.route.wants(api):
+            if not self.route.wants(real, api):
                 probes.cap("cuda", api.name, "absent", LAUNCHES_AT_DRIVER, path)
                 continue
             try:
@@ -209,7 +210,10 @@ class CudaLayer(BaseLayer):
 
     def scan(self, pid: int, found_by: str) -> None:
         for path, kind in gpu_libraries(pid):
-            self.found(resolve(pid, path), kind, found_by)
+            found = resolve(pid, path)
+            self.found(found, kind, found_by)
+            if kind == "runtime":
+                self.route.mapped(pid, os.path.realpath(found))
 
     def sinks(self) -> dict[str, Sink]:
         return {"cuda_events": self.raw.append}
@@ -363,90 +367,131 @@ class CudaLayer(BaseLayer):
 # -- where kernel launches are probed ------------------------------------------------------------------
 
 
+@dataclass
+class RuntimeRoute:
+    """Where one runtime library's launches are probed (LaunchRoute)."""
+
+    path: str
+    apis: list[Api] = field(default_factory=list)  # its launch APIs attached
+    state: str = "both"  # 'both' -> 'detaching' -> 'driver', or 'kept'
+    base: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> its counts when it began to count
+
+
 class LaunchRoute:
-    """Where kernel launches are probed. Every runtime launch calls a driver launch, and each probe
-    pair costs the launching thread two traps (docs/benchmarks.md), so once ROUTE_EVIDENCE runtime
-    launches in a row were seen going through the driver's launch probes, the runtime's launch
-    probes are detached: first their entries, then (at the next check, once the launches in flight
-    have returned) their returns. From then on a launch is the driver's row (its native stack
-    still shows the runtime's frame), at half the cost. A runtime launch not seen at the driver
-    keeps the runtime's probes for the session; STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keeps them
-    always. The decision is a capability row (layer 'cuda', probe 'launch probes')."""
+    """Where kernel launches are probed, decided per runtime library. Every runtime launch calls a
+    driver launch, and each probe pair costs the launching thread two traps (docs/benchmarks.md), so
+    once ROUTE_EVIDENCE launches of the processes that map a runtime library were seen going through
+    the driver's launch probes, that library's launch probes are detached: first their entries, then
+    (at the next check, once the launches in flight have returned) their returns. From then on its
+    launches are the driver's rows (their native stacks still show the runtime's frame), at half the
+    cost. A runtime launch of such a process not seen at the driver keeps the library's probes for
+    the session; STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keeps them always. A runtime library found
+    later (another process, another environment) is probed and decided on its own evidence, whatever
+    was decided for the others. Each decision is a capability row (layer 'cuda', probe 'launch
+    probes', target: the library). The counts are per process (bpf/cuda.bpf.c cuda_launch_route)."""
 
     def __init__(self, context: Context) -> None:
         self.context = context
-        self.state = "both"  # 'both' -> 'detaching' -> 'driver', or 'kept'
-        self.runtime: list[tuple[str, Api]] = []  # runtime launch APIs attached, by library path
+        self.libraries: dict[str, RuntimeRoute] = {}  # runtime libraries with launch APIs attached, by path
+        self.users: dict[int, set[str]] = {}  # pid -> the runtime libraries it maps
         self.driver_launches = False  # a driver library's launch APIs are attached
-        self.base = (0, 0)  # (runtime launches, through the driver) when the driver was attached
         self.checked = 0
 
-    def wants(self, api: Api) -> bool:
-        return not (api.library == "runtime" and is_launch(api) and self.state in ("detaching", "driver"))
+    def wants(self, path: str, api: Api) -> bool:
+        lib = self.libraries.get(path)
+        return not (api.library == "runtime" and is_launch(api) and lib is not None
+                    and lib.state in ("detaching", "driver"))
 
     def attached(self, path: str, api: Api) -> None:
         if not is_launch(api):
             return
         if api.library == "runtime":
-            self.runtime.append((path, api))
+            self.libraries.setdefault(path, RuntimeRoute(path)).apis.append(api)
         elif not self.driver_launches:
             self.driver_launches = True
-            self.base = self.counts()  # count from here: earlier launches could not reach it
+            counts = self.counts()
+            for lib in self.libraries.values():  # count from here: earlier launches could not reach it
+                lib.base = {pid: counts.get(pid, (0, 0)) for pid in lib.base}
 
-    def counts(self) -> tuple[int, int]:
+    def mapped(self, pid: int, path: str) -> None:
+        """Process `pid` maps runtime library `path`: its launches are that library's evidence, counted
+        from now (and from the driver's attach)."""
+        lib = self.libraries.get(path)
+        if lib is None or pid in lib.base:
+            return
+        lib.base[pid] = self.counts().get(pid, (0, 0))
+        self.users.setdefault(pid, set()).add(path)
+
+    def counts(self) -> dict[int, tuple[int, int]]:
+        """pid -> (runtime launches returned, of which through a driver launch probe)."""
         try:
             table = self.context.probes.bpf.get_table("cuda_launch_route")
-            return (sum(table[ctypes.c_int(0)]), sum(table[ctypes.c_int(1)]))
+            return {k.value: (v.launches, v.through) for k, v in table.items()}
         except Exception:  # the map is not there (no CUDA layer loaded)
-            return (0, 0)
+            return {}
 
     def check(self) -> None:
         now = now_ns()
-        if self.state in ("driver", "kept") or now - self.checked < ROUTE_CHECK_NS:
+        pending = [lib for lib in self.libraries.values() if lib.state in ("both", "detaching")]
+        if not pending or now - self.checked < ROUTE_CHECK_NS:
             return
         self.checked = now
         probes = self.context.probes
-        if self.state == "detaching":
-            for path, api in self.runtime:
+        detaching = [lib for lib in pending if lib.state == "detaching"]
+        if detaching:
+            self._detached(detaching, now)
+        if not self.driver_launches or probes.settings.keep_runtime_launches:
+            return
+        counts = self.counts()
+        for lib in pending:
+            if lib.state != "both" or not lib.base:
+                continue
+            total = sum(counts.get(pid, (0, 0))[0] - b[0] for pid, b in lib.base.items())
+            through = sum(counts.get(pid, (0, 0))[1] - b[1] for pid, b in lib.base.items())
+            if total < ROUTE_EVIDENCE:
+                continue
+            if through < total:
+                lib.state = "kept"
+                probes.cap("cuda", "launch probes", "attached",
+                           f"runtime and driver: {total - through:,} of the first {total:,} runtime launches "
+                           "were not seen going through the driver's launch probes", lib.path)
+                continue
+            for api in lib.apis:
                 try:
-                    probes.bpf.detach_uretprobe(name=path, sym=api.name)
+                    probes.bpf.detach_uprobe(name=lib.path, sym=api.name)
+                except Exception:
+                    pass
+            lib.state = "detaching"
+            probes.cap("cuda", "launch probes", "attached",
+                       f"driver only: the first {total:,} runtime launches all went through the driver's launch "
+                       "probes, so the runtime's launch probes were detached (one probe pair a launch instead of "
+                       "two); launches are the driver's rows from then on", lib.path)
+
+    def _detached(self, libraries: list[RuntimeRoute], now: int) -> None:
+        """The second step of a switch: the returns go, and a launch of those libraries still in
+        flight (a second after its entry probe went) is counted lost: it will not be seen return, and
+        its record would make its thread's driver launches look nested in it."""
+        probes = self.context.probes
+        for lib in libraries:
+            for api in lib.apis:
+                try:
+                    probes.bpf.detach_uretprobe(name=lib.path, sym=api.name)
                 except Exception:  # already gone with its library
                     pass
-            self.state = "driver"
-            # a runtime launch still in flight now (a second after its entry probe went) will not
-            # be seen return: its record would make its thread's driver launches look nested in it
-            stale = 0
-            for call in in_flight(probes.bpf, "cuda_inflight", delete=False):
-                r = call.record
-                if r.ts and r.api < FIRST_DRIVER_API and APIS[r.api].layout in LAUNCH_LAYOUTS:
-                    r.ts = 0
-                    try:
-                        probes.bpf["cuda_inflight"][ctypes.c_uint64(call.tid << 32 | call.api)] = r
-                    except Exception:  # the thread ended meanwhile
-                        continue
-                    stale += 1
-            if stale:
-                self.context.writer.add("loss", (self.context.session_id, now - now % 1_000_000_000,
-                                                 ROUTE_LOST, stale))
-            return
-        if not self.runtime or not self.driver_launches or probes.settings.keep_runtime_launches:
-            return
-        total, through = (n - b for n, b in zip(self.counts(), self.base, strict=True))
-        if total < ROUTE_EVIDENCE:
-            return
-        if through < total:
-            self.state = "kept"
-            probes.cap("cuda", "launch probes", "attached",
-                       f"runtime and driver: {total - through:,} of the first {total:,} runtime launches "
-                       "were not seen going through the driver's launch probes")
-            return
-        for path, api in self.runtime:
+            lib.state = "driver"
+        paths = {lib.path for lib in libraries}
+        stale = 0
+        for call in in_flight(probes.bpf, "cuda_inflight", delete=False):
+            r = call.record
+            if not (r.ts and r.api < FIRST_DRIVER_API and APIS[r.api].layout in LAUNCH_LAYOUTS):
+                continue
+            if call.pid is not None and self.users.get(call.pid) and not self.users[call.pid] & paths:
+                continue  # a launch of another library, whose probes stay
+            r.ts = 0
             try:
-                probes.bpf.detach_uprobe(name=path, sym=api.name)
-            except Exception:
-                pass
-        self.state = "detaching"
-        probes.cap("cuda", "launch probes", "attached",
-                   f"driver only: the first {total:,} runtime launches all went through the driver's launch "
-                   "probes, so the runtime's launch probes were detached (one probe pair a launch instead of two); "
-                   "launches are the driver's rows from then on")
+                probes.bpf["cuda_inflight"][ctypes.c_uint64(call.tid << 32 | call.api)] = r
+            except Exception:  # the thread ended meanwhile
+                continue
+            stale += 1
+        if stale:
+            self.context.writer.add("loss", (self.context.session_id, now - now % 1_000_000_000, ROUTE_LOST, stale))

@@ -54,4 +54,10 @@ RECORDS = Records((CUDA,), {
     # thread's call on the same CPU in between; bpf/cuda.bpf.c cuda_dispatch): the call is not recorded
     ("PROBE_CUDA_DISPATCH", Loss("cuda call's API note overwritten", "cuda", "CUDA calls",
                                  "another thread's call on the same CPU overwrote the API its probe noted")),
+    # a kernel launch's return whose stack pointer is not its thread's recorded launch's, nor that of a
+    # driver launch made inside it (bpf/cuda.bpf.c cuda_launch_end): the recorded launch's return was
+    # never seen (it left by longjmp or an exception), or this launch's entry made no record
+    ("PROBE_CUDA_LAUNCH_RETURN", Loss("cuda launch return not matched to its entry", "cuda", "CUDA kernel launches",
+                                      "a launch returned with another stack pointer than the launch its thread "
+                                      "was recorded in")),
 ))
