@@ -6,6 +6,7 @@ symptom, negatives); store/report/render.py turns the result into text.
 
 from __future__ import annotations
 
+from store.analysis import device
 from store.analysis.actions import CALL_ACTIONS, fill
 from store.analysis.hangs import hang_facts
 from store.analysis.jobs import thread_names
@@ -502,11 +503,33 @@ def _gpu_during(store: Store, sid: int, a: int, b: int, step: dict | None = None
 
 
 def gpu_text(gpu: dict) -> str:
-    """'GPU utilisation 8.0% (lowest 5%) against 97.0% over 20 neighbouring steps'."""
-    text = f"GPU utilisation {gpu['util_gpu_pct']}% (lowest {gpu['util_gpu_min_pct']}%)"
-    if gpu.get("neighbours_util_gpu_pct") is not None:
-        text += f" against {gpu['neighbours_util_gpu_pct']}% over {gpu['neighbour_steps']} neighbouring steps"
-    return text
+    """'GPU utilisation 8.0% (lowest 5%) against 97.0% over 20 neighbouring steps'; with a device
+    timeline, 'device busy 42.0% of the step (bound by the host: ...)'."""
+    parts = []
+    if gpu.get("util_gpu_pct") is not None:
+        text = f"GPU utilisation {gpu['util_gpu_pct']}% (lowest {gpu['util_gpu_min_pct']}%)"
+        if gpu.get("neighbours_util_gpu_pct") is not None:
+            text += f" against {gpu['neighbours_util_gpu_pct']}% over {gpu['neighbour_steps']} neighbouring steps"
+        parts.append(text)
+    if gpu.get("busy_pct") is not None:
+        parts.append(device.text(gpu))
+    return "; ".join(parts)
+
+
+def _gpu_and_device(store: Store, sid: int, a: int, b: int, step: dict | None = None) -> dict | None:
+    """NVML's samples (_gpu_during) and the device's own timeline (store/analysis/device.py) over [a, b),
+    as one `gpu` part; None when neither was recorded."""
+    gpu = _gpu_during(store, sid, a, b, step)
+    thread = process = None
+    if step is not None:
+        row = store.one("SELECT m.thread_id, t.process_id FROM step_mark m JOIN thread t ON t.id = m.thread_id"
+                        " WHERE m.id = ?", (step["step_mark_id"],))
+        if row is not None:
+            thread, process = row["thread_id"], row["process_id"]
+    timeline = device.timeline(store, sid, a, b, thread, process)
+    if timeline is None:
+        return gpu
+    return {**(gpu or {}), **timeline}
 
 
 def analyse_step(store: Store, session: dict, step: dict) -> dict:
@@ -632,12 +655,12 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
                     f" (a stall is {stall_rule(store).text()})",
             primary_cause=None, findings=[], secondary=[], other_stalls=[],
             negatives=_step_negatives(store, sid, start, end, observed - lossy, None, []),
-            gpu=_gpu_during(store, sid, start, end), next_actions=[], straggler=None)
+            gpu=_gpu_and_device(store, sid, start, end), next_actions=[], straggler=None)
     chosen, late = _choose(store, session, rows)
     a, b = chosen["ts"], chosen["ts"] + chosen["dur_ns"]
     lost, lossy = _loss(store, sid, a, b, off, layers)
     p = chosen["primary_cause"]
-    gpu = _gpu_during(store, sid, a, b, chosen)
+    gpu = _gpu_and_device(store, sid, a, b, chosen)
     symptom = (f"step {chosen['step']} took {ms(chosen['dur_ns'])}, {chosen['ratio']}x its median of "
                f"{ms(chosen['baseline_dur_ns'])} over {chosen['baseline_steps']} neighbouring steps"
                if chosen["slow"] else

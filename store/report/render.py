@@ -111,6 +111,28 @@ def render_text(report: Report, stack: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _device_lines(r: StepReport) -> list[str]:
+    """The device's own timeline (an imported profiler trace): busy share per device, top kernels,
+    and what the launching thread did while the device was idle."""
+    g = r.gpu
+    if g is None or g.busy_pct is None:
+        return []
+    lines = ["Device: " + ", ".join(f"device {d.device} busy {d.busy_pct}% ({ms(d.busy_ns)})" for d in g.devices or [])
+             + (f"; bound by the {g.bound}" if g.bound else "")]
+    if g.top_kernels:
+        lines.append("  Top kernels: " + "; ".join(f"{_short(k.name)} {ms(k.dur_ns)} x{k.count} ({k.share_pct}%)"
+                                                   for k in g.top_kernels))
+    if g.host_idle:
+        lines.append(f"  While the device was idle ({ms(g.idle_ns)}), the host was in: "
+                     + "; ".join(f"{h.name} {ms(h.dur_ns)} ({h.share_pct}%)" for h in g.host_idle))
+    return lines
+
+
+def _short(name: str, limit: int = 80) -> str:
+    """A C++ kernel name cut to its first `limit` characters (templates make them kilobytes long)."""
+    return name if len(name) <= limit else name[:limit - 3] + "..."
+
+
 def render_step_text(report: Report, stack: bool = False) -> str:
     r = as_report(report)
     assert isinstance(r, StepReport), "render_step_text takes a step report"
@@ -164,6 +186,7 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         parts = [f"{b.cause}{f' {b.detail}' if b.detail else ''} {ms(b.dur_ns)} (usually {ms(b.usual_dur_ns)})"
                  for b in r.breakdown[:6]]
         lines.append("Breakdown: " + "; ".join(parts))
+    lines += _device_lines(r)
     if r.findings:
         lines.append(f"Slow CUDA calls in the step ({len(r.findings)}):")
         lines += _finding_lines(r.findings, stack)

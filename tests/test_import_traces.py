@@ -1,0 +1,217 @@
+"""`recorder import`: PyTorch profiler traces and NCCL Flight Recorder dumps read into a recording, and
+the answers on them (steps, explain with the device's timeline), checked against the files themselves
+(public traces of real GPU jobs and traces made here; tests/fixtures/traces/README.md)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import sqlite3
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_recorder
+
+from store.db import open_store
+from store.report.build import explain
+from store.report.listing import steps
+from store.traces import TraceError, import_files, read_file
+
+TRACES = ROOT / "tests" / "fixtures" / "traces"
+RANK0 = TRACES / "hta_sampled_rank0.json.gz"
+RANK1 = TRACES / "hta_sampled_rank1.json.gz"
+ROCM = TRACES / "hta_mi250_rocm.json.gz"
+NO_STEPS = TRACES / "hta_simple_add.json.gz"
+CPU = TRACES / "cpu_with_stack.pt.trace.json.gz"
+DUMPS = sorted(TRACES.glob("nccl_trace_rank_*"))
+
+
+def raw_events(path: Path) -> list[dict]:
+    return json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)["traceEvents"]
+
+
+def to_ns(v) -> int:
+    return int(Decimal(v) * 1000)
+
+
+def expected_busy(path: Path, step: int) -> tuple[float, list[str]]:
+    """The step's device busy share and its kernels by total time, worked out from the JSON directly."""
+    ev = raw_events(path)
+    st = next(e for e in ev if e.get("cat") == "user_annotation" and e["name"] == f"ProfilerStep#{step}")
+    a, b = to_ns(st["ts"]), to_ns(st["ts"]) + to_ns(st["dur"])
+    spans, kernels = [], {}
+    for e in ev:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            x, y = max(a, to_ns(e["ts"])), min(b, to_ns(e["ts"]) + to_ns(e["dur"]))
+            if y > x:
+                spans.append((x, y))
+                if e["cat"] == "kernel":
+                    kernels[e["name"]] = kernels.get(e["name"], 0) + y - x
+    busy, end = 0, a
+    for x, y in sorted(spans):
+        x = max(x, end)
+        if y > x:
+            busy += y - x
+            end = y
+    return round(100 * busy / (b - a), 1), sorted(kernels, key=lambda k: -kernels[k])
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("import") / "job.db"
+    import_files(db, [RANK0, RANK1, ROCM, NO_STEPS, CPU])
+    return db
+
+
+def session_of(db: Path, path: Path) -> int:
+    with open_store(db, readonly=True) as store:
+        return store.row("SELECT session_id FROM trace_import WHERE path = ?", (str(path),))["session_id"]
+
+
+def test_steps_are_the_hosts_profiler_steps(job):
+    with open_store(job, readonly=True) as store:
+        listed = steps(store, session_of(job, RANK0))
+    ev = raw_events(RANK0)
+    want = {int(e["name"].split("#")[1]): to_ns(e["dur"]) for e in ev
+            if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")}
+    assert {s["step"]: s["dur_ns"] for s in listed["steps"]} == want == {551: 607312000, 552: 622928000}
+    assert all(s["pid"] == 4037 and s["complete"] and not s["inferred"] for s in listed["steps"])
+
+
+def test_explain_step_gives_busy_share_top_kernels_and_the_host_while_idle(job):
+    sid = session_of(job, RANK0)
+    with open_store(job, readonly=True) as store:
+        report = explain(store, sid, step=551)
+    gpu = report["gpu"]
+    busy, kernels = expected_busy(RANK0, 551)
+    assert gpu["busy_pct"] == busy and 0 < busy < 80
+    names = [k["name"] for k in gpu["top_kernels"]]
+    assert names == kernels[:len(names)] and names[0].startswith("ncclKernel_SendRecv")
+    assert [k["dur_ns"] for k in gpu["top_kernels"]] == sorted((k["dur_ns"] for k in gpu["top_kernels"]), reverse=True)
+    assert gpu["bound"] == "host" and gpu["devices"][0]["device"] == 0
+    assert gpu["idle_ns"] == report["window"]["dur_ns"] - gpu["devices"][0]["busy_ns"]
+    # the host's share: innermost ops of the step's thread; the backward annotation holds the most
+    assert gpu["host_idle"][0]["name"] == "## backward ##"
+    assert sum(h["dur_ns"] for h in gpu["host_idle"]) <= gpu["idle_ns"]
+    assert "device busy" in report["symptom"] and "bound by the host" in report["symptom"]
+    assert report["observed_layers"] == ["profiler"]
+
+
+def test_rocm_trace_reads_hip_calls_and_devices(job):
+    sid = session_of(job, ROCM)
+    with open_store(job, readonly=True) as store:
+        imported = store.row("SELECT runtime, rank FROM trace_import WHERE session_id = ?", (sid,))
+        linked = store.row("SELECT count(*) AS n, count(launch_op_id) AS linked FROM device_activity"
+                           " WHERE session_id = ? AND kind IN ('kernel', 'memcpy')", (sid,))
+        report = explain(store, sid, step=1)
+    assert imported == {"runtime": "rocm", "rank": None}
+    assert linked["n"] == 16 and linked["linked"] == 16  # every kernel and copy found its hip* launch
+    busy, _ = expected_busy(ROCM, 1)
+    assert report["gpu"]["busy_pct"] == busy and report["gpu"]["devices"][0]["device"] == 2
+
+
+def test_cpu_trace_python_functions_and_host_names(job):
+    sid = session_of(job, CPU)
+    with open_store(job, readonly=True) as store:
+        kinds = {r["kind"]: r["n"] for r in store.query(
+            "SELECT kind, count(*) AS n FROM host_op WHERE session_id = ? GROUP BY kind", (sid,))}
+        listed = steps(store, sid)["steps"]
+        report = explain(store, sid, step=3)
+    assert kinds["python_function"] > 100 and kinds["cpu_op"] > 100
+    assert [s["step"] for s in listed] == [2, 3, 4, 5]
+    assert next(s for s in listed if s["step"] == 3)["dur_ns"] > 30_000_000  # its 30 ms sleep
+    assert report["session"]["host"] == json.loads(gzip.decompress(CPU.read_bytes()))["host_name"]
+    assert report["gpu"] is None  # a CPU-only trace has no device timeline, and says nothing of one
+
+
+def test_a_trace_without_profiler_steps_imports_without_steps(job):
+    sid = session_of(job, NO_STEPS)
+    with open_store(job, readonly=True) as store:
+        assert steps(store, sid)["steps"] == []
+        kinds = {r["kind"] for r in store.query("SELECT DISTINCT kind FROM device_activity WHERE session_id = ?",
+                                                 (sid,))}
+    assert kinds == {"kernel", "memcpy", "memset", "sync"}
+
+
+def test_ns_timestamps_are_kept_exactly(tmp_path):
+    trace = {"baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1,
+         "ts": 4203669603187.439, "dur": 9288.291},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 4203669603188.001, "dur": 1.5,
+         "args": {"device": 0, "stream": 7, "correlation": 5}}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    t = read_file(path).content
+    assert t.host[0].ts == 4203669603187439 and t.host[0].dur == 9288291
+    assert t.device[0].ts == 4203669603188001 and t.device[0].dur == 1500
+
+
+def sessions(db: Path) -> int:
+    return sqlite3.connect(db).execute("SELECT count(*) FROM session").fetchone()[0]
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.write_bytes(RANK0.read_bytes()[:40000]), ["truncated or damaged gzip"]),
+    (lambda p: p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur"'), ["truncated"]),
+    (lambda p: p.write_text('{"name": "not a trace"}'), ["not a PyTorch profiler trace"]),
+    (lambda p: p.write_text("[1, 2, 3]"), ["not a PyTorch profiler trace"]),
+    (lambda p: p.write_bytes(b"\x00\x01binary"), ["not valid JSON"]),
+    (lambda p: p.write_text(""), ["empty"]),
+    (lambda p: p.write_bytes(pickle.dumps({"entries": "x", "pg_config": {}})), ["not a Flight Recorder dump"]),
+])
+def test_bad_files_get_one_line_and_leave_the_database_as_it_was(tmp_path, make, words):
+    bad = tmp_path / "bad.json"
+    make(bad)
+    db = tmp_path / "job.db"
+    import_files(db, [ROCM])
+    before = db.read_bytes()
+    result = run_recorder("import", str(NO_STEPS), str(bad), "--db", str(db))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("recorder: ") and str(bad) in lines[0], result.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert sessions(db) == 1 and db.read_bytes() == before  # the good file before it was not written either
+    fresh = tmp_path / "fresh.db"
+    with pytest.raises(TraceError):
+        import_files(fresh, [ROCM, bad])
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "job.db"]
+
+
+def test_a_pickle_that_names_a_class_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    bad = tmp_path / "nccl_trace_rank_0"
+    bad.write_bytes(pickle.dumps({"version": "2.8", "pg_config": {}, "entries": [Evil()]}))
+    with pytest.raises(TraceError, match="not a Flight Recorder dump.*nothing was run"):
+        read_file(bad)
+    assert not marker.exists()
+
+
+def test_the_same_file_twice_is_refused(tmp_path):
+    db = tmp_path / "job.db"
+    import_files(db, [ROCM])
+    with pytest.raises(Exception, match="already imported into .* as session 1"):
+        import_files(db, [ROCM])
+    with pytest.raises(Exception, match="same content"):
+        import_files(tmp_path / "other.db", [ROCM, ROCM])
+
+
+def test_cli_import_then_explain_step_json(tmp_path):
+    db = tmp_path / "job.db"
+    out = run_recorder("import", str(RANK0), "--db", str(db), check=True)
+    assert "session 1:" in out.stdout and "steps 551..552" in out.stdout and "rank 0 of 128" in out.stdout
+    report = json.loads(run_recorder("explain", "--db", str(db), "--step", "552", "--json", check=True).stdout)
+    busy, kernels = expected_busy(RANK0, 552)
+    assert report["gpu"]["busy_pct"] == busy
+    assert report["gpu"]["top_kernels"][0]["name"] == kernels[0]
+    text = run_recorder("explain", "--db", str(db), "--step", "552", check=True).stdout
+    assert f"device 0 busy {busy}%" in text and "Top kernels: " in text and "the host was in: " in text
+    listed = json.loads(run_recorder("steps", "--db", str(db), "--json", check=True).stdout)
+    assert [(s["step"], s["dur_ns"]) for s in listed["steps"]] == [(551, 607312000), (552, 622928000)]
