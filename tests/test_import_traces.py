@@ -215,3 +215,67 @@ def test_cli_import_then_explain_step_json(tmp_path):
     assert f"device 0 busy {busy}%" in text and "Top kernels: " in text and "the host was in: " in text
     listed = json.loads(run_recorder("steps", "--db", str(db), "--json", check=True).stdout)
     assert [(s["step"], s["dur_ns"]) for s in listed["steps"]] == [(551, 607312000), (552, 622928000)]
+
+
+def test_cluster_explain_names_the_rank_whose_collective_kernels_started_last(tmp_path):
+    db = tmp_path / "job.db"
+    import_files(db, [RANK0, RANK1])
+    # the first NCCL kernel of step 551 on each rank, from the files themselves
+    first = {}
+    for rank, path in ((0, RANK0), (1, RANK1)):
+        ev = raw_events(path)
+        st = next(e for e in ev if e.get("name") == "ProfilerStep#551" and e.get("cat") == "user_annotation")
+        a, b = to_ns(st["ts"]), to_ns(st["ts"]) + to_ns(st["dur"])
+        first[rank] = min(to_ns(e["ts"]) for e in ev if e.get("cat") == "kernel" and "nccl" in e["name"].lower()
+                          and a <= to_ns(e["ts"]) < b)
+    late = max(first, key=first.get)
+    result = run_recorder("cluster", "explain", str(db), "--step", "551", "--json", check=True)
+    r = json.loads(result.stdout)
+    assert r["mode"] == "device" and r["verdict"] == "late_rank" and r["late_rank"]["rank"] == late == 1
+    assert r["late_rank"]["first_collective_late_ns"] == first[1] - first[0]
+    assert "device busy" in r["explanation"]["symptom"]
+    text = run_recorder("cluster", "explain", str(db), "--step", "551", check=True).stdout
+    assert "Late rank: 1 " in text
+
+
+def fr_entry(seq: int, state: str, pg: str = "0", name: str = "all_reduce") -> dict:
+    t = 1_790_000_000_000_000_000 + seq * 1_000_000
+    return {"record_id": seq, "process_group": (pg, "default_pg"), "collective_seq_id": seq, "p2p_seq_id": 0,
+            "op_id": seq, "profiling_name": f"nccl:{name}", "time_created_ns": t, "state": state,
+            "time_discovered_started_ns": t + 10 if state != "scheduled" else None,
+            "time_discovered_completed_ns": t + 20 if state == "completed" else None, "timeout_ms": 600000,
+            "input_sizes": [[4]], "output_sizes": [[4]], "frames": []}
+
+
+def test_flight_recorder_explain_names_the_rank_that_never_entered(tmp_path):
+    db = tmp_path / "hang.db"
+    run_recorder("import", *map(str, DUMPS), "--db", str(db), check=True)
+    report = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
+    hang = report["hang"]
+    main = next(c for c in hang["collectives"] if c["api"] == "nccl:all_reduce")
+    assert main["inside_ranks"] == [0, 1, 3] and main["missing_ranks"] == [2]
+    assert main["missing"][0]["doing"].startswith("never entered it: its last is nccl:all_reduce #6, completed")
+    sub = next(c for c in hang["collectives"] if c["api"] == "nccl:broadcast")
+    assert sub["inside_ranks"] == [0] and sub["missing_ranks"] == [1] and "never started" in sub["missing"][0]["doing"]
+    assert "rank 2 never entered nccl:all_reduce #7 (process group 0), which ranks 0, 1, 3 wait in" in hang["summary"]
+    text = run_recorder("explain", "--db", str(db), check=True).stdout
+    assert "Hang: Flight Recorder dumps of 4 ranks" in text
+
+
+def test_flight_recorder_a_rank_that_never_finished(tmp_path):
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    paths = []
+    for rank in range(3):
+        entries = [fr_entry(s, "completed") for s in range(1, 7)]
+        # ranks 0 and 2 finished all_reduce 7 and wait in 8; rank 1 is still inside 7
+        entries += [fr_entry(7, "started")] if rank == 1 else [fr_entry(7, "completed"), fr_entry(8, "started")]
+        path = tmp_path / f"nccl_trace_rank_{rank}.json"
+        path.write_text(json.dumps({"version": "2.8", "pg_config": config, "entries": entries}))  # the JSON form
+        paths.append(path)
+    db = tmp_path / "hang.db"
+    import_files(db, paths)
+    with open_store(db, readonly=True) as store:
+        hang = explain(store, 1)["hang"]
+    c = hang["collectives"][0]
+    assert c["inside_ranks"] == [0, 2] and c["missing_ranks"] == [1]
+    assert c["missing"][0]["doing"] == "never finished nccl:all_reduce #7 (started)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from store.analysis import device
 from store.analysis.actions import CALL_ACTIONS, fill
+from store.analysis.flight_dumps import flight_hang
 from store.analysis.hangs import hang_facts
 from store.analysis.jobs import thread_names
 from store.analysis.kinds import KINDS, STEP_ACTIONS, cause_facts
@@ -191,9 +192,13 @@ def analyse(store: Store, session_id: int | None = None, window: str | None = No
     """The stall report of a session: per step when its threads mark steps (or `step` is given),
     else per slow CUDA call."""
     report = _report(store, session_id, window, since, worst, step)
-    hang = hang_facts(store, session_row(store, report.session.id))
-    if hang:
-        report.hang = Hang.model_validate(hang)
+    session = session_row(store, report.session.id)
+    hang = hang_facts(store, session)
+    dumped = flight_hang(store, session) if hang is None else None
+    if hang or dumped:
+        report.hang = Hang.model_validate(hang or dumped)
+    if dumped and report.primary_cause is None:
+        report.symptom = "collectives had not completed when PyTorch dumped its Flight Recorder"
     return StallReport(report)
 
 

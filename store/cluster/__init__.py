@@ -33,6 +33,7 @@ from pathlib import Path
 
 from store import objectstore
 from store.analysis import jobs
+from store.cluster import device
 from store.db import damaged, damaged_message
 from store.db.rules import default_stall_rule
 from store.errors import UserError
@@ -683,6 +684,8 @@ def render_clock(clock: dict) -> str:
 
 
 def render_explain(r: dict) -> str:
+    if r.get("mode") == "device":
+        return device.render(r)
     hosts = {x["node"] for x in r["recordings"]}
     ranks = sum(len(x["ranks"]) for x in r["recordings"])
     lines = ["Cluster stall report",
@@ -783,6 +786,12 @@ def render_steps(r: dict) -> str:
 
 
 def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst: bool = False) -> dict:
+    """The cluster report; over imported profiler traces (no NCCL calls), lined up on the collective
+    kernels instead (store/cluster/device.py)."""
+    if not any(objectstore.is_url(p) for p in paths):
+        dbs, exports = find_inputs(paths)
+        if not exports and device.applies(dbs):
+            return device.explain(dbs, step)
     return Cluster(paths).explain(step, worst)
 
 

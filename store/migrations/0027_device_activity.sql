@@ -11,7 +11,7 @@ CREATE TABLE trace_import (
     session_id INTEGER NOT NULL REFERENCES session(id),
     path TEXT NOT NULL,                 -- the file as given to `recorder import` (absolute)
     format TEXT NOT NULL,               -- 'chrome_trace' (torch.profiler / Kineto) or 'flight_recorder' (NCCL dump)
-    sha256 TEXT NOT NULL,               -- of the file's bytes: importing the same file twice is refused
+    sha256 TEXT NOT NULL,               -- of the file's bytes: the same bytes for the same rank are not imported twice
     size_bytes INTEGER NOT NULL,        -- of the file as read (compressed when .gz)
     events INTEGER NOT NULL,            -- events (trace) or entries (dump) read
     skipped INTEGER NOT NULL,           -- events read but not stored (flow arrows, counters, unknown kinds)

@@ -10,7 +10,7 @@
 
 Every file is read and checked before anything is written; the rows then go in one transaction
 (into a new database: a temporary file renamed into place), so a bad file leaves the database as it
-was. A file already imported (same bytes) is refused.
+was. A file already imported (same bytes, same rank) is refused.
 """
 
 from __future__ import annotations
@@ -48,6 +48,17 @@ class Read:
     size_bytes: int
     content: Trace | Dump
 
+    @property
+    def rank(self) -> int | None:
+        if isinstance(self.content, Dump):
+            return self.content.rank
+        return chrome._int((self.content.distributed or {}).get("rank"))
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        """What makes a file the same as another: its bytes and its rank (a dump's rank is in its name)."""
+        return self.sha256, self.rank
+
 
 def read_file(path: str | os.PathLike) -> Read:
     """Read and check one file (a trace or a dump, told apart by content); TraceError when unusable."""
@@ -81,11 +92,11 @@ def import_files(db: str | os.PathLike, paths: list[str | os.PathLike]) -> list[
     if not paths:
         raise UserError("name at least one trace or dump to import")
     reads = [read_file(p) for p in paths]
-    seen: dict[str, Path] = {}
+    seen: dict[tuple[str, int | None], Path] = {}
     for r in reads:
-        if r.sha256 in seen:
-            raise UserError(f"{r.path} has the same content as {seen[r.sha256]}: name each file once")
-        seen[r.sha256] = r.path
+        if r.key in seen:
+            raise UserError(f"{r.path} has the same content as {seen[r.key]}: name each file once")
+        seen[r.key] = r.path
     db = Path(db)
     if db.exists():
         if being_written(db):
@@ -114,7 +125,7 @@ def import_files(db: str | os.PathLike, paths: list[str | os.PathLike]) -> list[
 
 def _write(store: Store, reads: list[Read]) -> list[dict]:
     for r in reads:
-        old = store.one("SELECT session_id FROM trace_import WHERE sha256 = ?", (r.sha256,))
+        old = store.one("SELECT session_id FROM trace_import WHERE sha256 = ? AND rank IS ?", r.key)
         if old is not None:
             raise UserError(f"{r.path} is already imported into {store.path} as session {old['session_id']}")
     conn = store.conn
