@@ -279,3 +279,41 @@ def test_flight_recorder_a_rank_that_never_finished(tmp_path):
     c = hang["collectives"][0]
     assert c["inside_ranks"] == [0, 2] and c["missing_ranks"] == [1]
     assert c["missing"][0]["doing"] == "never finished nccl:all_reduce #7 (started)"
+
+
+def test_perfetto_export_shows_the_device_rows_and_their_launches(job, tmp_path):
+    from test_export_perfetto import read_trace
+
+    sid = session_of(job, RANK0)
+    out = tmp_path / "step.pftrace"
+    run_recorder("export", "--db", str(job), "--session", str(sid), "--step", "551", "--perfetto", str(out),
+                 check=True)
+    t = read_trace(out)
+    device_tracks = {u for u, d in t["tracks"].items() if d.name.startswith("device 0 stream")}
+    on_device = [s for s in t["slices"] if s["track"] in device_tracks]
+    with open_store(job, readonly=True) as store:
+        st = store.row("SELECT ts, end_ts FROM step WHERE session_id = ? AND step = 551", (sid,))
+        want = store.row("SELECT count(*) AS n, count(launch_op_id) AS launched FROM device_activity"
+                         " WHERE session_id = ? AND ts < ? AND ts + dur > ?", (sid, st["end_ts"], st["ts"]))
+    assert len(on_device) == want["n"] > 500
+    launched = [f for f, (src, dst) in t["flows"].items() if dst["track"] in device_tracks]
+    assert len(launched) == want["launched"]
+    assert {t["flows"][f][0]["name"] for f in launched} <= {"cudaLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync",
+                                                           "cudaLaunchKernelExC", "cudaMemcpy", "cudaStreamSynchronize",
+                                                           "cudaEventSynchronize", "cudaDeviceSynchronize"}
+    assert any(s["name"] == "ProfilerStep#551" or s["name"] == "step 551" for s in t["slices"])
+
+
+def test_mcp_device_timeline_is_the_reports_device_part(job):
+    from test_mcp_server import call_all
+
+    from mcp_server.server import build_server
+
+    sid = session_of(job, RANK0)
+    _, results, _, _ = call_all(build_server(job), [("device_timeline", {"session_id": sid, "step": 551})])
+    out = results["device_timeline"].structured_content
+    with open_store(job, readonly=True) as store:
+        gpu = explain(store, sid, step=551)["gpu"]
+    assert out["busy_pct"] == gpu["busy_pct"] and out["bound"] == {"untrusted_text": "host"}  # marked as data
+    assert [k["dur_ns"] for k in out["top_kernels"]] == [k["dur_ns"] for k in gpu["top_kernels"]]
+    assert out["imported_from"][0]["rank"] == 0
