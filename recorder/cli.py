@@ -45,7 +45,8 @@ EXAMPLES = {
                "  recorder explain --db job.db --step 551                   # device busy share, top kernels, host\n"
                "  recorder import trace/*.pt.trace.json.gz --db job.db     # one session per rank\n"
                "  recorder cluster explain job.db --step 551               # the rank whose collectives started last\n"
-               "  recorder import nccl_trace_rank_* --db hang.db && recorder explain --db hang.db   # Flight Recorder"),
+               "  recorder import nccl_trace_rank_* --db hang.db && recorder explain --db hang.db   # Flight Recorder\n"
+               "  recorder import rank0.pt.trace.json.gz --db run.db --join   # into the latest recorded session"),
     "steps": ("recorder steps                         # every step with its baseline\n"
               "  recorder steps --slow --json           # only the stalls"),
     "top": "recorder top\n  recorder top --limit 10 --json",
@@ -198,6 +199,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", type=Path, metavar="FILE",
                    help="Chrome trace JSON (.json, .json.gz) from torch.profiler, or a Flight Recorder dump (pickle "
                         "or JSON); all are imported or none")
+    p.add_argument("--join", nargs="?", type=int, const=-1, metavar="SESSION",
+                   help="line each trace up with recorded session SESSION of --db (default: the latest) by their "
+                        "runtime calls, and import it into that session on its clock; said when it does not line up")
     p.add_argument("-j", "--json", action="store_true", help="say what was imported as JSON")
 
     p = _sub(subs, "steps", "list the steps of a session with their rolling baseline; --slow for the stalls")
@@ -523,7 +527,7 @@ def cmd_explain(args) -> int:
 def cmd_import(args) -> int:
     from store.traces import import_files
 
-    result = import_files(args.db, args.files)
+    result = import_files(args.db, args.files, join=True if args.join == -1 else args.join)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -539,6 +543,10 @@ def cmd_import(args) -> int:
         else:
             print(f"session {r['session_id']}: {r['file']}{rank}: Flight Recorder dump, {r['records']} collectives, "
                   f"{r['not_completed']} not completed")
+        if r.get("join"):
+            j = r["join"]
+            print(f"  joined to session {j['session_id']}: {j['note']}" if j["aligned"] else
+                  f"  not joined to session {j['session_id']}: {j['note']}")
     first = result[0]
     print(f"explain it with: recorder explain --db {shlex.quote(str(args.db))} --session {first['session_id']}"
           + (f" --step {first['steps'][0]}" if first.get("steps") else ""))

@@ -35,6 +35,11 @@ class Session(Part):
     window_kept: str | None = Field(None, description="a flight recording whose window kept was shorter than "
                                                        "--keep because of --max-size: when and how short, "
                                                        "absent otherwise")
+    imported: str | None = Field(None, description="a session read from a file (`recorder import`): which, "
+                                                    "absent otherwise")
+    joined: list[str] | None = Field(None, description="profiler traces lined up with this recording (`recorder "
+                                                        "import --join`): how, or why they could not be; absent "
+                                                        "when none")
 
 
 class Window(Part):

@@ -168,16 +168,24 @@ def test_bad_files_get_one_line_and_leave_the_database_as_it_was(tmp_path, make,
     db = tmp_path / "job.db"
     import_files(db, [ROCM])
     before = db.read_bytes()
-    result = run_recorder("import", str(NO_STEPS), str(bad), "--db", str(db))
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("recorder: ") and str(bad) in lines[0], result.stderr
-    assert all(w in lines[0] for w in words), lines[0]
+    with pytest.raises(TraceError) as err:
+        import_files(db, [NO_STEPS, bad])
+    message = str(err.value)
+    assert "\n" not in message and str(bad) in message and all(w in message for w in words), message
     assert sessions(db) == 1 and db.read_bytes() == before  # the good file before it was not written either
     fresh = tmp_path / "fresh.db"
     with pytest.raises(TraceError):
         import_files(fresh, [ROCM, bad])
     assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "job.db"]
+
+
+def test_cli_bad_file_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "cut.json.gz"
+    bad.write_bytes(RANK0.read_bytes()[:40000])
+    result = run_recorder("import", str(bad), "--db", str(tmp_path / "job.db"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"recorder: {bad}: truncated")
+    assert not (tmp_path / "job.db").exists()
 
 
 def test_a_pickle_that_names_a_class_is_refused_and_runs_nothing(tmp_path):
@@ -317,3 +325,73 @@ def test_mcp_device_timeline_is_the_reports_device_part(job):
     assert out["busy_pct"] == gpu["busy_pct"] and out["bound"] == {"untrusted_text": "host"}  # marked as data
     assert [k["dur_ns"] for k in out["top_kernels"]] == [k["dur_ns"] for k in gpu["top_kernels"]]
     assert out["imported_from"][0]["rank"] == 0
+
+
+def trace_of_recording(db: Path, path: Path, skew_ns: int, pid_shift: int = 0) -> None:
+    """A profiler trace of the recorded process as Kineto would write it: each recorded
+    cudaLaunchKernel is a runtime call (a few us off, as two probes of one call are) launching a 200 us
+    kernel; the trace's realtime clock reads `skew_ns` ahead of the recording's."""
+    with open_store(db, readonly=True) as store:
+        sess = store.row("SELECT wall_offset_ns FROM session ORDER BY id DESC LIMIT 1")
+        calls = store.query("SELECT c.ts, c.dur, a.name, t.tid, p.pid FROM cuda_call c"
+                            " JOIN cuda_api a ON a.id = c.api_id JOIN thread t ON t.id = c.thread_id"
+                            " JOIN process p ON p.id = t.process_id ORDER BY c.ts")
+    events = []
+    for i, c in enumerate(calls):
+        jitter = (i * 7919) % 7 - 3  # us: -3..3
+        ts = c["ts"] + jitter * 1000
+        pid, tid = c["pid"] + pid_shift, c["tid"] + pid_shift
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": c["name"], "pid": pid, "tid": tid,
+                       "ts": f"{ts // 1000}.{ts % 1000:03d}", "dur": c["dur"] / 1000, "args": {"correlation": i}})
+        if c["name"] == "cudaLaunchKernel":
+            k = c["ts"] + 5000
+            events.append({"ph": "X", "cat": "kernel", "name": "sgemm", "pid": 0, "tid": 7,
+                           "ts": f"{k // 1000}.{k % 1000:03d}", "dur": 200,
+                           "args": {"device": 0, "stream": 7, "correlation": i}})
+    text = json.dumps({"baseTimeNanoseconds": sess["wall_offset_ns"] + skew_ns, "traceEvents": events})
+    path.write_text(text.replace('"ts": "', '"ts": ').replace('", "dur"', ', "dur"'))  # ts as JSON numbers
+
+
+def test_join_aligns_the_trace_on_the_recorded_runtime_calls(tmp_path):
+    from recorder.demo import write_scenario
+
+    db = tmp_path / "run.db"
+    write_scenario("cpu-contention", db)
+    trace = tmp_path / "rank0.pt.trace.json"
+    trace_of_recording(db, trace, skew_ns=3_700_000)
+    out = json.loads(run_recorder("import", str(trace), "--db", str(db), "--join", "--json", check=True).stdout)[0]
+    j = out["join"]
+    assert j["aligned"] and out["session_id"] == j["session_id"] == 1
+    assert abs(j["clock_offset_ns"]) <= 3000 and j["matches"] == j["candidates"] > 1000
+    with open_store(db, readonly=True) as store:
+        st = store.row("SELECT step, ts, end_ts FROM step WHERE session_id = 1 ORDER BY dur DESC LIMIT 1")
+        kernels = store.query("SELECT ts, dur FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id"
+                              " WHERE a.name = 'cudaLaunchKernel' AND c.ts + 5000 < ? AND c.ts + 205000 > ?",
+                              (st["end_ts"], st["ts"]))
+        report = explain(store, 1, step=st["step"])
+    spans = sorted((max(k["ts"] + 5000 + j["clock_offset_ns"], st["ts"]),
+                    min(k["ts"] + 205000 + j["clock_offset_ns"], st["end_ts"])) for k in kernels)
+    busy, end = 0, st["ts"]
+    for x, y in spans:
+        x = max(x, end)
+        if y > x:
+            busy, end = busy + y - x, y
+    assert report["gpu"]["busy_pct"] == round(100 * busy / (st["end_ts"] - st["ts"]), 1)
+    assert report["gpu"]["top_kernels"][0]["name"] == "sgemm"
+    assert "profiler" in report["observed_layers"] and "sched" in report["observed_layers"]
+    assert report["session"]["joined"][0].startswith(f"{trace}: aligned on ")
+    assert report["primary_cause"]["kind"] == "cpu_contention"  # the recorder's own answer is kept
+
+
+def test_join_of_another_process_says_no_alignment_was_possible(tmp_path):
+    from recorder.demo import write_scenario
+
+    db = tmp_path / "run.db"
+    write_scenario("cpu-contention", db)
+    trace = tmp_path / "other.pt.trace.json"
+    trace_of_recording(db, trace, skew_ns=0, pid_shift=17)
+    out = import_files(db, [trace], join=True)[0]
+    assert not out["join"]["aligned"] and out["session_id"] == 2
+    text = run_recorder("explain", "--db", str(db), "--session", "1", check=True).stdout
+    assert f"Joined: {trace}: no alignment was possible" in text
+    assert "another process, or pids seen through another pid namespace" in text

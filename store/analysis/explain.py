@@ -224,6 +224,20 @@ def _session_notes(store: Store, sid: int) -> dict:
     ended = recording_end(store, store.row("SELECT * FROM session WHERE id = ?", (sid,)))
     if ended:
         out["ended"] = ended
+    imported = store.one("SELECT path, format, rank, world_size FROM trace_import WHERE session_id = ?"
+                         " AND joined_session_id IS NULL ORDER BY id LIMIT 1", (sid,))
+    if imported is not None:
+        what = "PyTorch profiler trace" if imported["format"] == "chrome_trace" else "NCCL Flight Recorder dump"
+        rank = (f", rank {imported['rank']}" + (f" of {imported['world_size']}" if imported["world_size"] else "")
+                if imported["rank"] is not None else "")
+        out["imported"] = f"{what} {imported['path']}{rank}"
+    joined = [(f"{r['path']}: {r['clock_note']}" if r["clock_offset_ns"] is not None else
+               f"{r['path']}: no alignment was possible, so its device timeline is not in this report "
+               f"({r['clock_note']}; it is session {r['session_id']})")
+              for r in store.query("SELECT path, session_id, clock_offset_ns, clock_note FROM trace_import"
+                                   " WHERE joined_session_id = ? ORDER BY id", (sid,))]
+    if joined:
+        out["joined"] = joined
     short = store.one("SELECT * FROM flight_window WHERE session_id = ? AND shortest_ns IS NOT NULL", (sid,))
     if short is not None:
         out["window_kept"] = (

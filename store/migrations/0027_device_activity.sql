@@ -20,8 +20,10 @@ CREATE TABLE trace_import (
     backend TEXT,                       -- 'nccl', 'gloo', ...; NULL unknown
     runtime TEXT,                       -- 'cuda', 'rocm' or NULL when the trace has no device activity
     distributed TEXT,                   -- the trace's distributedInfo (or the dump's pg_config) as JSON; NULL when absent
-    clock_offset_ns INTEGER,            -- ns added to this trace's ts to put them on a recording's CLOCK_MONOTONIC
-                                        -- (set by `recorder import --join`); NULL: not aligned
+    joined_session_id INTEGER REFERENCES session(id), -- the recording `recorder import --join` lined it up with
+                                        -- (or tried to); NULL: imported on its own
+    clock_offset_ns INTEGER,            -- ns added to the trace's ts to put them on that recording's CLOCK_MONOTONIC;
+                                        -- NULL: not aligned (the trace is then a session of its own)
     clock_matches INTEGER,              -- runtime calls matched to the recording's uprobe rows for that offset
     clock_note TEXT,                    -- how the alignment went, or why none was possible
     imported_ts INTEGER NOT NULL        -- Unix ns when imported

@@ -5,7 +5,7 @@ always carry the same content."""
 from __future__ import annotations
 
 from store.db.session import KNOWN_LAYERS
-from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
+from store.models import CallFinding, CallReport, Loss, NotObserved, Session, StallReport, StepReport, as_report
 from store.units import NS, ms
 
 Report = StallReport | StepReport | CallReport | dict
@@ -79,6 +79,7 @@ def render_text(report: Report, stack: bool = False) -> str:
         *([f"Incident: {s.incident}"] if s.incident else []),
         *([f"Recording: {s.ended}"] if s.ended else []),
         *([f"Window kept: {s.window_kept}"] if s.window_kept else []),
+        *_import_lines(s),
         *_hang_lines(r, stack),
         f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)",
         f"Symptom: {r.symptom}",
@@ -109,6 +110,10 @@ def render_text(report: Report, stack: bool = False) -> str:
     lines += _tail(r.observed_layers, r.not_observed, r.loss, r.layer_words)
     lines += _actions(r.next_actions)
     return "\n".join(lines)
+
+
+def _import_lines(s: Session) -> list[str]:
+    return ([f"Imported from: {s.imported}"] if s.imported else []) + [f"Joined: {j}" for j in s.joined or []]
 
 
 def _device_lines(r: StepReport) -> list[str]:
@@ -144,6 +149,7 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         lines.append(f"Recording: {s.ended}")
     if s.window_kept:
         lines.append(f"Window kept: {s.window_kept}")
+    lines += _import_lines(s)
     lines.extend(_hang_lines(r, stack))
     st = r.step
     if st:

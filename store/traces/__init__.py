@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from store.db import Store, being_written, open_store
+from store.db.session import KNOWN_LAYERS
 from store.errors import UserError
 from store.traces import chrome, flight_recorder
 from store.traces.chrome import Trace, TraceError
 from store.traces.flight_recorder import Dump
+from store.traces.join import align
 
 PROFILER_LAYER = ("profiler", "the device's kernels, copies and memsets and the host's ops (an imported PyTorch "
                   "profiler trace)")
@@ -87,8 +89,12 @@ def read_file(path: str | os.PathLike) -> Read:
     return Read(path, digest, len(raw), content)
 
 
-def import_files(db: str | os.PathLike, paths: list[str | os.PathLike]) -> list[dict]:
-    """Import every file into `db` (created when missing), all or nothing; one summary per file."""
+def import_files(db: str | os.PathLike, paths: list[str | os.PathLike], join: int | bool | None = None) -> list[dict]:
+    """Import every file into `db` (created when missing), all or nothing; one summary per file.
+
+    `join`: a session of `db` recorded by the recorder (True: its latest) to line each trace up with
+    (store/traces/join.py); a trace that lines up goes into that session on its clock, one that does
+    not becomes a session of its own, and why is kept (trace_import.clock_note)."""
     if not paths:
         raise UserError("name at least one trace or dump to import")
     reads = [read_file(p) for p in paths]
@@ -98,11 +104,13 @@ def import_files(db: str | os.PathLike, paths: list[str | os.PathLike]) -> list[
             raise UserError(f"{r.path} has the same content as {seen[r.key]}: name each file once")
         seen[r.key] = r.path
     db = Path(db)
+    if join is not None and join is not False and not db.exists():
+        raise UserError(f"--join lines traces up with a recording in --db, and there is none at {db}")
     if db.exists():
         if being_written(db):
             raise UserError(f"{db} is being recorded into: import into another --db")
         with open_store(db) as store:
-            return _write(store, reads)
+            return _write(store, reads, _joined_session(store, join))
     parent = db.parent if str(db.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"folder {parent} does not exist: create it or pass another --db")
@@ -123,7 +131,23 @@ def import_files(db: str | os.PathLike, paths: list[str | os.PathLike]) -> list[
     return out
 
 
-def _write(store: Store, reads: list[Read]) -> list[dict]:
+def _joined_session(store: Store, join: int | bool | None) -> dict | None:
+    if join is None or join is False:
+        return None
+    recorded = "command NOT LIKE 'recorder import %'"
+    if join is True:
+        row = store.one(f"SELECT * FROM session WHERE {recorded} ORDER BY id DESC LIMIT 1")
+        if row is None:
+            raise UserError(f"{store.path} holds no recorded session to join: record one with 'recorder start'")
+        return row
+    row = store.one(f"SELECT * FROM session WHERE id = ? AND {recorded}", (join,))
+    if row is None:
+        raise UserError(f"no recorded session {join} in {store.path} to join ('recorder steps --session N' "
+                        "lists a session; imported ones cannot be joined)")
+    return row
+
+
+def _write(store: Store, reads: list[Read], join: dict | None = None) -> list[dict]:
     for r in reads:
         old = store.one("SELECT session_id FROM trace_import WHERE sha256 = ? AND rank IS ?", r.key)
         if old is not None:
@@ -133,7 +157,7 @@ def _write(store: Store, reads: list[Read]) -> list[dict]:
     try:
         for r in reads:
             if isinstance(r.content, Trace):
-                out.append(_write_trace(store, r, r.content))
+                out.append(_write_trace(store, r, r.content, join))
             else:
                 out.append(_write_dump(store, r, r.content))
         conn.commit()
@@ -141,8 +165,8 @@ def _write(store: Store, reads: list[Read]) -> list[dict]:
         conn.rollback()
         raise
     store.build_indexes()
-    for summary in out:
-        store.store_baselines(summary["session_id"])
+    for sid in dict.fromkeys(summary["session_id"] for summary in out):
+        store.store_baselines(sid)
     return out
 
 
@@ -189,9 +213,20 @@ def _version() -> str:
         return "unknown"
 
 
-def _write_trace(store: Store, r: Read, t: Trace) -> dict:
+def _write_trace(store: Store, r: Read, t: Trace, join: dict | None = None) -> dict:
+    """One trace as a session of its own, or, joined and aligned, into the recording `join` (a session
+    row): its ts shifted onto the recording's clock, its threads the recording's where they are."""
     conn = store.conn
-    sid = _session(store, r.path, t.start_ts, t.end_ts, t.base_ns, PROFILER_LAYER, t.host_name)
+    aligned = None
+    if join is not None:
+        aligned = align(store, join, t)
+    shift = aligned.offset_ns if aligned is not None and aligned.offset_ns is not None else 0
+    if aligned is not None and aligned.offset_ns is not None:
+        assert join is not None
+        sid = join["id"]
+        _declare(store, sid, PROFILER_LAYER, r.path, t.start_ts + shift)
+    else:
+        sid = _session(store, r.path, t.start_ts, t.end_ts, t.base_ns, PROFILER_LAYER, t.host_name)
     dist = t.distributed or {}
     rank = chrome._int(dist.get("rank"))
     world = chrome._int(dist.get("world_size"))
@@ -199,22 +234,35 @@ def _write_trace(store: Store, r: Read, t: Trace) -> dict:
     import_id = _next_id(store, "trace_import")
     conn.execute(
         "INSERT INTO trace_import (id, session_id, path, format, sha256, size_bytes, events, skipped, rank,"
-        " world_size, backend, runtime, distributed, imported_ts) VALUES (?, ?, ?, 'chrome_trace', ?, ?, ?, ?, ?, ?,"
-        " ?, ?, ?, ?)",
+        " world_size, backend, runtime, distributed, joined_session_id, clock_offset_ns, clock_matches, clock_note,"
+        " imported_ts) VALUES (?, ?, ?, 'chrome_trace', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (import_id, sid, str(r.path), r.sha256, r.size_bytes, t.events, t.skipped, rank, world, backend, t.runtime,
-         json.dumps(t.distributed) if t.distributed else None, time.time_ns()))
-    # processes and threads: the trace's pids and tids, first seen at their first op
+         json.dumps(t.distributed) if t.distributed else None, join["id"] if join else None,
+         aligned.offset_ns if aligned else None, aligned.matches if aligned else None,
+         aligned.note if aligned else None, time.time_ns()))
+    # processes and threads: the trace's pids and tids, first seen at their first op; joined, the
+    # recording's own rows where it has them
     first: dict[tuple[int, int], int] = {}
     for op in t.host:
         key = (op.pid, op.tid)
         if key not in first or op.ts < first[key]:
             first[key] = op.ts
+    known_threads: dict[tuple[int, int], int] = {}
+    known_processes: dict[int, int] = {}
+    if join is not None and sid == join["id"]:
+        for row in store.query("SELECT t.id, t.tid, p.pid, p.id AS process_id FROM thread t"
+                               " JOIN process p ON p.id = t.process_id WHERE t.session_id = ?", (sid,)):
+            known_threads[(row["pid"], row["tid"])] = row["id"]
+            known_processes[row["pid"]] = row["process_id"]
     pids = sorted({pid for pid, _ in t.threads})
     process_ids: dict[int, int] = {}
     next_process = _next_id(store, "process")
     for pid in pids:
+        if pid in known_processes:
+            process_ids[pid] = known_processes[pid]
+            continue
         process_ids[pid] = next_process
-        seen = min((ts for (p, _), ts in first.items() if p == pid), default=t.start_ts)
+        seen = min((ts for (p, _), ts in first.items() if p == pid), default=t.start_ts) + shift
         conn.execute("INSERT INTO process (id, session_id, pid, name, first_ts, job_rank, job_world_size,"
                      " environ_status) VALUES (?, ?, ?, ?, ?, ?, ?, 'read')",
                      (next_process, sid, pid, t.processes.get(pid), seen, rank, world))
@@ -222,10 +270,13 @@ def _write_trace(store: Store, r: Read, t: Trace) -> dict:
     thread_ids: dict[tuple[int, int], int] = {}
     next_thread = _next_id(store, "thread")
     for key, name in sorted(t.threads.items()):
+        if key in known_threads:
+            thread_ids[key] = known_threads[key]
+            continue
         thread_ids[key] = next_thread
         conn.execute("INSERT INTO thread (id, session_id, tid, process_id, name, first_ts, traced)"
                      " VALUES (?, ?, ?, ?, ?, ?, 1)", (next_thread, sid, key[1], process_ids[key[0]], name,
-                                                       first.get(key, t.start_ts)))
+                                                       first.get(key, t.start_ts) + shift))
         next_thread += 1
     names = _strings(store, {op.name for op in t.host} | {a.name for a in t.device})
     next_op = _next_id(store, "host_op")
@@ -236,7 +287,8 @@ def _write_trace(store: Store, r: Read, t: Trace) -> dict:
         thread = thread_ids[(op.pid, op.tid)]
         if op.kind == "runtime" and op.correlation is not None:
             launches[op.correlation] = (op_id, process_ids[op.pid])
-        rows.append((op_id, sid, op.ts, op.dur, thread, op.kind, names[op.name], op.correlation, op.external_id))
+        rows.append((op_id, sid, op.ts + shift, op.dur, thread, op.kind, names[op.name], op.correlation,
+                     op.external_id))
     conn.executemany("INSERT INTO host_op (id, session_id, ts, dur, thread_id, kind, name_id, correlation,"
                      " external_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     # device rows belong to the process that launched them; without the launch, to the trace's
@@ -248,20 +300,43 @@ def _write_trace(store: Store, r: Read, t: Trace) -> dict:
     for a in t.device:
         launch = launches.get(a.correlation) if a.correlation is not None else None
         linked += launch is not None
-        drows.append((sid, a.ts, a.dur, launch[1] if launch else fallback, a.kind, names[a.name], a.device, a.stream,
-                      a.correlation, launch[0] if launch else None, a.size_bytes, a.grid, a.block))
+        drows.append((sid, a.ts + shift, a.dur, launch[1] if launch else fallback, a.kind, names[a.name], a.device,
+                      a.stream, a.correlation, launch[0] if launch else None, a.size_bytes, a.grid, a.block))
     conn.executemany("INSERT INTO device_activity (session_id, ts, dur, process_id, kind, name_id, device, stream,"
                      " correlation, launch_op_id, size_bytes, grid, block) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
                      " ?)", drows)
-    step_rows = [(sid, ts, thread_ids[(pid, tid)], step, end) for pid, tid, step, ts, end in chrome.steps(t)]
+    # joined into a recording that marks its own steps, the profiler's are not added beside them
+    own_steps = join is not None and sid == join["id"] and store.one(
+        "SELECT 1 AS x FROM step_mark WHERE session_id = ? LIMIT 1", (sid,)) is not None
+    step_rows = [] if own_steps else [(sid, ts + shift, thread_ids[(pid, tid)], step, end + shift)
+                                      for pid, tid, step, ts, end in chrome.steps(t)]
     conn.executemany("INSERT INTO step_mark (session_id, ts, thread_id, step, inferred, end_ts) VALUES (?, ?, ?, ?,"
                      " 0, ?)", step_rows)
     work = [a for a in t.device if a.kind in ("kernel", "memcpy", "memset")]
-    return {"file": str(r.path), "format": "chrome_trace", "session_id": sid, "rank": rank, "world_size": world,
-            "runtime": t.runtime, "events": t.events, "skipped": t.skipped, "host_ops": len(t.host),
-            "device_activities": len(t.device), "kernels": sum(1 for a in work if a.kind == "kernel"),
-            "launches_linked": linked, "steps": sorted({s[3] for s in step_rows}),
-            "devices": sorted({a.device for a in work}), "start_ts": t.start_ts, "end_ts": t.end_ts}
+    out = {"file": str(r.path), "format": "chrome_trace", "session_id": sid, "rank": rank, "world_size": world,
+           "runtime": t.runtime, "events": t.events, "skipped": t.skipped, "host_ops": len(t.host),
+           "device_activities": len(t.device), "kernels": sum(1 for a in work if a.kind == "kernel"),
+           "launches_linked": linked, "steps": sorted({s[3] for s in step_rows}),
+           "devices": sorted({a.device for a in work}), "start_ts": t.start_ts + shift, "end_ts": t.end_ts + shift}
+    if join is not None and aligned is not None:
+        out["join"] = {"session_id": join["id"], "aligned": aligned.offset_ns is not None,
+                       "clock_offset_ns": aligned.offset_ns, "matches": aligned.matches,
+                       "candidates": aligned.candidates, "residual_ns": aligned.residual_ns, "note": aligned.note}
+    return out
+
+
+def _declare(store: Store, sid: int, layer: tuple[str, str], path: Path, ts: int) -> None:
+    """The recording `sid` observes the imported layer too (its word and a capability row). A recording
+    that declared no words reads the store's (KNOWN_LAYERS): they are declared first, so that adding
+    this one does not hide them."""
+    if store.one("SELECT 1 AS x FROM layer_vocabulary WHERE session_id = ? AND kind = 'capability'", (sid,)) is None:
+        store.conn.executemany("INSERT OR IGNORE INTO layer_vocabulary (session_id, layer, kind, word, what, why)"
+                               " VALUES (?, ?, 'capability', ?, ?, '')",
+                               [(sid, word, word, what) for word, what in KNOWN_LAYERS.items()])
+    store.conn.execute("INSERT OR IGNORE INTO layer_vocabulary (session_id, layer, kind, word, what, why)"
+                       " VALUES (?, ?, 'capability', ?, ?, '')", (sid, layer[0], layer[0], layer[1]))
+    store.conn.execute("INSERT INTO capability (session_id, layer, probe, target, status, detail, ts)"
+                       " VALUES (?, ?, ?, ?, 'attached', '', ?)", (sid, layer[0], f"import {path.name}", str(path), ts))
 
 
 def _busiest_process(t: Trace) -> int | None:
