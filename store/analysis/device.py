@@ -76,7 +76,7 @@ def timeline(store: Store, sid: int, a: int, b: int, thread_id: int | None = Non
             k = kernels.setdefault(r["name_id"], [0, 0])
             k[0] += y - x
             k[1] += 1
-    devices = []
+    devices: list[dict] = []
     for device, spans in sorted(per_device.items()):
         busy = _union(spans)
         busy_ns = sum(y - x for x, y in busy)

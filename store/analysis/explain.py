@@ -213,7 +213,7 @@ def _session_notes(store: Store, sid: int) -> dict:
     (store/flight/__init__.py); {'ended': ...} for a recording nobody stopped (a full disk, a recorder that
     died); {'window_kept': ...} for a flight recording whose window was shorter than
     --keep because of --max-size."""
-    out = {}
+    out: dict[str, str | list[str]] = {}
     off = store.row("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
     row = store.one("SELECT trigger, detail, ts FROM incident WHERE session_id = ? AND own = 1 ORDER BY id LIMIT 1",
                     (sid,))

@@ -115,9 +115,17 @@ def _int(value: object) -> int | None:
 
 
 def _dims(value: object) -> str | None:
-    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-        return ",".join(str(v) for v in value)
+    """'x,y,z' of a kernel's grid or block ([x, y, z] in the trace)."""
+    if type(value) is list and len(value) == 3:
+        x, y, z = value
+        if type(x) is int and type(y) is int and type(z) is int:
+            return f"{x},{y},{z}"
     return None
+
+
+def _args(event: dict) -> dict:
+    args = event.get("args")
+    return args if isinstance(args, dict) else {}
 
 
 def load_json(path: Path) -> object:
@@ -173,7 +181,7 @@ def read(path: Path, doc: object) -> Trace:
         pid, tid = e.get("pid"), e.get("tid")
         if ph == "M":
             name = e.get("name")
-            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            args = _args(e)
             if isinstance(pid, int) and isinstance(args.get("name"), str):
                 if name == "process_name":
                     trace.processes[pid] = args["name"]
@@ -195,7 +203,7 @@ def read(path: Path, doc: object) -> Trace:
         hi = ts + dur if hi is None or ts + dur > hi else hi
         cat = e.get("cat")
         name = str(e.get("name", ""))
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        args = _args(e)
         dkind = DEVICE_KINDS.get(cat) if isinstance(cat, str) else None
         if dkind is not None:
             device = _int(args.get("device"))

@@ -106,7 +106,8 @@ def read(path: Path, doc: object) -> Dump:
             raise TraceError(f"{path}: the dump does not say its rank and its name does not end in it "
                              "(PyTorch names them PREFIX<rank>): rename it, e.g. nccl_trace_rank_3")
         rank = int(m.group(1))
-    config = doc.get("pg_config") if isinstance(doc.get("pg_config"), dict) else {}
+    raw_config = doc.get("pg_config")
+    config: dict = raw_config if isinstance(raw_config, dict) else {}
     dump = Dump(path=path, rank=rank, version=str(doc.get("version", "")), pg_config=config)
     for i, e in enumerate(doc["entries"]):
         if not isinstance(e, dict):
