@@ -395,3 +395,13 @@ def test_join_of_another_process_says_no_alignment_was_possible(tmp_path):
     text = run_recorder("explain", "--db", str(db), "--session", "1", check=True).stdout
     assert f"Joined: {trace}: no alignment was possible" in text
     assert "another process, or pids seen through another pid namespace" in text
+
+
+def test_html_report_has_the_device_section_and_lanes(job, tmp_path):
+    sid = session_of(job, RANK0)
+    out = tmp_path / "step.html"
+    run_recorder("report", "--db", str(job), "--session", str(sid), "--step", "551", "--html", str(out), check=True)
+    page = out.read_text()
+    assert "<h2>The device (profiler trace)</h2>" in page and "bound by the host" in page
+    assert "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t" in page and "## backward ##" in page
+    assert "device 0 kernels" in page  # the timeline's lane for the device
