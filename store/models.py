@@ -202,6 +202,8 @@ class CallReport(Part):
     loss: Loss
     next_actions: list[str]
     hang: Hang | None = Field(None, description="calls in flight at the stop (left out when none)")
+    gpu: Gpu | None = Field(None, description="the device's own timeline over the window, where an imported "
+                                              "profiler trace brought one (left out otherwise)")
 
 
 # -- hangs -------------------------------------------------------------------------------------------

@@ -133,7 +133,14 @@ def test_a_trace_without_profiler_steps_imports_without_steps(job):
         assert steps(store, sid)["steps"] == []
         kinds = {r["kind"] for r in store.query("SELECT DISTINCT kind FROM device_activity WHERE session_id = ?",
                                                  (sid,))}
+        report = explain(store, sid)
     assert kinds == {"kernel", "memcpy", "memset", "sync"}
+    assert report["mode"] == "call" and report["symptom"].startswith("no ProfilerStep#N to explain step by step")
+    total: dict[str, int] = {}
+    for e in raw_events(NO_STEPS):
+        if e.get("cat") == "kernel":
+            total[e["name"]] = total.get(e["name"], 0) + to_ns(e["dur"])
+    assert [k["name"] for k in report["gpu"]["top_kernels"]] == sorted(total, key=lambda k: -total[k])[:5]
 
 
 def test_ns_timestamps_are_kept_exactly(tmp_path):

@@ -26,7 +26,7 @@ from store.db.session import (
     session_state,
 )
 from store.errors import UserError
-from store.models import CallReport, Hang, StallReport, StepReport
+from store.models import CallReport, Gpu, Hang, StallReport, StepReport
 from store.units import NS, ms, utc
 
 SLOW_LIMIT = 5  # slow calls listed in a report
@@ -193,6 +193,13 @@ def analyse(store: Store, session_id: int | None = None, window: str | None = No
     else per slow CUDA call."""
     report = _report(store, session_id, window, since, worst, step)
     session = session_row(store, report.session.id)
+    if isinstance(report, CallReport):
+        timeline = device.timeline(store, report.session.id, report.window.start_ts, report.window.end_ts)
+        if timeline is not None:
+            report.gpu = Gpu.model_validate(timeline)
+            if report.primary_cause is None:
+                report.symptom = (f"no ProfilerStep#N to explain step by step; over the window, "
+                                  f"{device.text(timeline).replace('of the step', 'of the window')}")
     hang = hang_facts(store, session)
     dumped = flight_hang(store, session) if hang is None else None
     if hang or dumped:

@@ -92,6 +92,7 @@ def render_text(report: Report, stack: bool = False) -> str:
         lines.append(f"  thread {p.thread}")
     else:
         lines.append("Primary cause: none: no stall found in this window")
+    lines += _device_lines(r)
     rest = r.findings[1:]
     if rest:
         lines.append(f"Other slow calls ({r.cuda.slow_calls} in the window):")
@@ -116,7 +117,7 @@ def _import_lines(s: Session) -> list[str]:
     return ([f"Imported from: {s.imported}"] if s.imported else []) + [f"Joined: {j}" for j in s.joined or []]
 
 
-def _device_lines(r: StepReport) -> list[str]:
+def _device_lines(r: StepReport | CallReport) -> list[str]:
     """The device's own timeline (an imported profiler trace): busy share per device, top kernels,
     and what the launching thread did while the device was idle."""
     g = r.gpu
