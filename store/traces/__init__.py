@@ -77,16 +77,18 @@ def read_file(path: str | os.PathLike) -> Read:
     if not raw:
         raise TraceError(f"{path} is empty: pass a complete trace")
     digest = hashlib.sha256(raw).hexdigest()
+    size = len(raw)
     content: Trace | Dump
     if flight_recorder.looks_like_pickle(raw):
         content = flight_recorder.read(path, flight_recorder.load_pickle(path, raw))
     else:
+        del raw  # load_json reads the file again: a large trace is not held twice while it is parsed
         doc = chrome.load_json(path)
         if flight_recorder.is_dump(doc):
             content = flight_recorder.read(path, doc)
         else:
             content = chrome.read(path, doc)
-    return Read(path, digest, len(raw), content)
+    return Read(path, digest, size, content)
 
 
 def import_files(db: str | os.PathLike, paths: list[str | os.PathLike], join: int | bool | None = None) -> list[dict]:

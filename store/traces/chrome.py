@@ -40,7 +40,7 @@ class TraceError(UserError):
     """A file that is not a usable profiler trace: one line saying which file and why."""
 
 
-@dataclass
+@dataclass(slots=True)
 class HostOp:
     ts: int
     dur: int
@@ -52,7 +52,7 @@ class HostOp:
     external_id: int | None
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceActivity:
     ts: int
     dur: int
@@ -144,6 +144,7 @@ def load_json(path: Path) -> object:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise TraceError(f"{path} is neither JSON nor a Flight Recorder dump (not UTF-8 text)") from None
+    del raw  # the bytes are not needed beside their text while the JSON is parsed
     try:
         return json.loads(text, parse_float=str)
     except json.JSONDecodeError as e:
