@@ -467,6 +467,7 @@ class DeviceTimeline(Window, NotRecorded):
     top_kernels: list[TopKernel] = Field(default_factory=list)
     idle_ns: int | None = None
     host_idle: list[HostIdle] = Field(default_factory=list)
+    python_idle: list[HostIdle] = Field(default_factory=list)
     bound: OptText = Field(None, description="'device' or 'host'")
 
 

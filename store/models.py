@@ -473,6 +473,9 @@ class Gpu(Part):
     idle_ns: int | None = Field(None, description="ns the busiest device was idle in the window")
     host_idle: list[HostIdle] | None = Field(
         None, description="what the step's thread did while the device was idle, most first")
+    python_idle: list[HostIdle] | None = Field(
+        None, description="the same for the Python functions only (a trace recorded with_stack=True): the Python "
+                          "lines the thread was in while the device was idle, most first; empty without stacks")
     bound: Literal["device", "host"] | None = Field(
         None, description="'device': the device was busy most of the window; 'host': it waited for the host")
 

@@ -412,3 +412,29 @@ def test_html_report_has_the_device_section_and_lanes(job, tmp_path):
     assert "<h2>The device (profiler trace)</h2>" in page and "bound by the host" in page
     assert "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t" in page and "## backward ##" in page
     assert "device 0 kernels" in page  # the timeline's lane for the device
+
+
+def test_idle_time_goes_to_the_innermost_op_and_python_line(tmp_path):
+    """A hand-made 100 us step: a kernel runs 10..30; the thread is in train.py(12): load from 30 to 80
+    (in it, aten::copy_ 40..60) and in train.py(20): step 80..95; 0..10 and 95..100 in no op."""
+    def op(cat, name, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 9, "tid": 9, "ts": ts, "dur": dur, "args": args}
+
+    events = [op("user_annotation", "ProfilerStep#3", 0, 100),
+              op("cuda_runtime", "cudaLaunchKernel", 5, 3, correlation=1),
+              op("python_function", "train.py(12): load", 30, 50), op("cpu_op", "aten::copy_", 40, 20),
+              op("python_function", "train.py(20): step", 80, 15),
+              {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 20,
+               "args": {"device": 0, "stream": 7, "correlation": 1}}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    db = tmp_path / "t.db"
+    import_files(db, [path])
+    with open_store(db, readonly=True) as store:
+        gpu = explain(store, 1, step=3)["gpu"]
+    assert gpu["busy_pct"] == 20.0 and gpu["idle_ns"] == 80_000 and gpu["bound"] == "host"
+    assert [(h["name"], h["dur_ns"]) for h in gpu["host_idle"]] == [
+        ("train.py(12): load", 30_000), ("aten::copy_", 20_000), ("train.py(20): step", 15_000),
+        ("(between ops)", 12_000), ("cudaLaunchKernel", 3_000)]
+    assert [(h["name"], h["dur_ns"]) for h in gpu["python_idle"]] == [
+        ("train.py(12): load", 50_000), ("train.py(20): step", 15_000), ("(between ops)", 15_000)]

@@ -64,9 +64,9 @@ def timeline(store: Store, sid: int, a: int, b: int, thread_id: int | None = Non
     if not rows:
         if not has_device_activity(store, sid):
             return None
-        return {"busy_pct": 0.0, "devices": [], "top_kernels": [], "host_idle": _host_idle(store, thread_id, a, b,
-                                                                                            [(a, b)]),
-                "idle_ns": b - a, "bound": "host"}
+        return {"busy_pct": 0.0, "devices": [], "top_kernels": [], "idle_ns": b - a, "bound": "host",
+                "host_idle": _host_idle(store, thread_id, a, b, [(a, b)]),
+                "python_idle": _host_idle(store, thread_id, a, b, [(a, b)], kinds=("python_function",))}
     per_device: dict[int, list[tuple[int, int]]] = {}
     kernels: dict[int, list[int]] = {}
     for r in rows:
@@ -95,20 +95,25 @@ def timeline(store: Store, sid: int, a: int, b: int, thread_id: int | None = Non
                          "share_pct": round(100.0 * v[0] / total_kernel, 1)} for i, v in top],
         "idle_ns": sum(y - x for x, y in gaps),
         "host_idle": _host_idle(store, thread_id, a, b, gaps),
+        "python_idle": _host_idle(store, thread_id, a, b, gaps, kinds=("python_function",)),
         "bound": "device" if main["busy_pct"] >= BOUND_BY_DEVICE else "host",
     }
     return out
 
 
-def _host_idle(store: Store, thread_id: int | None, a: int, b: int, gaps: list[tuple[int, int]]) -> list[dict]:
-    """Per innermost host op of the thread: the idle time of the device it covers, most first; the
-    time in no op at all is '(between ops)'."""
+def _host_idle(store: Store, thread_id: int | None, a: int, b: int, gaps: list[tuple[int, int]],
+               kinds: tuple[str, ...] | None = None) -> list[dict]:
+    """Per innermost host op of the thread (of `kinds`, default any): the idle time of the device it
+    covers, most first; the time in no such op is '(between ops)'. With kinds=('python_function',),
+    the Python lines (a trace recorded with_stack=True) the thread was in while the device was idle."""
     if thread_id is None or not gaps:
         return []
     ops = store.query(
         "SELECT o.ts, o.dur, o.kind, s.value AS name FROM host_op o JOIN string s ON s.id = o.name_id"
         " WHERE o.thread_id = ? AND o.ts < ? AND o.ts + o.dur > ? ORDER BY o.ts, o.dur DESC", (thread_id, b, a))
-    ops = [o for o in ops if not o["name"].startswith(STEP_PREFIX)]
+    ops = [o for o in ops if not o["name"].startswith(STEP_PREFIX) and (kinds is None or o["kind"] in kinds)]
+    if not ops and kinds is not None:
+        return []
     idle_total = sum(y - x for x, y in gaps)
     # each op's own share: its idle overlap less its children's (ops on one thread nest)
     own: dict[tuple[str, str], int] = {}
@@ -143,7 +148,8 @@ def text(d: dict) -> str:
     out = f"device busy {d['busy_pct']}% of the step"
     if d["bound"] == "device":
         return out + " (bound by the device)"
-    host = d["host_idle"][0] if d["host_idle"] else None
+    python = [h for h in d.get("python_idle") or [] if h["kind"] != "none"]
+    host = python[0] if python else (d["host_idle"][0] if d["host_idle"] else None)
     out += f" (bound by the host: device idle {ms(d['idle_ns'])}"
     if host:
         out += f", the launching thread in {host['name']} for {ms(host['dur_ns'])} of it"

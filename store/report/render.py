@@ -131,6 +131,9 @@ def _device_lines(r: StepReport | CallReport) -> list[str]:
     if g.host_idle:
         lines.append(f"  While the device was idle ({ms(g.idle_ns)}), the host was in: "
                      + "; ".join(f"{h.name} {ms(h.dur_ns)} ({h.share_pct}%)" for h in g.host_idle))
+    if g.python_idle:
+        lines.append("  Python lines while the device was idle: "
+                     + "; ".join(f"{h.name} {ms(h.dur_ns)} ({h.share_pct}%)" for h in g.python_idle))
     return lines
 
 
