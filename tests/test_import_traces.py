@@ -251,6 +251,10 @@ def test_cluster_explain_names_the_rank_whose_collective_kernels_started_last(tm
     assert "device busy" in r["explanation"]["symptom"]
     text = run_recorder("cluster", "explain", str(db), "--step", "551", check=True).stdout
     assert "Late rank: 1 " in text
+    listed = json.loads(run_recorder("cluster", "steps", str(db), "--json", check=True).stdout)
+    per_step = {s["step"]: s["late_rank"] for s in listed["steps"]}
+    second = json.loads(run_recorder("cluster", "explain", str(db), "--step", "552", "--json", check=True).stdout)
+    assert per_step == {551: 1, 552: second["late_rank"]["rank"]}
 
 
 def fr_entry(seq: int, state: str, pg: str = "0", name: str = "all_reduce") -> dict:

@@ -770,6 +770,8 @@ def _rank_lines(recordings: list[dict]) -> list[str]:
 
 
 def render_steps(r: dict) -> str:
+    if r.get("mode") == "device":
+        return device.render_steps(r)
     lines = [render_clock(r["clock"]), *_rank_lines(r["recordings"]),
              f"{'STEP':>8} {'RANKS':>6} {'DUR':>9} {'BASELINE':>9} {'RATIO':>6}  {'LATEST ARRIVAL':>14}  LATE RANK"]
     for s in r["steps"]:
@@ -796,4 +798,8 @@ def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst
 
 
 def steps_paths(paths: list[str | os.PathLike], slow_only: bool = False, limit: int = 0) -> dict:
+    if not slow_only and not any(objectstore.is_url(p) for p in paths):
+        dbs, exports = find_inputs(paths)
+        if not exports and device.applies(dbs):
+            return device.steps(dbs, limit)
     return Cluster(paths).steps(slow_only, limit)

@@ -148,6 +148,35 @@ def explain(dbs: list[Path], step: int | None = None) -> dict:
     return out
 
 
+def steps(dbs: list[Path], limit: int = 0) -> dict:
+    """Every step the ranks' traces share: its median duration across ranks and the rank whose
+    collective kernels started latest, by how much on average."""
+    ranks = _ranks(dbs)
+    shared = _steps(ranks)
+    shared = shared[:limit] if limit else shared
+    out = []
+    for s in shared:
+        view = _step_view(ranks, s)
+        durs = sorted(p["step_dur_ns"] for p in view["ranks"])
+        late = max(view["lateness"].items(), key=lambda kv: kv[1], default=None)
+        mean = late[1] // max(view["paired"], 1) if late else None
+        named = late is not None and mean is not None and mean >= LATE_MIN_NS
+        out.append({"step": s, "ranks": len(view["ranks"]), "dur_ns": durs[(len(durs) - 1) // 2] if durs else None,
+                    "collectives_paired": view["paired"], "late_rank": late[0] if named and late else None,
+                    "mean_lateness_ns": mean if named else None})
+    return {"mode": "device", "steps": out, "count": len(out)}
+
+
+def render_steps(r: dict) -> str:
+    lines = [f"{'STEP':>8} {'RANKS':>6} {'DUR':>9} {'COLL.':>6} {'LATE RANK':>10} {'MEAN LATE':>10}"]
+    for s in r["steps"]:
+        lines.append(f"{s['step']:>8} {s['ranks']:>6} {ms(s['dur_ns']):>9} {s['collectives_paired']:>6} "
+                     f"{'' if s['late_rank'] is None else s['late_rank']:>10} {ms(s['mean_lateness_ns']):>10}")
+    lines.append(f"{r['count']} steps (imported profiler traces: ranks lined up on their collective kernels; a late "
+                 f"rank is named from {ms(LATE_MIN_NS)} of mean lateness)")
+    return "\n".join(lines)
+
+
 def render(r: dict) -> str:
     lines = [f"Cluster report (profiler traces): step {r['step']}, {len(r['ranks'])} ranks, "
              f"{r['collectives_paired']} collective kernels lined up per rank"]
