@@ -436,6 +436,8 @@ def test_idle_time_goes_to_the_innermost_op_and_python_line(tmp_path):
     import_files(db, [path])
     with open_store(db, readonly=True) as store:
         gpu = explain(store, 1, step=3)["gpu"]
+        launched = store.row("SELECT name, launch_api, queued_dur FROM device_activity_detail")
+    assert launched == {"name": "k", "launch_api": "cudaLaunchKernel", "queued_dur": 2_000}  # launch returned at 8
     assert gpu["busy_pct"] == 20.0 and gpu["idle_ns"] == 80_000 and gpu["bound"] == "host"
     assert [(h["name"], h["dur_ns"]) for h in gpu["host_idle"]] == [
         ("train.py(12): load", 30_000), ("aten::copy_", 20_000), ("train.py(20): step", 15_000),
