@@ -444,3 +444,8 @@ def test_idle_time_goes_to_the_innermost_op_and_python_line(tmp_path):
         ("(between ops)", 12_000), ("cudaLaunchKernel", 3_000)]
     assert [(h["name"], h["dur_ns"]) for h in gpu["python_idle"]] == [
         ("train.py(12): load", 50_000), ("train.py(20): step", 15_000), ("(between ops)", 15_000)]
+    from store.report.html import build_html
+
+    with open_store(db, readonly=True) as store:
+        page, _ = build_html(store, 1, step_number=3)
+    assert "<p>By Python line:</p>" in page and "<td>train.py(12): load</td><td>0.05 ms</td>" in page

@@ -342,12 +342,16 @@ def build_html(store: Store, session_id: int | None = None, window: str | None =
                        f"<td>{k['share_pct']}%</td></tr>" for k in gpu["top_kernels"])
         idle = "".join(f"<tr><td>{html.escape(h['name'][:160])}</td><td>{html.escape(h['kind'])}</td>"
                        f"<td>{ms(h['dur_ns'])}</td><td>{h['share_pct']}%</td></tr>" for h in gpu.get("host_idle") or [])
+        python = "".join(f"<tr><td>{html.escape(h['name'][:160])}</td><td>{ms(h['dur_ns'])}</td>"
+                         f"<td>{h['share_pct']}%</td></tr>" for h in gpu.get("python_idle") or [])
         busy = ", ".join(f"device {d['device']} {d['busy_pct']}%" for d in gpu.get("devices") or [])
         parts.append(_section("The device (profiler trace)", (
             f"<p>Busy: {html.escape(busy or 'no kernel, copy or memset')}; bound by the {gpu.get('bound')}.</p>"
             "<table><tr><th>kernel</th><th>time</th><th>launches</th><th>of kernel time</th></tr>"
             f"{rows}</table><p>While the device was idle ({ms(gpu.get('idle_ns'))}), the launching thread was in:</p>"
-            f"<table><tr><th>host op</th><th>kind</th><th>idle time</th><th>share</th></tr>{idle}</table>")))
+            f"<table><tr><th>host op</th><th>kind</th><th>idle time</th><th>share</th></tr>{idle}</table>"
+            + (f"<p>By Python line:</p><table><tr><th>Python</th><th>idle time</th><th>share</th></tr>{python}</table>"
+               if python else ""))))
     win = report["window"]
     threads: list[tuple[int | None, str]] = [(None, "")]
     if step:
