@@ -279,6 +279,8 @@ def test_flight_recorder_explain_names_the_rank_that_never_entered(tmp_path):
     assert "rank 2 never entered nccl:all_reduce #7 (process group 0), which ranks 0, 1, 3 wait in" in hang["summary"]
     text = run_recorder("explain", "--db", str(db), check=True).stdout
     assert "Hang: Flight Recorder dumps of 4 ranks" in text
+    cluster = json.loads(run_recorder("cluster", "explain", str(db), "--json", check=True).stdout)
+    assert cluster["mode"] == "flight_recorder" and cluster["summary"] == hang["summary"]
 
 
 def test_flight_recorder_a_rank_that_never_finished(tmp_path):

@@ -686,6 +686,8 @@ def render_clock(clock: dict) -> str:
 def render_explain(r: dict) -> str:
     if r.get("mode") == "device":
         return device.render(r)
+    if r.get("mode") == "flight_recorder":
+        return device.render_dumps(r)
     hosts = {x["node"] for x in r["recordings"]}
     ranks = sum(len(x["ranks"]) for x in r["recordings"])
     lines = ["Cluster stall report",
@@ -789,11 +791,13 @@ def render_steps(r: dict) -> str:
 
 def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst: bool = False) -> dict:
     """The cluster report; over imported profiler traces (no NCCL calls), lined up on the collective
-    kernels instead (store/cluster/device.py)."""
+    kernels instead (store/cluster/device.py); over imported Flight Recorder dumps, their hang."""
     if not any(objectstore.is_url(p) for p in paths):
         dbs, exports = find_inputs(paths)
         if not exports and device.applies(dbs):
             return device.explain(dbs, step)
+        if not exports and device.flight_dumps_only(dbs):
+            return device.explain_dumps(dbs)
     return Cluster(paths).explain(step, worst)
 
 

@@ -42,6 +42,43 @@ def applies(dbs: list[Path]) -> bool:
     return True
 
 
+def flight_dumps_only(dbs: list[Path]) -> bool:
+    """Whether these databases hold imported Flight Recorder dumps and nothing else."""
+    if not dbs:
+        return False
+    for db in dbs:
+        try:
+            with open_store(db, readonly=True) as store:
+                kinds = {r["format"] for r in store.query("SELECT DISTINCT format FROM trace_import")}
+                others = store.row("SELECT count(*) AS n FROM session WHERE id NOT IN"
+                                   " (SELECT session_id FROM trace_import)")["n"]
+        except UserError:
+            return False
+        if kinds != {"flight_recorder"} or others:
+            return False
+    return True
+
+
+def explain_dumps(dbs: list[Path]) -> dict:
+    """The Flight Recorder hang across the ranks' dumps (store/analysis/flight_dumps.py), which are
+    read together from one database."""
+    if len(dbs) > 1:
+        raise UserError("the Flight Recorder dumps are in several databases: import every rank's dump into one "
+                        "(recorder import nccl_trace_rank_* --db hang.db) and explain that")
+    with open_store(dbs[0], readonly=True) as store:
+        report = explain_one(store, None)
+    hang = report.get("hang")
+    return {"mode": "flight_recorder", "db": str(dbs[0]), "verdict": "hang" if hang else "no_hang",
+            "summary": hang["summary"] if hang else "every collective in the dumps completed",
+            "collectives": hang["collectives"] if hang else []}
+
+
+def render_dumps(r: dict) -> str:
+    lines = [f"Cluster report (Flight Recorder dumps in {r['db']})", r["summary"]]
+    lines += [f"  {c['text']}" for c in r["collectives"]]
+    return "\n".join(lines)
+
+
 def _ranks(dbs: list[Path]) -> list[dict]:
     out = []
     for db in dbs:
