@@ -112,7 +112,8 @@ def import_files(db: str | os.PathLike, paths: list[str | os.PathLike], join: in
         if being_written(db):
             raise UserError(f"{db} is being recorded into: import into another --db")
         with open_store(db) as store:
-            return _write(store, reads, _joined_session(store, join))
+            out = _write(store, reads, _joined_session(store, join))
+        return [{**summary, "db": str(db)} for summary in out]
     parent = db.parent if str(db.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"folder {parent} does not exist: create it or pass another --db")
