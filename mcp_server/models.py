@@ -433,6 +433,46 @@ class NcclCollectives(Window, NotRecorded):
     waits: list[CollectiveWait]
 
 
+class TraceImport(Result):
+    path: Text
+    format: Text = Field(description="'chrome_trace' or 'flight_recorder'")
+    rank: int | None
+    world_size: int | None
+    runtime: OptText = Field(description="'cuda', 'rocm' or None")
+
+
+class DeviceBusy(Result):
+    device: int
+    busy_ns: int
+    busy_pct: float
+
+
+class TopKernel(Result):
+    name: Text
+    dur_ns: int
+    count: int
+    share_pct: float
+
+
+class HostIdle(Result):
+    name: Text
+    kind: str
+    dur_ns: int
+    share_pct: float
+
+
+class DeviceTimeline(Window, NotRecorded):
+    step: int | None
+    imported_from: list[TraceImport]
+    busy_pct: float | None = None
+    devices: list[DeviceBusy] = Field(default_factory=list)
+    top_kernels: list[TopKernel] = Field(default_factory=list)
+    idle_ns: int | None = None
+    host_idle: list[HostIdle] = Field(default_factory=list)
+    python_idle: list[HostIdle] = Field(default_factory=list)
+    bound: OptText = Field(None, description="'device' or 'host'")
+
+
 # -- evidence, run_sql -----------------------------------------------------------------------------
 class Evidence(Result):
     """The rows behind a link; which keys follow `kind` depends on it (rows are the store's, with ns

@@ -398,6 +398,32 @@ def nccl_collectives(store: Store, session_id: int | None, window: str | None) -
     return out
 
 
+def device_timeline(store: Store, session_id: int | None, window: str | None, step: int | None) -> dict:
+    """The device's own timeline (an imported profiler trace) over a step or window: busy share per
+    device, the top kernels, what the launching thread did while the device was idle."""
+    from store.analysis import device
+
+    session, start, end = window_of(store, session_id, window)
+    sid = session["id"]
+    thread = process = None
+    if step is not None:
+        row = store.one("SELECT st.ts, st.end_ts, st.thread_id, st.process_id FROM step st WHERE st.session_id = ?"
+                        " AND st.step = ? ORDER BY st.ts LIMIT 1", (sid, step))
+        if row is None:
+            raise UserError(f"no step {step} in session {sid}: list_steps names them")
+        start, end, thread, process = row["ts"], row["end_ts"], row["thread_id"], row["process_id"]
+    out: dict[str, Any] = {**_window_out(session, start, end), "step": step}
+    imports = store.query("SELECT path, format, rank, world_size, runtime FROM trace_import WHERE session_id = ?",
+                          (sid,))
+    out["imported_from"] = imports
+    timeline = device.timeline(store, sid, start, end, thread, process)
+    if timeline is None:
+        out.update(not_recorded(store, sid, "profiler", "device_activity", "the device's kernels, copies and memsets"))
+        return out
+    out.update(timeline)
+    return out
+
+
 TYPED_KERNEL_TABLES = ("nvme_event", "block_error", "swiotlb_event", "iommu_fault", "aer_event", "gpu_xid",
                        "oom_kill")
 

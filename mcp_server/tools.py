@@ -137,6 +137,15 @@ def nccl_collectives(store: Store, session_id: int | None = None, window: str | 
     return queries.nccl_collectives(store, session_id, window)
 
 
+def device_timeline(store: Store, session_id: int | None = None, step: int | None = None,
+                    window: str | None = None) -> dict:
+    """The device's own timeline, from an imported PyTorch profiler trace (`recorder import`): over step
+    N (or a window), each device's busy share (kernels, copies, memsets), the kernels that took the most
+    time (longest first), what the step's thread was doing while the device was idle, and whether the
+    step was bound by the device or the host. Says in `note` when no trace brought a device timeline."""
+    return queries.device_timeline(store, session_id, window, None if step is None else integer_id("step", step))
+
+
 def evidence(store: Store, kind: str, id: int | str) -> dict:  # noqa: A002 - the tool's argument name
     """The rows behind a causal link. kind 'step' (a step_mark_id from list_steps/explain_stall): the
     step's breakdown by cause and every row linked to it (causal_link); 'cuda_call' (a call id): the
@@ -169,6 +178,7 @@ TOOLS: tuple[ToolDef, ...] = (
     ToolDef(nvme_events, models.NvmeEvents),
     ToolDef(kernel_log, models.KernelLog),
     ToolDef(nccl_collectives, models.NcclCollectives),
+    ToolDef(device_timeline, models.DeviceTimeline),
     ToolDef(evidence, models.Evidence),
     ToolDef(run_sql, models.SqlResult, marks_itself=True),
     ToolDef(cluster_explain, models.ClusterReport, marks_itself=True),

@@ -41,6 +41,12 @@ EXAMPLES = {
                 "  recorder explain --window 12..20       # seconds after the session start\n"
                 "  recorder explain --window 2026-04-28T22:14:40Z..2026-04-28T22:15:10Z\n"
                 "  recorder explain --step 80042 --stack  # one step, with the Python stack"),
+    "import": ("recorder import rank0.pt.trace.json.gz --db job.db     # a torch.profiler trace: one session\n"
+               "  recorder explain --db job.db --step 551                   # device busy share, top kernels, host\n"
+               "  recorder import trace/*.pt.trace.json.gz --db job.db     # one session per rank\n"
+               "  recorder cluster explain job.db --step 551               # the rank whose collectives started last\n"
+               "  recorder import nccl_trace_rank_* --db hang.db && recorder explain --db hang.db   # Flight Recorder\n"
+               "  recorder import rank0.pt.trace.json.gz --db run.db --join   # into the latest recorded session"),
     "steps": ("recorder steps                         # every step with its baseline\n"
               "  recorder steps --slow --json           # only the stalls"),
     "top": "recorder top\n  recorder top --limit 10 --json",
@@ -189,6 +195,17 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     g.add_argument("--step", type=int, metavar="N", help="explain step N (stalled or not)")
     p.add_argument("-j", "--json", action="store_true", help="the report as JSON (same content)")
     p.add_argument("--stack", action="store_true", help="print the whole Python stack under each Python line")
+
+    p = _sub(subs, "import", "read PyTorch profiler traces and NCCL Flight Recorder dumps into a recording "
+                             "(a session per file), to explain, list, export and serve like a recorded one")
+    _db_arg(p, db)
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                   help="Chrome trace JSON (.json, .json.gz) from torch.profiler, or a Flight Recorder dump (pickle "
+                        "or JSON); all are imported or none")
+    p.add_argument("--join", nargs="?", type=int, const=-1, metavar="SESSION",
+                   help="line each trace up with recorded session SESSION of --db (default: the latest) by their "
+                        "runtime calls, and import it into that session on its clock; said when it does not line up")
+    p.add_argument("-j", "--json", action="store_true", help="say what was imported as JSON")
 
     p = _sub(subs, "steps", "list the steps of a session with their rolling baseline; --slow for the stalls")
     _db_arg(p, db)
@@ -516,6 +533,35 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from store.traces import import_files
+
+    result = import_files(args.db, args.files, join=True if args.join == -1 else args.join)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    for r in result:
+        rank = ""
+        if r["rank"] is not None:
+            rank = f", rank {r['rank']}" + (f" of {r['world_size']}" if r["world_size"] else "")
+        if r["format"] == "chrome_trace":
+            steps = r["steps"]
+            span = f"steps {steps[0]}..{steps[-1]}" if steps else "no ProfilerStep#N (no steps)"
+            print(f"session {r['session_id']}: {r['file']}{rank}: {r['host_ops']} host ops, {r['device_activities']} "
+                  f"device activities ({r['kernels']} kernels on {r['runtime'] or 'no device'}), {span}")
+        else:
+            print(f"session {r['session_id']}: {r['file']}{rank}: Flight Recorder dump, {r['records']} collectives, "
+                  f"{r['not_completed']} not completed")
+        if r.get("join"):
+            j = r["join"]
+            print(f"  joined to session {j['session_id']}: {j['note']}" if j["aligned"] else
+                  f"  not joined to session {j['session_id']}: {j['note']}")
+    first = result[0]
+    print(f"explain it with: recorder explain --db {shlex.quote(str(args.db))} --session {first['session_id']}"
+          + (f" --step {first['steps'][0]}" if first.get("steps") else ""))
+    return 0
+
+
 def cmd_steps(args) -> int:
     from store.db import open_store
     from store.report.listing import render_steps, steps
@@ -685,7 +731,8 @@ def cmd_mcp(args) -> int:
 
 COMMANDS = {
     "doctor": cmd_doctor, "start": cmd_start, "record": cmd_record, "stop": cmd_stop,
-    "status": cmd_status, "dump": cmd_dump, "explain": cmd_explain, "steps": cmd_steps, "top": cmd_top,
+    "status": cmd_status, "dump": cmd_dump, "explain": cmd_explain, "import": cmd_import, "steps": cmd_steps,
+    "top": cmd_top,
     "demo": cmd_demo,
     "export": cmd_export, "report": cmd_report, "cluster": cmd_cluster,
     "verify-checkpoints": cmd_verify_checkpoints,

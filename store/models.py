@@ -35,6 +35,11 @@ class Session(Part):
     window_kept: str | None = Field(None, description="a flight recording whose window kept was shorter than "
                                                        "--keep because of --max-size: when and how short, "
                                                        "absent otherwise")
+    imported: str | None = Field(None, description="a session read from a file (`recorder import`): which, "
+                                                    "absent otherwise")
+    joined: list[str] | None = Field(None, description="profiler traces lined up with this recording (`recorder "
+                                                        "import --join`): how, or why they could not be; absent "
+                                                        "when none")
 
 
 class Window(Part):
@@ -200,6 +205,8 @@ class CallReport(Part):
     loss: Loss
     next_actions: list[str]
     hang: Hang | None = Field(None, description="calls in flight at the stop (left out when none)")
+    gpu: Gpu | None = Field(None, description="the device's own timeline over the window, where an imported "
+                                              "profiler trace brought one (left out otherwise)")
 
 
 # -- hangs -------------------------------------------------------------------------------------------
@@ -437,15 +444,49 @@ class OtherStall(Part):
     ratio: Num | None
 
 
-class Gpu(Part):
-    """GPU utilisation (NVML samples, every GPU) over the step or window."""
+class DeviceBusy(Part):
+    device: int = Field(description="device index as the profiler numbered it")
+    busy_ns: int = Field(description="ns of the window with a kernel, copy or memset running on it (their union)")
+    busy_pct: Num = Field(description="busy_ns over the window, %")
 
-    util_gpu_pct: Num = Field(description="mean utilisation over the step or window, %")
-    util_gpu_min_pct: Num | None = Field(description="its lowest sample, %")
-    samples: int
+
+class TopKernel(Part):
+    name: str
+    dur_ns: int = Field(description="ns the kernel ran in the window, all its launches")
+    count: int = Field(description="launches in the window")
+    share_pct: Num = Field(description="of all kernel time in the window, %")
+
+
+class HostIdle(Part):
+    name: str = Field(description="the innermost host op the launching thread was in, '(between ops)' for none")
+    kind: str = Field(description="'cpu_op', 'python_function', 'runtime', 'annotation', 'other', 'none'")
+    dur_ns: int = Field(description="ns of the device's idle time spent in it")
+    share_pct: Num = Field(description="of the device's idle time, %")
+
+
+class Gpu(Part):
+    """The GPU over the step or window: NVML's utilisation samples (every GPU) where recorded, and the
+    device's own timeline (kernels, copies, memsets) where a profiler trace brought it."""
+
+    util_gpu_pct: Num | None = Field(None, description="mean utilisation over the step or window, %; left out "
+                                                       "without NVML samples")
+    util_gpu_min_pct: Num | None = Field(None, description="its lowest sample, %")
+    samples: int = Field(0, description="NVML samples in the window")
     neighbours_util_gpu_pct: Num | None = Field(
-        description="median of the neighbouring steps' mean utilisation, %; None outside a step")
-    neighbour_steps: int = Field(description="neighbouring steps with samples the median is taken over")
+        None, description="median of the neighbouring steps' mean utilisation, %; None outside a step")
+    neighbour_steps: int = Field(0, description="neighbouring steps with samples the median is taken over")
+    busy_pct: Num | None = Field(None, description="share of the window the busiest device of the step's process ran "
+                                                   "a kernel, copy or memset, %; left out without a device timeline")
+    devices: list[DeviceBusy] | None = Field(None, description="busy share per device")
+    top_kernels: list[TopKernel] | None = Field(None, description="the kernels that took the most time, longest first")
+    idle_ns: int | None = Field(None, description="ns the busiest device was idle in the window")
+    host_idle: list[HostIdle] | None = Field(
+        None, description="what the step's thread did while the device was idle, most first")
+    python_idle: list[HostIdle] | None = Field(
+        None, description="the same for the Python functions only (a trace recorded with_stack=True): the Python "
+                          "lines the thread was in while the device was idle, most first; empty without stacks")
+    bound: Literal["device", "host"] | None = Field(
+        None, description="'device': the device was busy most of the window; 'host': it waited for the host")
 
 
 class StepReport(Part):

@@ -18,10 +18,11 @@ from mcp_server.server import build_server
 from store.errors import StoreError
 
 TOOLS = {"list_sessions", "list_processes", "capabilities", "list_steps", "explain_stall", "top_stalls", "python_lines",
-         "cluster_explain", "io_latency", "nvme_events", "kernel_log", "nccl_collectives", "evidence", "run_sql"}
+         "cluster_explain", "io_latency", "nvme_events", "kernel_log", "nccl_collectives", "device_timeline",
+         "evidence", "run_sql"}
 CALLS = [("list_sessions", {}), ("list_processes", {}), ("capabilities", {}), ("list_steps", {}), ("explain_stall", {}),
          ("top_stalls", {}), ("python_lines", {}), ("io_latency", {}), ("nvme_events", {}), ("kernel_log", {}),
-         ("nccl_collectives", {}), ("evidence", {"kind": "cuda_call", "id": 8}),
+         ("nccl_collectives", {}), ("device_timeline", {}), ("evidence", {"kind": "cuda_call", "id": 8}),
          ("run_sql", {"sql": "SELECT count(*) AS n FROM cuda_call"})]
 
 
@@ -64,7 +65,7 @@ def test_every_tool_answers_read_only_and_structured(db):
 def test_layers_not_recorded_say_so_instead_of_numbers(db):
     _, results, _, _ = call_all(build_server(db), CALLS)
     for name, key in (("list_steps", "steps"), ("python_lines", "lines"), ("io_latency", "devices"),
-                      ("nccl_collectives", "collectives")):
+                      ("nccl_collectives", "collectives"), ("device_timeline", "top_kernels")):
         out = results[name].structured_content
         assert out[key] == [] and ("not recorded" in out["note"] or "not observed" in out["note"]), name
     nccl = results["nccl_collectives"].structured_content

@@ -32,7 +32,7 @@ from mcp_server.https import build_app
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDER = [sys.executable, "-m", "recorder"]
-TOOL_COUNT = 14  # the recording tools and cluster_explain
+TOOL_COUNT = 15  # the recording tools and cluster_explain
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,9 @@ symptom, negatives); store/report/render.py turns the result into text.
 
 from __future__ import annotations
 
+from store.analysis import device
 from store.analysis.actions import CALL_ACTIONS, fill
+from store.analysis.flight_dumps import flight_hang
 from store.analysis.hangs import hang_facts
 from store.analysis.jobs import thread_names
 from store.analysis.kinds import KINDS, STEP_ACTIONS, cause_facts
@@ -25,7 +27,7 @@ from store.db.session import (
     session_state,
 )
 from store.errors import UserError
-from store.models import CallReport, Hang, StallReport, StepReport
+from store.models import CallReport, Gpu, Hang, StallReport, StepReport
 from store.units import NS, ms, utc
 
 SLOW_LIMIT = 5  # slow calls listed in a report
@@ -207,9 +209,20 @@ def analyse(store: Store, session_id: int | None = None, window: str | None = No
     """The stall report of a session: per step when its threads mark steps (or `step` is given),
     else per slow CUDA call."""
     report = _report(store, session_id, window, since, worst, step)
-    hang = hang_facts(store, session_row(store, report.session.id))
-    if hang:
-        report.hang = Hang.model_validate(hang)
+    session = session_row(store, report.session.id)
+    if isinstance(report, CallReport):
+        timeline = device.timeline(store, report.session.id, report.window.start_ts, report.window.end_ts)
+        if timeline is not None:
+            report.gpu = Gpu.model_validate(timeline)
+            if report.primary_cause is None:
+                report.symptom = (f"no ProfilerStep#N to explain step by step; over the window, "
+                                  f"{device.text(timeline).replace('of the step', 'of the window')}")
+    hang = hang_facts(store, session)
+    dumped = flight_hang(store, session) if hang is None else None
+    if hang or dumped:
+        report.hang = Hang.model_validate(hang or dumped)
+    if dumped and report.primary_cause is None:
+        report.symptom = "collectives had not completed when PyTorch dumped its Flight Recorder"
     return StallReport(report)
 
 
@@ -224,7 +237,7 @@ def _session_notes(store: Store, sid: int) -> dict:
     (store/flight/__init__.py); {'ended': ...} for a recording nobody stopped (a full disk, a recorder that
     died); {'window_kept': ...} for a flight recording whose window was shorter than
     --keep because of --max-size."""
-    out = {}
+    out: dict[str, str | list[str]] = {}
     off = store.row("SELECT wall_offset_ns FROM session WHERE id = ?", (sid,))["wall_offset_ns"]
     row = store.one("SELECT trigger, detail, ts FROM incident WHERE session_id = ? AND own = 1 ORDER BY id LIMIT 1",
                     (sid,))
@@ -235,6 +248,20 @@ def _session_notes(store: Store, sid: int) -> dict:
     ended = recording_end(store, store.row("SELECT * FROM session WHERE id = ?", (sid,)))
     if ended:
         out["ended"] = ended
+    imported = store.one("SELECT path, format, rank, world_size FROM trace_import WHERE session_id = ?"
+                         " AND joined_session_id IS NULL ORDER BY id LIMIT 1", (sid,))
+    if imported is not None:
+        what = "PyTorch profiler trace" if imported["format"] == "chrome_trace" else "NCCL Flight Recorder dump"
+        rank = (f", rank {imported['rank']}" + (f" of {imported['world_size']}" if imported["world_size"] else "")
+                if imported["rank"] is not None else "")
+        out["imported"] = f"{what} {imported['path']}{rank}"
+    joined = [(f"{r['path']}: {r['clock_note']}" if r["clock_offset_ns"] is not None else
+               f"{r['path']}: no alignment was possible, so its device timeline is not in this report "
+               f"({r['clock_note']}; it is session {r['session_id']})")
+              for r in store.query("SELECT path, session_id, clock_offset_ns, clock_note FROM trace_import"
+                                   " WHERE joined_session_id = ? ORDER BY id", (sid,))]
+    if joined:
+        out["joined"] = joined
     short = store.one("SELECT * FROM flight_window WHERE session_id = ? AND shortest_ns IS NOT NULL", (sid,))
     if short is not None:
         out["window_kept"] = (
@@ -519,11 +546,33 @@ def _gpu_during(store: Store, sid: int, a: int, b: int, step: dict | None = None
 
 
 def gpu_text(gpu: dict) -> str:
-    """'GPU utilisation 8.0% (lowest 5%) against 97.0% over 20 neighbouring steps'."""
-    text = f"GPU utilisation {gpu['util_gpu_pct']}% (lowest {gpu['util_gpu_min_pct']}%)"
-    if gpu.get("neighbours_util_gpu_pct") is not None:
-        text += f" against {gpu['neighbours_util_gpu_pct']}% over {gpu['neighbour_steps']} neighbouring steps"
-    return text
+    """'GPU utilisation 8.0% (lowest 5%) against 97.0% over 20 neighbouring steps'; with a device
+    timeline, 'device busy 42.0% of the step (bound by the host: ...)'."""
+    parts = []
+    if gpu.get("util_gpu_pct") is not None:
+        text = f"GPU utilisation {gpu['util_gpu_pct']}% (lowest {gpu['util_gpu_min_pct']}%)"
+        if gpu.get("neighbours_util_gpu_pct") is not None:
+            text += f" against {gpu['neighbours_util_gpu_pct']}% over {gpu['neighbour_steps']} neighbouring steps"
+        parts.append(text)
+    if gpu.get("busy_pct") is not None:
+        parts.append(device.text(gpu))
+    return "; ".join(parts)
+
+
+def _gpu_and_device(store: Store, sid: int, a: int, b: int, step: dict | None = None) -> dict | None:
+    """NVML's samples (_gpu_during) and the device's own timeline (store/analysis/device.py) over [a, b),
+    as one `gpu` part; None when neither was recorded."""
+    gpu = _gpu_during(store, sid, a, b, step)
+    thread = process = None
+    if step is not None:
+        row = store.one("SELECT m.thread_id, t.process_id FROM step_mark m JOIN thread t ON t.id = m.thread_id"
+                        " WHERE m.id = ?", (step["step_mark_id"],))
+        if row is not None:
+            thread, process = row["thread_id"], row["process_id"]
+    timeline = device.timeline(store, sid, a, b, thread, process)
+    if timeline is None:
+        return gpu
+    return {**(gpu or {}), **timeline}
 
 
 def analyse_step(store: Store, session: dict, step: dict) -> dict:
@@ -649,12 +698,12 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
                     f" (a stall is {stall_rule(store).text()})",
             primary_cause=None, findings=[], secondary=[], other_stalls=[],
             negatives=_step_negatives(store, sid, start, end, observed - lossy, None, []),
-            gpu=_gpu_during(store, sid, start, end), next_actions=[], straggler=None)
+            gpu=_gpu_and_device(store, sid, start, end), next_actions=[], straggler=None)
     chosen, late = _choose(store, session, rows)
     a, b = chosen["ts"], chosen["ts"] + chosen["dur_ns"]
     lost, lossy = _loss(store, sid, a, b, off, layers)
     p = chosen["primary_cause"]
-    gpu = _gpu_during(store, sid, a, b, chosen)
+    gpu = _gpu_and_device(store, sid, a, b, chosen)
     symptom = (f"step {chosen['step']} took {ms(chosen['dur_ns'])}, {chosen['ratio']}x its median of "
                f"{ms(chosen['baseline_dur_ns'])} over {chosen['baseline_steps']} neighbouring steps"
                if chosen["slow"] else

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from store import objectstore
 from store.analysis import jobs
+from store.cluster import device
 from store.db import damaged, damaged_message
 from store.db.rules import default_stall_rule
 from store.errors import UserError
@@ -847,6 +848,10 @@ def render_clock(clock: dict) -> str:
 
 
 def render_explain(r: dict) -> str:
+    if r.get("mode") == "device":
+        return device.render(r)
+    if r.get("mode") == "flight_recorder":
+        return device.render_dumps(r)
     hosts = {x["node"] for x in r["recordings"]}
     ranks = sum(len(x["ranks"]) for x in r["recordings"])
     lines = ["Cluster stall report",
@@ -931,6 +936,8 @@ def _rank_lines(recordings: list[dict]) -> list[str]:
 
 
 def render_steps(r: dict) -> str:
+    if r.get("mode") == "device":
+        return device.render_steps(r)
     lines = [render_clock(r["clock"]), *_rank_lines(r["recordings"]),
              f"{'STEP':>8} {'RANKS':>6} {'DUR':>9} {'BASELINE':>9} {'RATIO':>6}  {'LATEST ARRIVAL':>14}  LATE RANK"]
     for s in r["steps"]:
@@ -948,6 +955,14 @@ def render_steps(r: dict) -> str:
 
 def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst: bool = False,
                   limits: objectstore.ExportLimits = objectstore.DEFAULT_LIMITS) -> dict:
+    """The cluster report; over imported profiler traces (no NCCL calls), lined up on the collective
+    kernels instead (store/cluster/device.py); over imported Flight Recorder dumps, their hang."""
+    if not any(objectstore.is_url(p) for p in paths):
+        dbs, exports = find_inputs(paths)
+        if not exports and device.applies(dbs):
+            return device.explain(dbs, step)
+        if not exports and device.flight_dumps_only(dbs):
+            return device.explain_dumps(dbs)
     c = Cluster(paths, limits)
     try:
         return c.explain(step, worst)
@@ -957,6 +972,10 @@ def explain_paths(paths: list[str | os.PathLike], step: int | None = None, worst
 
 def steps_paths(paths: list[str | os.PathLike], slow_only: bool = False, limit: int = 0,
                 limits: objectstore.ExportLimits = objectstore.DEFAULT_LIMITS) -> dict:
+    if not slow_only and not any(objectstore.is_url(p) for p in paths):
+        dbs, exports = find_inputs(paths)
+        if not exports and device.applies(dbs):
+            return device.steps(dbs, limit)
     c = Cluster(paths, limits)
     try:
         return c.steps(slow_only, limit)

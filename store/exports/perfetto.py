@@ -10,10 +10,14 @@ perfetto_trace_pb2), so ui.perfetto.dev and trace_processor read it as they read
 - a track per disk with each block request and its stages (queued, on device);
 - counters: each disk's queue depth (requests in flight) and each GPU's utilisation and memory;
 - instants for every kernel log record and for each typed device or machine event;
-- a flow (arrow) for every causal_link row whose two ends are in the exported window.
+- a flow (arrow) for every causal_link row whose two ends are in the exported window;
+- for an imported profiler trace (`recorder import`), its host ops on their threads and a track per
+  device and stream with each kernel, copy and memset, with a flow from the runtime call that
+  launched it.
 
-Timestamps are the recording's CLOCK_MONOTONIC nanoseconds. Overlapping slices of one track are
-spread over extra lanes (tracks named '... (2)'), since a Perfetto track only holds nested slices.
+Timestamps are the recording's CLOCK_MONOTONIC nanoseconds (an imported trace's: its own clock's).
+Overlapping slices of one track are spread over extra lanes (tracks named '... (2)'), since a
+Perfetto track only holds nested slices.
 """
 
 from __future__ import annotations
@@ -458,6 +462,31 @@ def build_trace(store: Store, session_id: int | None = None, window: str | None 
             if k not in gpu_tracks:
                 gpu_tracks[k] = tb.track(f"GPU {r['gpu_index']} {label}", gpu_root, counter=unit)
             tb.counters.append((r["ts"], gpu_tracks[k], r[col]))
+
+    # an imported profiler trace: the host's ops on their threads, and the device's own timeline, a
+    # track per device and stream, each kernel, copy and memset flowing from the call that launched it
+    for r in store.query("SELECT o.id, o.ts, o.dur, o.thread_id, o.kind, o.correlation, s.value AS name"
+                         " FROM host_op o JOIN string s ON s.id = o.name_id"
+                         " WHERE o.session_id = :s AND o.ts < :b AND o.ts + o.dur > :a", w):
+        if r["thread_id"] in threads:
+            thread_group(r["thread_id"]).slices.append(Slice(
+                r["ts"], r["dur"], r["name"], f"host {r['kind']}", {"kind": r["kind"], "correlation": r["correlation"]},
+                ("host_op", r["id"])))
+    device_root = None
+    for r in store.query("SELECT d.id, d.ts, d.dur, d.kind, d.device, d.stream, d.correlation, d.launch_op_id,"
+                         " d.size_bytes, d.grid, d.block, s.value AS name FROM device_activity d"
+                         " JOIN string s ON s.id = d.name_id"
+                         " WHERE d.session_id = :s AND d.ts < :b AND d.ts + d.dur > :a", w):
+        if device_root is None:
+            device_root = tb.track("devices (profiler trace)")
+        tb.group(("device", r["device"], r["stream"]), f"device {r['device']} stream {r['stream']}", device_root,
+                 nest=False).slices.append(Slice(
+                     r["ts"], r["dur"], r["name"], f"device {r['kind']}",
+                     {"kind": r["kind"], "device": r["device"], "stream": r["stream"], "correlation": r["correlation"],
+                      "size_bytes": r["size_bytes"], "grid": r["grid"], "block": r["block"]},
+                     ("device_activity", r["id"])))
+        if r["launch_op_id"] is not None:
+            tb.links.append((("host_op", r["launch_op_id"]), ("device_activity", r["id"]), "launched"))
 
     # kernel log lines, then typed device and machine events (what causal links point at)
     klog = None

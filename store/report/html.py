@@ -174,6 +174,15 @@ def timeline_plot(store: Store, sid: int, a: int, b: int, threads: list[tuple[in
         lane(f"{disk} on device", "SELECT coalesce(issue_ts, ts) AS ts, coalesce(device_dur, dur) AS dur"
              " FROM block_request WHERE session_id = :s AND device IS :d AND ts < :b AND ts + dur > :a",
              LAYER_COLOURS["device"])
+    for (dev,) in [tuple(r.values()) for r in store.query(
+            "SELECT DISTINCT device FROM device_activity WHERE session_id = :s AND ts < :b AND ts + dur > :a"
+            " AND kind IN ('kernel', 'memcpy', 'memset') ORDER BY device", w)]:
+        w["g"] = dev  # an imported profiler trace: the device's own timeline
+        lane(f"device {dev} kernels", "SELECT ts, dur FROM device_activity WHERE session_id = :s AND device = :g"
+             " AND kind = 'kernel' AND ts < :b AND ts + dur > :a ORDER BY ts", LAYER_COLOURS["gpu"])
+        lane(f"device {dev} copies, memsets", "SELECT ts, dur FROM device_activity WHERE session_id = :s"
+             " AND device = :g AND kind IN ('memcpy', 'memset') AND ts < :b AND ts + dur > :a ORDER BY ts",
+             LAYER_COLOURS["device"])
     gpus = _gpu_lanes(store, sid, a, b)
     for r in store.query("SELECT ts, coalesce(event_kind, subsystem, 'kernel log') AS kind FROM kernel_log"
                          " WHERE session_id = :s AND ts BETWEEN :a AND :b AND subsystem IS NOT NULL", w):
@@ -327,6 +336,22 @@ def build_html(store: Store, session_id: int | None = None, window: str | None =
         svg += ("<table><tr><th>device</th><th>op</th><th>requests</th><th>p50</th><th>p99</th><th>p99.9</th>"
                 f"<th>max</th></tr>{table}</table>")
     parts.append(_section("Block request latency by device", svg or "<p>No block requests recorded.</p>"))
+    gpu = report.get("gpu") or {}
+    if gpu.get("top_kernels") is not None:
+        rows = "".join(f"<tr><td>{html.escape(k['name'][:160])}</td><td>{ms(k['dur_ns'])}</td><td>{k['count']}</td>"
+                       f"<td>{k['share_pct']}%</td></tr>" for k in gpu["top_kernels"])
+        idle = "".join(f"<tr><td>{html.escape(h['name'][:160])}</td><td>{html.escape(h['kind'])}</td>"
+                       f"<td>{ms(h['dur_ns'])}</td><td>{h['share_pct']}%</td></tr>" for h in gpu.get("host_idle") or [])
+        python = "".join(f"<tr><td>{html.escape(h['name'][:160])}</td><td>{ms(h['dur_ns'])}</td>"
+                         f"<td>{h['share_pct']}%</td></tr>" for h in gpu.get("python_idle") or [])
+        busy = ", ".join(f"device {d['device']} {d['busy_pct']}%" for d in gpu.get("devices") or [])
+        parts.append(_section("The device (profiler trace)", (
+            f"<p>Busy: {html.escape(busy or 'no kernel, copy or memset')}; bound by the {gpu.get('bound')}.</p>"
+            "<table><tr><th>kernel</th><th>time</th><th>launches</th><th>of kernel time</th></tr>"
+            f"{rows}</table><p>While the device was idle ({ms(gpu.get('idle_ns'))}), the launching thread was in:</p>"
+            f"<table><tr><th>host op</th><th>kind</th><th>idle time</th><th>share</th></tr>{idle}</table>"
+            + (f"<p>By Python line:</p><table><tr><th>Python</th><th>idle time</th><th>share</th></tr>{python}</table>"
+               if python else ""))))
     win = report["window"]
     threads: list[tuple[int | None, str]] = [(None, "")]
     if step:

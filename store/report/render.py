@@ -5,7 +5,7 @@ always carry the same content."""
 from __future__ import annotations
 
 from store.db.session import KNOWN_LAYERS
-from store.models import CallFinding, CallReport, Loss, NotObserved, StallReport, StepReport, as_report
+from store.models import CallFinding, CallReport, Loss, NotObserved, Session, StallReport, StepReport, as_report
 from store.text import printable
 from store.units import NS, ms
 
@@ -80,6 +80,7 @@ def render_text(report: Report, stack: bool = False) -> str:
         *([f"Incident: {s.incident}"] if s.incident else []),
         *([f"Recording: {s.ended}"] if s.ended else []),
         *([f"Window kept: {s.window_kept}"] if s.window_kept else []),
+        *_import_lines(s),
         *_hang_lines(r, stack),
         f"Window: {w.start_utc} -> {w.end_utc} ({w.dur_ns / NS:.1f} s)",
         f"Symptom: {r.symptom}",
@@ -92,6 +93,7 @@ def render_text(report: Report, stack: bool = False) -> str:
         lines.append(f"  thread {p.thread}")
     else:
         lines.append("Primary cause: none: no stall found in this window")
+    lines += _device_lines(r)
     rest = r.findings[1:]
     if rest:
         lines.append(f"Other slow calls ({r.cuda.slow_calls} in the window):")
@@ -112,6 +114,35 @@ def render_text(report: Report, stack: bool = False) -> str:
     return "\n".join(map(printable, lines))
 
 
+def _import_lines(s: Session) -> list[str]:
+    return ([f"Imported from: {s.imported}"] if s.imported else []) + [f"Joined: {j}" for j in s.joined or []]
+
+
+def _device_lines(r: StepReport | CallReport) -> list[str]:
+    """The device's own timeline (an imported profiler trace): busy share per device, top kernels,
+    and what the launching thread did while the device was idle."""
+    g = r.gpu
+    if g is None or g.busy_pct is None:
+        return []
+    lines = ["Device: " + ", ".join(f"device {d.device} busy {d.busy_pct}% ({ms(d.busy_ns)})" for d in g.devices or [])
+             + (f"; bound by the {g.bound}" if g.bound else "")]
+    if g.top_kernels:
+        lines.append("  Top kernels: " + "; ".join(f"{_short(k.name)} {ms(k.dur_ns)} x{k.count} ({k.share_pct}%)"
+                                                   for k in g.top_kernels))
+    if g.host_idle:
+        lines.append(f"  While the device was idle ({ms(g.idle_ns)}), the host was in: "
+                     + "; ".join(f"{h.name} {ms(h.dur_ns)} ({h.share_pct}%)" for h in g.host_idle))
+    if g.python_idle:
+        lines.append("  Python lines while the device was idle: "
+                     + "; ".join(f"{h.name} {ms(h.dur_ns)} ({h.share_pct}%)" for h in g.python_idle))
+    return lines
+
+
+def _short(name: str, limit: int = 80) -> str:
+    """A C++ kernel name cut to its first `limit` characters (templates make them kilobytes long)."""
+    return name if len(name) <= limit else name[:limit - 3] + "..."
+
+
 def render_step_text(report: Report, stack: bool = False) -> str:
     r = as_report(report)
     assert isinstance(r, StepReport), "render_step_text takes a step report"
@@ -123,6 +154,7 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         lines.append(f"Recording: {s.ended}")
     if s.window_kept:
         lines.append(f"Window kept: {s.window_kept}")
+    lines += _import_lines(s)
     lines.extend(_hang_lines(r, stack))
     st = r.step
     if st:
@@ -165,6 +197,7 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         parts = [f"{b.cause}{f' {b.detail}' if b.detail else ''} {ms(b.dur_ns)} (usually {ms(b.usual_dur_ns)})"
                  for b in r.breakdown[:6]]
         lines.append("Breakdown: " + "; ".join(parts))
+    lines += _device_lines(r)
     if r.findings:
         lines.append(f"Slow CUDA calls in the step ({len(r.findings)}):")
         lines += _finding_lines(r.findings, stack)

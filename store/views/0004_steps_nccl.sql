@@ -17,10 +17,13 @@ SELECT
     m.thread_id,                        -- the thread that called recorder.step
     m.step,                             -- step number
     m.ts,                               -- ns the step began
-    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) AS end_ts, -- ns the step ended
-    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) - m.ts AS dur, -- ns
-    m.next_ts IS NOT NULL AS complete,  -- 1 when the next step began; 0 for a thread's last step
-    m.next_ts IS NULL AND t.exit_ts IS NULL AND p.exit_ts IS NULL AS running, -- 1: last step, thread alive at stop
+    coalesce(m.end_ts, m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) AS end_ts, -- ns the step ended (its
+                                        -- own end where the source gives one: an imported ProfilerStep#N)
+    coalesce(m.end_ts, m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) - m.ts AS dur, -- ns
+    m.next_ts IS NOT NULL OR m.end_ts IS NOT NULL AS complete, -- 1 when the next step began (or the step's end is
+                                        -- known); 0 for a thread's last step
+    m.end_ts IS NULL AND m.next_ts IS NULL AND t.exit_ts IS NULL AND p.exit_ts IS NULL AS running, -- 1: last step,
+                                        -- thread alive at stop
     m.inferred                          -- 1 when inferred without markers
 FROM (SELECT sm.*, (SELECT min(n.ts) FROM step_mark n WHERE n.thread_id = sm.thread_id AND n.ts > sm.ts)
              AS next_ts
@@ -35,10 +38,10 @@ JOIN session s ON s.id = m.session_id;
 CREATE VIEW step_all AS
 SELECT
     m.id AS step_mark_id, m.session_id, t.process_id, m.thread_id, m.step, m.ts,
-    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) AS end_ts,
-    coalesce(m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) - m.ts AS dur,
-    m.next_ts IS NOT NULL AS complete,
-    m.next_ts IS NULL AND t.exit_ts IS NULL AND p.exit_ts IS NULL AS running,
+    coalesce(m.end_ts, m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) AS end_ts,
+    coalesce(m.end_ts, m.next_ts, t.exit_ts, p.exit_ts, s.stopped_ts, m.ts) - m.ts AS dur,
+    m.next_ts IS NOT NULL OR m.end_ts IS NOT NULL AS complete,
+    m.end_ts IS NULL AND m.next_ts IS NULL AND t.exit_ts IS NULL AND p.exit_ts IS NULL AS running,
     m.inferred
 FROM (SELECT sm.*, lead(sm.ts) OVER (PARTITION BY sm.thread_id ORDER BY sm.ts) AS next_ts FROM step_mark sm) m
 JOIN thread t ON t.id = m.thread_id
