@@ -193,8 +193,10 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
     conn.close()
-    with pytest.raises(store_db.StoreError, match=f"older than v{store_db.SCHEMA_VERSION}"):
-        open_store(path, readonly=True)
+    with open_store(path, readonly=True) as store:  # read through a migrated copy; the file stays v9
+        assert store.migrated_from == 9 and store.read_path != path
+        assert store.row("SELECT ratio FROM stall_rule")["ratio"] == 1.5
+    assert q(path, "PRAGMA user_version") == [(9,)]
     open_store(path).close()
     assert q(path, "PRAGMA user_version") == [(store_db.SCHEMA_VERSION,)]
     assert q(path, "SELECT ratio, min_excess_dur FROM stall_rule") == [(1.5, 1_000_000)]

@@ -607,11 +607,15 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
     from pyarrow import csv
 
     types = {"INTEGER": pa.int64(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
+    from store.db import open_store
+
+    store = open_store(path, readonly=True)  # an earlier version's recording is read through a migrated copy
+    conn = store.conn
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         sessions = conn.execute("SELECT id, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id"
                                 " FROM session ORDER BY id").fetchall()
     except sqlite3.DatabaseError as e:
+        store.close()
         if damaged(e):
             raise UserError(damaged_message(path, e)) from None
         raise UserError(f"{path} is not a stall-recorder recording ({e}): pass the nodes' recordings") from None
@@ -632,10 +636,9 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
                                                        strings_can_be_null=True))
             out.append((session, tables))
     except sqlite3.OperationalError as e:
-        raise UserError(f"{path} cannot be read as a recording ({e}): open it once with a recorder "
-                        "of this version") from None
+        raise UserError(f"{path} cannot be read as a recording ({e}): pass the nodes' recordings") from None
     finally:
-        conn.close()
+        store.close()
     return out
 
 

@@ -279,9 +279,13 @@ class Store:
     readonly: bool
     db: sqlite_utils.Database = field(init=False)
     snapshot: tempfile.TemporaryDirectory | None = None  # a private copy read instead of `path`
+    # the file SQLite reads: `path`, or a migrated copy of it when it was recorded by an earlier version
+    read_path: Path = field(init=False)
+    migrated_from: int | None = field(init=False, default=None)  # that version's schema
 
     def __post_init__(self) -> None:
         self.db = sqlite_utils.Database(self.conn)
+        self.read_path = self.path
 
     def close(self) -> None:
         self.conn.close()
@@ -400,11 +404,7 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
     if readonly:
         if version < SCHEMA_VERSION:
             store.close()
-            raise StoreError(
-                f"{path} has schema v{version}, older than v{SCHEMA_VERSION}: read it with the "
-                f"stall-recorder version that recorded it, or upgrade it in place (as a user who can write "
-                f"it) with 'recorder verify-checkpoints --db {path}', which opens it for writing and migrates it"
-            )
+            return _open_older(path, version)
         _views_to(conn, temp=True)
         return store
     if not tables:
@@ -418,8 +418,32 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
     return store
 
 
-def migrate(conn: sqlite3.Connection, version: int) -> None:
-    """Apply every migration above `version` and recreate the views, each step atomically."""
+def _open_older(path: Path, version: int) -> Store:
+    """A recording of an earlier schema, read as it is: through a migrated copy of it in a private
+    cache folder (store/db/older.py), never by writing the file. The Store names `path`; its
+    `read_path` is the copy."""
+    from store.db.older import readable_copy
+
+    copy, temporary = readable_copy(path, version, SCHEMA_VERSION)
+    try:
+        conn, snapshot = _connect_readonly(copy)
+    except BaseException:
+        if temporary is not None:
+            temporary.cleanup()
+        raise
+    if snapshot is not None:  # only a copy still being written is snapshotted, and ours is not
+        snapshot.cleanup()
+    conn.execute("PRAGMA busy_timeout = 5000")
+    _views_to(conn, temp=True)
+    store = Store(path, conn, True, temporary)
+    store.read_path = copy
+    store.migrated_from = version
+    return store
+
+
+def migrate(conn: sqlite3.Connection, version: int, name: str | os.PathLike | None = None) -> None:
+    """Apply every migration above `version` and recreate the views, each step atomically.
+    `name`: the recording's path, for the message when its pages are damaged."""
     if version == 0:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     for number, path in MIGRATIONS:
@@ -429,7 +453,10 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
         try:
             conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
         except sqlite3.Error as e:
-            conn.rollback()
+            if conn.in_transaction:
+                conn.rollback()
+            if damaged(e):
+                raise StoreError(damaged_message(name or "the recording", e)) from None
             raise StoreError(f"migration {path.name} failed ({e}): report this as a bug") from None
     conn.execute("BEGIN")
     _drop_views(conn)
