@@ -93,8 +93,10 @@ def main() -> None:
         writable.chmod(0o644)
         upgrade = timed("upgrade", "--db", str(writable), env=env)
         current = timed("steps", "--db", str(writable), "--slow", env=env)
+        explain_upgraded = timed("explain", "--db", str(writable), "--step", "80042", env=env)
         print(f"recorder steps --slow: first read {first:.2f} s, second {second:.2f} s; explain --step "
-              f"{explain:.2f} s (kept copy); recorder upgrade {upgrade:.2f} s, then steps {current:.2f} s")
+              f"{explain:.2f} s (kept copy); recorder upgrade {upgrade:.2f} s, then steps {current:.2f} s, "
+              f"explain --step {explain_upgraded:.2f} s")
     finally:
         shutil.rmtree(work)
 

@@ -204,7 +204,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=5, metavar="N", help="rows per table (default 5)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
-    p = _sub(subs, "verify-checkpoints", "hash a recording's checkpoint files again and say which changed")
+    p = _sub(subs, "verify-checkpoints", "hash a recording's checkpoint files again and say which changed "
+                                         "(stored as 'recheck' rows where this user can write the recording)")
     _db_arg(p, db)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")

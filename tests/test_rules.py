@@ -166,9 +166,10 @@ def test_the_listings_quote_the_stored_rule(contention: tuple[Path, int]) -> Non
     assert worst["stalls_total"] == 0 and "none: no step took 50x its rolling median" in render_top(worst)
 
 
-def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
+def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A recording made before the rules were rows: a writable open migrates it, adding the tables
     with the rules the views used to hard-code, and its stalls are the same."""
+    monkeypatch.setenv("STALL_RECORDER_CACHE_DIR", str(tmp_path / "cache"))  # where a reader's migrated copy goes
     from store import db as store_db
 
     path = tmp_path / "old.db"
