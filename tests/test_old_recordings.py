@@ -214,20 +214,20 @@ def nobody_folder():
 def test_every_read_command_reads_them_as_another_user(recordings, nobody_folder):
     """nobody reads root's read-only recordings in a read-only folder, with a cache of its own
     (every version in one process: a start per command would cost more than the commands; the
-    exports, whose open path is the same, on the oldest and the newest generation)."""
+    exports, whose open path is the same as the other commands', on the oldest generation)."""
     work = nobody_folder
     before = {v: fingerprint(db) for v, db in recordings.items()}
     pairs = []
     for v, db in recordings.items():
         (work / "out" / f"v{v}").mkdir()
         shutil.chown(work / "out" / f"v{v}", "nobody")
-        pairs += [str(db), str(work / "out" / f"v{v}"), "all" if v in (VERSIONS[0], VERSIONS[-1]) else "core"]
+        pairs += [str(db), str(work / "out" / f"v{v}"), "all" if v == VERSIONS[0] else "core"]
     res = as_nobody(work, {"HOME": "/nonexistent", "TMPDIR": str(work / "tmp"),
                            "STALL_RECORDER_CACHE_DIR": str(work / "cache" / "stall-recorder")}, "-c", READER, *pairs)
     assert res.returncode == 0, res.stderr
     answers = json.loads(res.stdout.splitlines()[-1])
     for v, db in recordings.items():
-        full = v in (VERSIONS[0], VERSIONS[-1])
+        full = v == VERSIONS[0]
         check_answers(answers[str(db)], db, oracle(db), full)
         if full:
             copy = Path(answers[str(db)]["datasette_file"])

@@ -4,6 +4,8 @@ A database is ours when its `PRAGMA application_id` is APPLICATION_ID. Its `PRAG
 the number of the last migration applied from `store/migrations/NNNN_*.sql`. Views are not stored
 migrations: they are (re)created from `store/views/*.sql` whenever a writer opens the database, and
 as TEMP views on read-only connections, so a report always uses the views of the running tool.
+A read-only open of a recording of an earlier schema reads a migrated copy of it, never writing the
+file (store/db/older.py); `recorder upgrade` migrates the file itself.
 """
 
 from __future__ import annotations
@@ -457,6 +459,10 @@ def migrate(conn: sqlite3.Connection, version: int, name: str | os.PathLike | No
                 conn.rollback()
             if damaged(e):
                 raise StoreError(damaged_message(name or "the recording", e)) from None
+            if cannot_write(e):
+                raise StoreError(f"migration {path.name} of {name or 'the recording'} could not be written ({e}): "
+                                 "free space where it is (or set STALL_RECORDER_CACHE_DIR for a reader's copy)"
+                                 ) from None
             raise StoreError(f"migration {path.name} failed ({e}): report this as a bug") from None
     conn.execute("BEGIN")
     _drop_views(conn)
