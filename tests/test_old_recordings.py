@@ -421,3 +421,19 @@ def test_verify_checkpoints_hashes_an_earlier_versions_checkpoints_and_stores_no
     assert [(r["path"], r["matches"]) for r in json.loads(out)] == [(str(good), True), (str(changed), False)]
     assert "not stored" in err and "recorder upgrade" in err
     assert fingerprint(db) == before
+
+
+def test_the_cache_is_held_under_its_bound_least_recently_read_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("STALL_RECORDER_CACHE_DIR", str(tmp_path / "cache"))
+    a, b, c = unpack(18, tmp_path), unpack(21, tmp_path), unpack(22, tmp_path)
+    copies = {}
+    for db in (a, b):
+        with open_store(db, readonly=True) as store:
+            copies[db] = store.read_path
+    bound = sum(p.stat().st_size for p in copies.values()) + (512 << 10)  # room for two copies, not three
+    monkeypatch.setenv("STALL_RECORDER_CACHE_MAX", str(bound))
+    os.utime(copies[a].parent, (1, 1))  # a read long ago
+    with open_store(c, readonly=True) as store:
+        assert store.one("SELECT count(*) AS n FROM step_mark")["n"] == len(oracle(c)["steps"])
+        copies[c] = store.read_path
+    assert not copies[a].exists() and copies[b].exists() and copies[c].exists()
