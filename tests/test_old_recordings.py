@@ -31,12 +31,13 @@ from store.errors import StoreError
 FIXTURES = ROOT / "tests" / "fixtures" / "old_recordings"
 VERSIONS = sorted(int(m.group(1)) for p in FIXTURES.glob("v*-cpu-contention.db.gz")
                   if (m := re.match(r"v(\d+)-", p.name)))
+RECORDED = sorted(int(m.group(1)) for p in FIXTURES.glob("v*-record.db.gz") if (m := re.match(r"v(\d+)-", p.name)))
 STALL_STEP = 80042  # the demo scenario's stall: ffmpeg takes the training thread's CPU at model.py:57
 
 
-def unpack(version: int, folder: Path) -> Path:
+def unpack(version: int, folder: Path, name: str = "cpu-contention") -> Path:
     db = folder / f"v{version}.db"
-    with gzip.open(FIXTURES / f"v{version}-cpu-contention.db.gz") as src, db.open("wb") as out:
+    with gzip.open(FIXTURES / f"v{version}-{name}.db.gz") as src, db.open("wb") as out:
         shutil.copyfileobj(src, out)
     return db
 
@@ -96,7 +97,7 @@ def run(*args: str) -> tuple[int, str, str]:
 
 
 def test_fixtures_cover_each_schema_generation():
-    assert VERSIONS == [9, 10, 11, 15, 18, 21, 22, 23]
+    assert VERSIONS == RECORDED == [9, 10, 11, 15, 18, 21, 22, 23]
     assert all(v < SCHEMA_VERSION for v in VERSIONS)
     with tempfile.TemporaryDirectory() as folder:
         for v in VERSIONS:
@@ -437,3 +438,23 @@ def test_the_cache_is_held_under_its_bound_least_recently_read_first(tmp_path, m
         assert store.one("SELECT count(*) AS n FROM step_mark")["n"] == len(oracle(c)["steps"])
         copies[c] = store.read_path
     assert not copies[a].exists() and copies[b].exists() and copies[c].exists()
+
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_a_real_recording_of_each_version_is_explained(version, tmp_path):
+    """Recorded with BPF by that version's own `recorder record -- python train.py`: step 30 slept
+    300 ms at train.py:12, and every step the file holds is listed."""
+    db = unpack(version, tmp_path, "record")
+    db.chmod(0o444)
+    before, expected = fingerprint(db), oracle(db)
+    code, out, err = run("explain", "--db", str(db), "--step", "30", "--json")  # a busy host may add a stall
+    assert code == 0, err
+    report = json.loads(out)
+    cause = report["primary_cause"]
+    assert report["step"]["step"] == 30 and cause["kind"] == "blocked", cause
+    assert "clock_nanosleep" in cause["summary"] and cause["python"].endswith("train.py:12"), cause
+    code, out, err = run("steps", "--db", str(db), "--json")
+    assert code == 0, err
+    assert [s["step"] for s in json.loads(out)["steps"]] == sorted(set(expected["steps"]))
+    assert fingerprint(db) == before
