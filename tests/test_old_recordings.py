@@ -333,10 +333,15 @@ def test_a_damaged_or_foreign_file_gets_one_line(tmp_path):
     code, out, err = run("explain", "--db", str(db))
     assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
     assert "cannot be read" in err and "integrity_check" in err
+    before = fingerprint(db)
+    code, _, err = run("upgrade", "--db", str(db))  # refused, and the file left for .recover
+    assert code == 2 and err.count("\n") == 1 and "integrity_check" in err and "Traceback" not in err
+    assert fingerprint(db) == before
     foreign = tmp_path / "foreign.db"
     sqlite3.connect(foreign).execute("CREATE TABLE t (x)").connection.commit()
-    code, _, err = run("steps", "--db", str(foreign))
-    assert code == 2 and err.count("\n") == 1 and "not written by stall-recorder" in err
+    for command in ("steps", "upgrade"):
+        code, _, err = run(command, "--db", str(foreign))
+        assert code == 2 and err.count("\n") == 1 and "not written by stall-recorder" in err
 
 
 def test_upgrade_migrates_in_place_and_reads_the_same(recordings, tmp_path):
@@ -457,4 +462,31 @@ def test_a_real_recording_of_each_version_is_explained(version, tmp_path):
     code, out, err = run("steps", "--db", str(db), "--json")
     assert code == 0, err
     assert [s["step"] for s in json.loads(out)["steps"]] == sorted(set(expected["steps"]))
+    assert fingerprint(db) == before
+
+
+@AS_NOBODY
+def test_the_mcp_server_serves_an_earlier_version_to_another_user(recordings, nobody_folder):
+    """`recorder mcp` run by nobody over stdio, on root's read-only v15 recording, no cache of its own:
+    each call reads a private temporary copy, removed after it."""
+    from mcp import Client, StdioServerParameters
+
+    db = recordings[15]
+    before = fingerprint(db)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "HOME": "/nonexistent",
+           "TMPDIR": str(nobody_folder / "tmp")}
+    params = StdioServerParameters(command="runuser", args=["-u", "nobody", "--", "env", "-i",
+                                                            *(f"{k}={v}" for k, v in env.items()), sys.executable,
+                                                            "-m", "recorder", "mcp", "--db", str(db)], cwd=str(ROOT))
+
+    async def go() -> list:
+        async with Client(params) as c:
+            return [await c.call_tool(name, args) for name, args in
+                    (("explain_stall", {"worst": True}), ("run_sql", {"sql": "SELECT count(*) FROM step_mark"}))]
+
+    explained, counted = anyio.run(go)
+    assert not explained.is_error and not counted.is_error, (explained.content, counted.content)
+    assert explained.structured_content["primary_cause"]["kind"] == "cpu_contention"
+    assert counted.structured_content["rows"] == [[len(oracle(db)["steps"])]]
+    assert list((nobody_folder / "tmp").iterdir()) == []
     assert fingerprint(db) == before
