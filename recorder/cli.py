@@ -52,6 +52,10 @@ EXAMPLES = {
     "top": "recorder top\n  recorder top --limit 10 --json",
     "verify-checkpoints": ("recorder verify-checkpoints                 # the latest session\n"
                            "  recorder verify-checkpoints --db run.db --session 3 --json"),
+    "upgrade": ("recorder upgrade --db run.db           # migrate an earlier version's recording in place\n"
+                "  recorder upgrade --db /archive/h200.db --json\n"
+                "read commands need no upgrade: they read an earlier version's recording through a migrated\n"
+                "copy in ~/.cache/stall-recorder (or $STALL_RECORDER_CACHE_DIR) and leave the file as it is"),
     "export": ("recorder export --perfetto trace.pftrace          # the latest session, whole\n"
                "  recorder export --db run.db --step 412 --perfetto step412.pftrace\n"
                "  recorder export --window 12..20 --perfetto stall.pftrace   # seconds after the start\n"
@@ -220,10 +224,15 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=5, metavar="N", help="rows per table (default 5)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
 
-    p = _sub(subs, "verify-checkpoints", "hash a recording's checkpoint files again and say which changed")
+    p = _sub(subs, "verify-checkpoints", "hash a recording's checkpoint files again and say which changed "
+                                         "(stored as 'recheck' rows where this user can write the recording)")
     _db_arg(p, db)
     p.add_argument("--session", type=int, help="session id (default: the latest)")
     p.add_argument("-j", "--json", action="store_true", help="machine-readable output")
+
+    p = _sub(subs, "upgrade", "migrate a recording made by an earlier version to this version's schema, in place")
+    _db_arg(p, db)
+    p.add_argument("-j", "--json", action="store_true", help="say what was done as JSON")
 
     p = _sub(subs, "export", "write a recording in another format: a Perfetto timeline (--perfetto), "
                              "Datasette metadata (--datasette-metadata), Parquet for DuckDB, Spark, Trino (--parquet)")
@@ -582,14 +591,53 @@ def cmd_top(args) -> int:
     return 0
 
 
+def _can_store_rechecks(db: Path) -> bool:
+    """Whether verify-checkpoints may write its rows into `db`: a file of this version's schema that
+    this user can write, which no recorder is writing."""
+    import sqlite3
+
+    from store.db import SCHEMA_VERSION, being_written, sqlite_uri
+
+    if not db.is_file() or not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK) or being_written(db):
+        return False
+    try:
+        conn = sqlite3.connect(sqlite_uri(db, mode="ro"), uri=True)
+        try:
+            return conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return True  # the writable open says what is wrong with it
+
+
 def cmd_verify_checkpoints(args) -> int:
     from recorder.layers.checkpoint import render_verification, verify_checkpoints
     from store.db import open_store
 
-    with open_store(args.db) as store:  # writable: each look is stored as a 'recheck' row
+    # each look is stored as a 'recheck' row where the recording can take it (this version's schema,
+    # writable, no recorder writing it); elsewhere the files are hashed all the same and nothing is stored
+    with open_store(args.db, readonly=not _can_store_rechecks(args.db)) as store:
         results = verify_checkpoints(store, args.session)
+        stored = not store.readonly
     print(json.dumps(results, indent=1) if args.json else render_verification(results))
+    if results and not stored:
+        print(f"recorder: the results are not stored in {args.db} (it is read-only to this user, being recorded "
+              "or of an earlier version: 'recorder upgrade' migrates it)", file=sys.stderr)
     return 0 if all(r["matches"] for r in results) else 1
+
+
+def cmd_upgrade(args) -> int:
+    from store.db.older import upgrade
+
+    result = upgrade(args.db)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif result["from_version"] == result["to_version"]:
+        print(f"{args.db} already has schema v{result['to_version']}: nothing to do")
+    else:
+        print(f"upgraded {args.db} from schema v{result['from_version']} to v{result['to_version']}: "
+              f"{sum(result['tables'].values())} rows in {len(result['tables'])} tables kept")
+    return 0
 
 
 def cmd_export(args) -> int:
@@ -657,9 +705,16 @@ def cmd_export(args) -> int:
                   f"{w['slices']} slices, {w['instants']} instants, {w['counter_values']} counter values, "
                   f"{w['flows']} causal flows; open it in ui.perfetto.dev")
         else:
+            browse = (f"browse with: datasette {shlex.quote(w['database_file'])} -m {shlex.quote(w['file'])}"
+                      if w["database_file"] else
+                      "Datasette reads the file itself, and no migrated copy of it is kept here (no private cache "
+                      "folder: set STALL_RECORDER_CACHE_DIR): browse a copy of it made current with "
+                      "'recorder upgrade --db COPY'")
+            if w["database_file"] not in (None, str(args.db)):
+                browse += (f" (the copy of {args.db} migrated to this version's schema; 'recorder upgrade --db "
+                           f"{shlex.quote(str(args.db))}' migrates the file itself)")
             print(f"wrote {w['file']}: {w['tables']} tables and views, {w['columns']} column descriptions, "
-                  f"{w['queries']} canned queries; browse with: datasette {shlex.quote(str(args.db))} "
-                  f"-m {shlex.quote(w['file'])}")
+                  f"{w['queries']} canned queries; {browse}")
     return code
 
 
@@ -735,7 +790,7 @@ COMMANDS = {
     "top": cmd_top,
     "demo": cmd_demo,
     "export": cmd_export, "report": cmd_report, "cluster": cmd_cluster,
-    "verify-checkpoints": cmd_verify_checkpoints,
+    "verify-checkpoints": cmd_verify_checkpoints, "upgrade": cmd_upgrade,
     "mcp": cmd_mcp,
 }
 

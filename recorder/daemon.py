@@ -174,7 +174,9 @@ def finalize_dead(db: Path) -> int | None:
         return None
     give_back_reserve(db)  # the room a dead recorder held
     with open_store(db, readonly=True) as store:  # opening for writing writes (views): only if needed
-        if store.one("SELECT 1 AS x FROM session WHERE status = 'recording'") is None:
+        # an earlier version's recording is not migrated in place by a reader: 'recorder upgrade' does that
+        if store.migrated_from is not None or store.one(
+                "SELECT 1 AS x FROM session WHERE status = 'recording'") is None:
             return None
     with open_store(db) as store:
         row = store.one("SELECT id, recorder_pid FROM session WHERE status = 'recording' ORDER BY id DESC LIMIT 1")

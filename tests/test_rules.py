@@ -174,9 +174,10 @@ def test_the_listings_quote_the_stored_rule(contention: tuple[Path, int]) -> Non
     assert worst["stalls_total"] == 0 and "none: no step took 50x its rolling median" in render_top(worst)
 
 
-def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
+def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A recording made before the rules were rows: a writable open migrates it, adding the tables
     with the rules the views used to hard-code, and its stalls are the same."""
+    monkeypatch.setenv("STALL_RECORDER_CACHE_DIR", str(tmp_path / "cache"))  # where a reader's migrated copy goes
     from store import db as store_db
 
     path = tmp_path / "old.db"
@@ -201,8 +202,10 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path) -> None:
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
     conn.close()
-    with pytest.raises(store_db.StoreError, match=f"older than v{store_db.SCHEMA_VERSION}"):
-        open_store(path, readonly=True)
+    with open_store(path, readonly=True) as store:  # read through a migrated copy; the file stays v9
+        assert store.migrated_from == 9 and store.read_path != path
+        assert store.row("SELECT ratio FROM stall_rule")["ratio"] == 1.5
+    assert q(path, "PRAGMA user_version") == [(9,)]
     open_store(path).close()
     assert q(path, "PRAGMA user_version") == [(store_db.SCHEMA_VERSION,)]
     assert q(path, "SELECT ratio, min_excess_dur FROM stall_rule") == [(1.5, 1_000_000)]

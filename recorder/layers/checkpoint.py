@@ -891,7 +891,8 @@ def _not_a_checkpoint(path: str) -> bool:
 # -- later: re-hash a recording's checkpoints ----------------------------------------------------------
 def verify_checkpoints(store: Store, session_id: int | None = None) -> list[dict]:
     """Hash again every checkpoint of a session that was hashed when it completed (the latest session
-    by default), store each result in checkpoint_verify (trigger 'recheck') and return them with
+    by default), store each result in checkpoint_verify (trigger 'recheck'; not when the store is
+    read-only) and return them with
     `matches`: True when the content is what was hashed then. Safe to run any time, in any order."""
     if session_id is None:
         session_id = store.row("SELECT max(id) AS id FROM session")["id"]
@@ -912,15 +913,17 @@ def verify_checkpoints(store: Store, session_id: int | None = None) -> list[dict
             v = Verification(v.ts, v.dur, v.method, v.path, "replaced" if v.sha256 != f["sha256"] else "hashed",
                              v.ino, v.size_bytes, v.mtime_ns, v.mtime_ts, v.sha256,
                              f"inode {v.ino} at the path, was {f['ino']}")
-        store.conn.execute(
-            f"INSERT INTO checkpoint_verify ({', '.join(VERIFY_COLUMNS)})"
-            f" VALUES ({', '.join('?' * len(VERIFY_COLUMNS))})",
-            (session_id, f["file_id"], v.ts, v.dur, "recheck", v.method, v.path, v.state, v.ino, v.size_bytes,
-             v.mtime_ns, v.mtime_ts, v.sha256, v.detail))
+        if not store.readonly:  # a recording opened read-only is hashed against, not written
+            store.conn.execute(
+                f"INSERT INTO checkpoint_verify ({', '.join(VERIFY_COLUMNS)})"
+                f" VALUES ({', '.join('?' * len(VERIFY_COLUMNS))})",
+                (session_id, f["file_id"], v.ts, v.dur, "recheck", v.method, v.path, v.state, v.ino, v.size_bytes,
+                 v.mtime_ns, v.mtime_ts, v.sha256, v.detail))
         out.append({"file_id": f["file_id"], "path": f["path"], "state": v.state, "sha256": v.sha256,
                     "size_bytes": v.size_bytes, "matches": v.state == "hashed" and v.sha256 == f["sha256"],
                     "detail": v.detail})
-    store.conn.commit()
+    if not store.readonly:
+        store.conn.commit()
     return out
 
 

@@ -771,11 +771,24 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
     from pyarrow import csv
 
     types = {"INTEGER": pa.int64(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
+    from store.db import APPLICATION_ID, SCHEMA_VERSION, Store, open_store
+
+    store: Store | None = None
+    conn = None
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        if (conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+                and conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION):
+            conn.close()  # an earlier version's recording: read through a migrated copy, the file as it is
+            store = open_store(path, readonly=True)
+            conn = store.conn
         sessions = conn.execute("SELECT id, hostname, wall_offset_ns, started_ts, stopped_ts, boot_id"
                                 " FROM session ORDER BY id").fetchall()
     except sqlite3.DatabaseError as e:
+        if conn is not None:
+            conn.close()
+        if store is not None:
+            store.close()
         if damaged(e):
             raise UserError(damaged_message(path, e)) from None
         raise UserError(f"{path} is not a stall-recorder recording ({e}): pass the nodes' recordings") from None
@@ -796,10 +809,11 @@ def _read_sqlite(path: Path) -> list[tuple[tuple, dict]]:
                                                        strings_can_be_null=True))
             out.append((session, tables))
     except sqlite3.OperationalError as e:
-        raise UserError(f"{path} cannot be read as a recording ({e}): open it once with a recorder "
-                        "of this version") from None
+        raise UserError(f"{path} cannot be read as a recording ({e}): pass the nodes' recordings") from None
     finally:
         conn.close()
+        if store is not None:
+            store.close()
     return out
 
 

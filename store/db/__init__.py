@@ -4,6 +4,8 @@ A database is ours when its `PRAGMA application_id` is APPLICATION_ID. Its `PRAG
 the number of the last migration applied from `store/migrations/NNNN_*.sql`. Views are not stored
 migrations: they are (re)created from `store/views/*.sql` whenever a writer opens the database, and
 as TEMP views on read-only connections, so a report always uses the views of the running tool.
+A read-only open of a recording of an earlier schema reads a migrated copy of it, never writing the
+file (store/db/older.py); `recorder upgrade` migrates the file itself.
 """
 
 from __future__ import annotations
@@ -281,9 +283,13 @@ class Store:
     readonly: bool
     db: sqlite_utils.Database = field(init=False)
     snapshot: tempfile.TemporaryDirectory | None = None  # a private copy read instead of `path`
+    # the file SQLite reads: `path`, or a migrated copy of it when it was recorded by an earlier version
+    read_path: Path = field(init=False)
+    migrated_from: int | None = field(init=False, default=None)  # that version's schema
 
     def __post_init__(self) -> None:
         self.db = sqlite_utils.Database(self.conn)
+        self.read_path = self.path
 
     def close(self) -> None:
         self.conn.close()
@@ -402,11 +408,7 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
     if readonly:
         if version < SCHEMA_VERSION:
             store.close()
-            raise StoreError(
-                f"{path} has schema v{version}, older than v{SCHEMA_VERSION}: read it with the "
-                f"stall-recorder version that recorded it, or upgrade it in place (as a user who can write "
-                f"it) with 'recorder verify-checkpoints --db {path}', which opens it for writing and migrates it"
-            )
+            return _open_older(path, version)
         _views_to(conn, temp=True)
         return store
     if not tables:
@@ -420,8 +422,32 @@ def open_store(path: str | os.PathLike, *, create: bool = False, readonly: bool 
     return store
 
 
-def migrate(conn: sqlite3.Connection, version: int) -> None:
-    """Apply every migration above `version` and recreate the views, each step atomically."""
+def _open_older(path: Path, version: int) -> Store:
+    """A recording of an earlier schema, read as it is: through a migrated copy of it in a private
+    cache folder (store/db/older.py), never by writing the file. The Store names `path`; its
+    `read_path` is the copy."""
+    from store.db.older import readable_copy
+
+    copy, temporary = readable_copy(path, version, SCHEMA_VERSION)
+    try:
+        conn, snapshot = _connect_readonly(copy)
+    except BaseException:
+        if temporary is not None:
+            temporary.cleanup()
+        raise
+    if snapshot is not None:  # only a copy still being written is snapshotted, and ours is not
+        snapshot.cleanup()
+    conn.execute("PRAGMA busy_timeout = 5000")
+    _views_to(conn, temp=True)
+    store = Store(path, conn, True, temporary)
+    store.read_path = copy
+    store.migrated_from = version
+    return store
+
+
+def migrate(conn: sqlite3.Connection, version: int, name: str | os.PathLike | None = None) -> None:
+    """Apply every migration above `version` and recreate the views, each step atomically.
+    `name`: the recording's path, for the message when its pages are damaged."""
     if version == 0:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     for number, path in MIGRATIONS:
@@ -431,7 +457,14 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
         try:
             conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
         except sqlite3.Error as e:
-            conn.rollback()
+            if conn.in_transaction:
+                conn.rollback()
+            if damaged(e):
+                raise StoreError(damaged_message(name or "the recording", e)) from None
+            if cannot_write(e):
+                raise StoreError(f"migration {path.name} of {name or 'the recording'} could not be written ({e}): "
+                                 "free space where it is (or set STALL_RECORDER_CACHE_DIR for a reader's copy)"
+                                 ) from None
             raise StoreError(f"migration {path.name} failed ({e}): report this as a bug") from None
     conn.execute("BEGIN")
     _drop_views(conn)

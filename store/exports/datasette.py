@@ -264,5 +264,9 @@ def export_datasette_metadata(store: Store, out: Path) -> dict:
         tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write {out}: {e.strerror}; pass a writable path") from None
     t = meta["databases"][database]["tables"]
-    return {"file": str(out), "database": database, "tables": len(t),
+    # Datasette reads the file itself: an earlier version's recording is browsed through its migrated
+    # copy (same file name, so the same database name), kept in the reader's cache; None: no copy is kept
+    kept = store.read_path == store.path or store.snapshot is None
+    return {"file": str(out), "database": database, "database_file": str(store.read_path) if kept else None,
+            "tables": len(t),
             "columns": sum(len(x.get("columns", {})) for x in t.values()), "queries": len(QUERIES)}

@@ -162,7 +162,7 @@ def _export_local(db: str | os.PathLike, out: Path, session_id: int | None, repo
             summaries[sid] = summary
             answer_tables["export_meta"] = answers.arrow_table("export_meta", [{
                 "schema_version": answers.SCHEMA_VERSION, "recorder_version": _version(),
-                "recording_schema": conn.execute("PRAGMA user_version").fetchone()[0],
+                "recording_schema": store.migrated_from or conn.execute("PRAGMA user_version").fetchone()[0],
                 "exported_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "source_db": str(db), **summary}])
             for name, table in answer_tables.items():
