@@ -11,21 +11,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from recorder.core.loader import TargetSpec
 from recorder.errors import UserError
-from recorder.flight import FlightOptions
-from recorder.session import (
-    Session,
-    already_recording,
-    give_back_reserve,
-    install_dump_signal,
-    install_stop_signals,
-    log_path,
-    status_path,
-)
+from recorder.recording_files import already_recording, give_back_reserve, log_path, status_path
 from store.db import check_regular, lock_holder, open_store
 from store.errors import StoreError
+
+if TYPE_CHECKING:  # the recorder proper is imported where it records: a stop needs none of it
+    from recorder.core.loader import TargetSpec
+    from recorder.flight import FlightOptions
 
 
 def check_db_path(db: Path) -> None:
@@ -83,6 +78,8 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
     os.dup2(log, 2)
     status = 0
     try:
+        from recorder.session import Session, install_stop_signals
+
         session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
         install_stop_signals(session)
         summary = session.begin()
@@ -117,6 +114,8 @@ def run_foreground(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], com
     summary. Under systemd's Type=notify, READY=1 is sent once the probes are attached."""
     check_db_path(db)
     check_not_recording(db)
+    from recorder.session import Session, install_stop_signals
+
     session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
     install_stop_signals(session)
     summary = session.begin()
@@ -211,17 +210,15 @@ def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
         if time.monotonic() > deadline:
             raise UserError(f"recorder pid {holder} did not stop within {timeout_s:.0f} s: see {log_path(db)}")
         time.sleep(0.05)
-    from recorder.session import session_summary
+    from recorder.recording_files import session_summary
 
-    with open_store(db, readonly=True) as store:
+    with open_store(db, readonly=True) as store:  # what the recorder wrote is only read here
         unfinished = store.one("SELECT 1 AS x FROM session WHERE status = 'recording'") is not None
-    if unfinished:
-        # the lock went with a recorder that never finished its session: one killed (SIGKILL, the OOM
-        # killer) holds the lock while the kernel detaches its probes, and the signal met it dying
-        raise not_running(db, f"the recorder (pid {holder}) on {db} ended without finishing its session")
-    with open_store(db) as store:
-        sid = store.row("SELECT max(id) AS id FROM session")["id"]
-        return session_summary(store, sid)
+        if not unfinished:
+            return session_summary(store, store.row("SELECT max(id) AS id FROM session")["id"])
+    # the lock went with a recorder that never finished its session: one killed (SIGKILL, the OOM
+    # killer) holds the lock while the kernel detaches its probes, and the signal met it dying
+    raise not_running(db, f"the recorder (pid {holder}) on {db} ended without finishing its session")
 
 
 def read_status(db: Path) -> dict:
@@ -258,6 +255,9 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
             print(f"recorder: cannot run {argv[0]}: {e.strerror}", file=sys.stderr)
             os._exit(127)
     os.close(go_r)
+    from recorder.core.loader import TargetSpec
+    from recorder.session import Session, install_dump_signal
+
     session = Session(db, TargetSpec(pids=(child,)), cuda_libs, command,
                       described_target="command " + " ".join(argv), flight=flight, metrics_file=metrics_file)
     try:
