@@ -61,7 +61,7 @@ def main() -> int:
     ap.add_argument("-j", "--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     if os.geteuid() != 0:
-        raise SystemExit("needs root (it records)")
+        raise SystemExit("bench_stop: needs root (it records): run it with sudo")
     checkouts = {"this": ROOT}
     if args.compare:
         checkouts["compare"] = args.compare.resolve()
