@@ -175,8 +175,6 @@ def test_a_stop_that_meets_the_recorder_dying_finalizes_its_session(tmp_path):
         assert f"the recorder (pid {pid}) died without a stop" in str(stopped.value)
         stop = run_recorder("stop", "--db", str(db))  # and a stop after that says the same
         assert stop.returncode != 0 and "died without a stop" in stop.stderr and "Traceback" not in stop.stderr
-        report = run_recorder("explain", "--db", str(db))
-        assert "(incomplete)" in report.stdout and "died without a stop" in report.stdout, report.stdout
     finally:
         work.kill()
         work.wait()
