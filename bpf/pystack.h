@@ -479,12 +479,17 @@ static __always_inline int pystack_find_body(void *ctx, int tp)
     }
     st->fsbase = fsbase;
 
-    /* a cached tstate is trusted only while its thread_id still is this thread's */
+    /* A cached tstate is trusted only while its thread_id still is this thread's. One that fails
+     * (the thread exec'd: the state was the old image's, or it was freed) is forgotten, and its
+     * failure is not the scan's: a walk that failed once must not fail at every capture after. */
     int err = 0;
     u64 *cached = pystack_tstates.lookup(&tid);
-    if (cached && *cached &&
-        pystack_read_ptr(*cached + c->tstate_thread_id, &err) == fsbase && !err)
-        return pystack_start_walk(ctx, st, *cached, tp);
+    if (cached && *cached) {
+        if (pystack_read_ptr(*cached + c->tstate_thread_id, &err) == fsbase && !err)
+            return pystack_start_walk(ctx, st, *cached, tp);
+        pystack_tstates.delete(&tid);
+        err = 0;
+    }
 
     st->interp = pystack_read_ptr(c->runtime + c->runtime_interpreters_head, &err);
     st->interps = 0;

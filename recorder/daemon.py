@@ -11,21 +11,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from recorder.core.loader import TargetSpec
 from recorder.errors import UserError
-from recorder.flight import FlightOptions
-from recorder.session import (
-    Session,
-    already_recording,
-    give_back_reserve,
-    install_dump_signal,
-    install_stop_signals,
-    log_path,
-    status_path,
-)
+from recorder.recording_files import already_recording, give_back_reserve, log_path, status_path
 from store.db import check_regular, lock_holder, open_store
 from store.errors import StoreError
+
+if TYPE_CHECKING:  # the recorder proper is imported where it records: a stop needs none of it
+    from recorder.core.loader import TargetSpec
+    from recorder.flight import FlightOptions
 
 
 def check_db_path(db: Path) -> None:
@@ -40,13 +35,24 @@ def check_db_path(db: Path) -> None:
         raise UserError(f"cannot write {db} ({e.strerror}): pass a writable --db path") from None
 
 
+def check_not_recording(db: Path) -> None:
+    """Refuse a second recorder on `db`; a session a dead recorder left 'recording' is finalized
+    first (as incomplete, with why and when), so the new recorder's lock never makes it read as live."""
+    holder = lock_holder(db)
+    if holder:
+        raise already_recording(db, holder)
+    if db.exists():
+        try:
+            finalize_dead(db)
+        except (StoreError, sqlite3.Error):
+            pass  # not ours to mark (another user's, a full disk): readers say the same from the row
+
+
 def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
                      flight: FlightOptions | None = None, metrics_file: Path | None = None) -> dict:
     """Fork a detached recorder; return its attach summary once the probes are attached."""
     check_db_path(db)
-    holder = lock_holder(db)
-    if holder:
-        raise already_recording(db, holder)
+    check_not_recording(db)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid:
@@ -72,6 +78,8 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
     os.dup2(log, 2)
     status = 0
     try:
+        from recorder.session import Session, install_stop_signals
+
         session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
         install_stop_signals(session)
         summary = session.begin()
@@ -105,9 +113,9 @@ def run_foreground(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], com
     service manager that supervises the process itself (systemd, a container). Returns the session
     summary. Under systemd's Type=notify, READY=1 is sent once the probes are attached."""
     check_db_path(db)
-    holder = lock_holder(db)
-    if holder:
-        raise already_recording(db, holder)
+    check_not_recording(db)
+    from recorder.session import Session, install_stop_signals
+
     session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
     install_stop_signals(session)
     summary = session.begin()
@@ -142,12 +150,13 @@ def _reply_error(fd: int, message: str) -> None:
         pass
 
 
-def not_running(db: Path) -> UserError:
+def not_running(db: Path, base: str | None = None) -> UserError:
     """Why no recorder is running on `db`, as an error: one that stopped by itself (a full disk)
-    or died (kill -9, a crash; its session is finalized here) is said, with what it left."""
+    or died (kill -9, a crash; its session is finalized here) is said, with what it left. `base`
+    replaces the opening words ('no recorder is running on DB')."""
     from store.report.build import recording_end
 
-    base = f"no recorder is running on {db}"
+    base = base or f"no recorder is running on {db}"
     if not db.exists():
         return UserError(f"{base}: start one with 'recorder start --db {db}'")
     try:
@@ -203,11 +212,15 @@ def stop_background(db: Path, timeout_s: float = 60.0) -> dict:
         if time.monotonic() > deadline:
             raise UserError(f"recorder pid {holder} did not stop within {timeout_s:.0f} s: see {log_path(db)}")
         time.sleep(0.05)
-    from recorder.session import session_summary
+    from recorder.recording_files import session_summary
 
-    with open_store(db) as store:
-        sid = store.row("SELECT max(id) AS id FROM session")["id"]
-        return session_summary(store, sid)
+    with open_store(db, readonly=True) as store:  # what the recorder wrote is only read here
+        unfinished = store.one("SELECT 1 AS x FROM session WHERE status = 'recording'") is not None
+        if not unfinished:
+            return session_summary(store, store.row("SELECT max(id) AS id FROM session")["id"])
+    # the lock went with a recorder that never finished its session: one killed (SIGKILL, the OOM
+    # killer) holds the lock while the kernel detaches its probes, and the signal met it dying
+    raise not_running(db, f"the recorder (pid {holder}) on {db} ended without finishing its session")
 
 
 def read_status(db: Path) -> dict:
@@ -230,9 +243,7 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
     `on_started(pid)` is called once the probes are attached and the command runs.
     """
     check_db_path(db)
-    holder = lock_holder(db)
-    if holder:
-        raise already_recording(db, holder)
+    check_not_recording(db)
     go_r, go_w = os.pipe()
     child = os.fork()
     if child == 0:
@@ -246,6 +257,9 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
             print(f"recorder: cannot run {argv[0]}: {e.strerror}", file=sys.stderr)
             os._exit(127)
     os.close(go_r)
+    from recorder.core.loader import TargetSpec
+    from recorder.session import Session, install_dump_signal
+
     session = Session(db, TargetSpec(pids=(child,)), cuda_libs, command,
                       described_target="command " + " ".join(argv), flight=flight, metrics_file=metrics_file)
     try:

@@ -41,6 +41,13 @@ from recorder.errors import TargetError, UserError
 from recorder.flight import FlightOptions, FlightRecorder
 from recorder.layers import LAYERS, definitions
 from recorder.metrics import MetricsFile, Snapshot, loss_layer
+from recorder.recording_files import (
+    already_recording,
+    give_back_reserve,
+    make_reserve,
+    session_summary,
+    status_path,
+)
 from recorder.steps_infer import infer_steps
 from store.db import Store, Writer, cannot_write, lock_path, open_store
 from store.flight import file_bytes
@@ -63,43 +70,6 @@ def vocabulary(layers: Sequence[Layer]) -> list[tuple[str, str, str, str, str]]:
     words = [word for layer in layers for word in layer.observes] + [PYTHON_OBSERVES]  # the stack recorder's
     rows += [(word.layer, "capability", word.layer, word.what, "") for word in words]
     return rows
-
-
-def status_path(db: Path) -> Path:
-    return db.with_name(db.name + ".status.json")
-
-
-def log_path(db: Path) -> Path:
-    return db.with_name(db.name + ".log")
-
-
-RESERVE_BYTES = 2 << 20
-
-
-def reserve_path(db: Path) -> Path:
-    """Room held on the recording's file system while it records, given back when the disk fills
-    up: marking the session stopped (and the log's last lines) then still find space."""
-    return db.with_name(db.name + ".reserve")
-
-
-def make_reserve(db: Path) -> None:
-    try:
-        with open(reserve_path(db), "wb") as f:  # written, not sparse: the blocks are taken now
-            f.write(bytes(RESERVE_BYTES))
-    except OSError:  # already short of room: recording goes on without it
-        reserve_path(db).unlink(missing_ok=True)
-
-
-def give_back_reserve(db: Path) -> None:
-    try:
-        reserve_path(db).unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def already_recording(db: Path, holder: int | str) -> UserError:
-    return UserError(f"a recorder (pid {holder}) is already recording into {db}: "
-                     f"stop it with 'recorder stop --db {db}' or pass another --db")
 
 
 @dataclass
@@ -589,21 +559,6 @@ def _say(text: str) -> None:
         print(text, flush=True)
     except OSError:
         pass
-
-
-def session_summary(store: Store, session_id: int) -> dict:
-    s = store.row("SELECT * FROM session WHERE id = ?", (session_id,))
-    counts = {
-        table: store.row(f"SELECT count(*) AS n FROM {table} WHERE session_id = ?", (session_id,))["n"]
-        for table in ("offcpu_interval", "cuda_call", "thread", "process", "library")
-    }
-    lost = store.row("SELECT coalesce(sum(dropped), 0) AS n FROM loss WHERE session_id = ?",
-                     (session_id,))["n"]
-    dur = ((s["stopped_ts"] or s["started_ts"]) - s["started_ts"]) / 1e9
-    return {"session_id": session_id, "status": s["status"], "stop_reason": s["stop_reason"],
-            "duration_s": round(dur, 3),
-            "rows": counts, "dropped": lost, "db": str(store.path),
-            "db_bytes": file_bytes(store.path)}
 
 
 def _boot_id() -> str:

@@ -12,12 +12,16 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import RECORDER, ROOT, needs_bpf, run_recorder, workload_output
 
 sys.path.insert(0, str(ROOT / "tests" / "pyframes"))  # not a package
+sys.path.insert(0, str(ROOT / "tests" / "workloads"))
+from exec_children import SPIN_LINE  # noqa: E402
+
 import harness  # noqa: E402
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
@@ -300,3 +304,44 @@ def test_program_without_python_is_absent_and_still_recorded(tmp_path: Path, nat
                                      ("not configured", "<not configured>")}
     report = json.loads(run_recorder("explain", "--db", str(db), "--json", check=True).stdout)
     assert "python" not in report["observed_layers"]
+
+
+EXEC_CHILDREN = ROOT / "tests" / "workloads" / "exec_children.py"
+PYENV = ("3.10", "3.11", "3.12", "3.13")
+
+
+@pytest.mark.parametrize("version", PYENV)
+def test_every_new_interpreter_has_its_lines_from_its_start(version: str, tmp_path: Path) -> None:
+    """Twenty interpreters exec'd in threads the walker knew in the image before (as a child of
+    `recorder record` is: a fork of a Python that waited in Python, then an exec), in one
+    recording: every one has Python lines at its waits. A walk that failed once in such a thread
+    (its cached thread state belongs to the old image) must not fail for the rest of its life."""
+    interpreter = harness.INTERPRETERS[version]
+    if not os.access(interpreter, os.X_OK):
+        pytest.skip(f"CPython {version} is not installed at {interpreter} (pyenv install {version})")
+    db = tmp_path / "children.db"
+    res = run_recorder("record", "--db", str(db), "--", interpreter, str(EXEC_CHILDREN), interpreter,
+                       "20", "0.4", "0.4", "5", timeout=300)
+    assert res.returncode == 0, res.stderr
+    children = json.loads(res.stdout.splitlines()[0])
+    assert len(children) == 20
+    marks = ",".join("?" * len(children))
+    # every wait of a child, and whether its stack is spin() at the sleep's line (after the exec)
+    rows = q(db, "SELECT p.pid, s.status, s.failure, EXISTS (SELECT 1 FROM python_stack_frame f"
+                 " JOIN python_code c ON c.id = f.code_id WHERE f.stack_id = s.id AND c.qualname = 'spin'"
+                 " AND c.filename = '<string>' AND f.line = ?)"
+                 " FROM offcpu_interval o JOIN thread t ON t.id = o.thread_id JOIN process p ON p.id = t.process_id"
+                 f" LEFT JOIN python_stack s ON s.id = o.python_stack_id WHERE p.pid IN ({marks})",
+             (SPIN_LINE, *children))
+    lines = {pid: 0 for pid in children}
+    why: dict[int, Counter] = {pid: Counter() for pid in children}
+    for pid, status, failure, at_line in rows:
+        lines[pid] += at_line
+        if status not in (None, "ok"):
+            why[pid][f"{status}: {failure}" if failure else status] += 1
+    without = {pid: dict(why[pid]) for pid, n in lines.items() if n == 0}
+    assert not without, f"{len(without)} of 20 interpreters without a Python line: {without}"
+    # and no walk kept failing in a thread whose interpreter was there all along
+    stuck = {pid: n for pid in children if (n := sum(k for w, k in why[pid].items() if w.startswith("read error")))
+             > 5}
+    assert not stuck, f"read errors at the waits of {stuck}: {dict(why[next(iter(stuck))])}"

@@ -218,5 +218,24 @@ def test_tracepoint_missing_from_the_kernel_is_recorded_as_absent(tmp_path):
         absent = [c for c in p.capabilities if c.status == "absent" and c.layer in ("ghost", "sched", "task")]
         assert [(c.layer, c.probe) for c in absent] == [("ghost", "ghost:no_such_event")]
         assert "sched" in p.layers and "ghost" not in p.layers
+        # the stop detaches every probe at once (probes.detach_all), and nothing is left attached
+        p.attach_dlopen()
+        attached = len(p.bpf.tracepoint_fds) + len(p.bpf.uprobe_fds)
+        assert p.bpf.uprobe_fds and len(perf_event_fds()) >= attached > 40
+        probes.detach_all(p.bpf)
+        assert not p.bpf.tracepoint_fds and not p.bpf.uprobe_fds and not p.bpf.kprobe_fds
+        assert perf_event_fds() == []
     finally:
         p.cleanup()
+
+
+def perf_event_fds() -> list[str]:
+    """This process's open perf events (each attached tracepoint or uprobe holds one)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[perf_event]":
+                out.append(fd)
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+    return out

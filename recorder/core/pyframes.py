@@ -706,12 +706,21 @@ class StackResolver:
         self._page_states = {k: v for k, v in self._page_states.items() if k[0] != pid}
 
     def _read(self, pid: int, addr: int, size: int) -> bytes:
-        fd = self._mem.get(pid)
-        if fd is None:
-            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
-            self._mem[pid] = fd
         if not 0 <= addr < 1 << 63:  # a pointer read from memory freed and reused since the capture
             raise OSError(f"not a user address: {addr:#x}")
+        fd = self._mem.get(pid)
+        if fd is not None:
+            try:
+                data = os.pread(fd, size, addr)
+                if len(data) == size:
+                    return data
+            except OSError:
+                pass
+            # An open /proc/PID/mem reads the memory of the image it was opened on: after an exec
+            # (whose event may come a batch after the new image's first stacks) it is opened again
+            os.close(self._mem.pop(pid))
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        self._mem[pid] = fd
         data = os.pread(fd, size, addr)
         if len(data) != size:
             raise OSError(f"short read at {addr:#x}")

@@ -120,6 +120,9 @@ class _Maps:
         return None
 
 
+# times a process whose interpreter state the walker cannot read is detected again (once a second)
+RERESOLVE_MAX = 3
+
 # An address in no mapping (a stale frame record's garbage, or memory mapped after the last read)
 # makes the maps be read again at most this often per process: a PyTorch process maps thousands of
 # regions, and re-reading them for every new stack would cost milliseconds each.
@@ -287,6 +290,9 @@ class StackRecorder:
         self._final = False
         self._gils: set[tuple[int, int]] = set()  # (pid, _PyRuntime) written to python_gil
         self.pending: set[int] = set()  # pids that may still turn out to be Python (libpython not mapped)
+        # pids whose interpreter state the walker could not read, to detect again; times each was
+        self._reresolve: set[int] = set()
+        self._rereads: dict[int, int] = {}
         self._reported: set[int] = set()  # pids whose capability row is written
         self._maps_seen: dict[int, int] = {}  # pending pid -> mapped files when last detected
         self.losses: dict[str, int] = {}  # stack records lost, written to `loss` once a second
@@ -348,6 +354,8 @@ class StackRecorder:
                 self.pending.discard(pid)
 
     def _drop(self, pid: int) -> None:
+        self._rereads.pop(pid, None)  # a new image (or none) starts over
+        self._reresolve.discard(pid)
         self.resolver.forget(pid)
         self.natives.forget(pid)
         self.walker.targets.pop(pid, None)
@@ -445,6 +453,8 @@ class StackRecorder:
                         for i, (code, instr, csum) in enumerate(raw))
         if ev.failed:  # the read that ended the walk: not retried, the thread has run on since
             what, addr = ev.failed
+            if what == "interpreter state" and self._rereads.get(ev.pid, 0) < RERESOLVE_MAX:
+                self._reresolve.add(ev.pid)  # detected again at the next second (housekeeping)
             if what == "code pointer":  # a frame read while the interpreter was writing it
                 failure = "frame without its code object"
             elif what == "task" or not addr:
@@ -624,7 +634,21 @@ class StackRecorder:
             while len(self._parked) > PARKED_MAX:
                 del self._parked[next(iter(self._parked))]
         self.retry_pending()
+        self._resolve_again()
         return out
+
+    def _resolve_again(self) -> None:
+        """A process whose interpreter state the walker could not read is detected again (its
+        recipe written anew), at most RERESOLVE_MAX times per process image: its state may have
+        been read before the interpreter was in place. Each walk reads it again in any case; this
+        is for a recipe that cannot read it. A process that reads (or has no Python) costs nothing."""
+        for pid in self._reresolve:
+            if pid in self.walker.targets and isinstance(self.walker.targets[pid], PythonTarget):
+                self._rereads[pid] = self._rereads.get(pid, 0) + 1
+                self._seen = {k: v for k, v in self._seen.items() if k[0] != pid}
+                self._raw = {k: v for k, v in self._raw.items() if k[0] != pid}
+                self._configure(pid)
+        self._reresolve.clear()
 
     def report_misses(self) -> None:
         """At the stop: a `capability` row per kind of stack some calls were stored without (the
