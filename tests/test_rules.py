@@ -185,7 +185,8 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path, monkeypatch
     conn = sqlite3.connect(path)
     for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule",
                   "thread_name", "incident", "user_code_rule", "wait_chain_rule", "python_gil", "flight_window",
-                  "causal_link_stored", "causal_link_session", "step_cause_stored", "layer_vocabulary"):
+                  "causal_link_stored", "causal_link_session", "step_cause_stored", "layer_vocabulary",
+                  "device_activity", "host_op", "collective_record", "trace_import"):
         conn.execute(f"DROP TABLE {table}")  # and what later versions added
     store_db._drop_views(conn)
     for table, column in (("offcpu_interval", "waker_context"), ("offcpu_interval", "futex_addr"),
@@ -193,7 +194,7 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path, monkeypatch
                           ("tcp_retransmit", "process_id"), ("tcp_retransmit", "peer_process_id"),
                           ("cuda_call", "open"), ("nccl_call", "open"), ("cuda_call", "driver_api_id"),
                           ("session", "stop_reason"), ("session", "written_ts"),
-                          ("reclaim_interval", "python_stack_id"),
+                          ("reclaim_interval", "python_stack_id"), ("step_mark", "end_ts"),
                           *(("process", c) for c in ("environ_status", "job_rank", "job_local_rank",
                                                      "job_world_size", "master_addr", "run_id", "slurm_job_id",
                                                      "slurm_step_id", "pod_uid", "pod_namespace", "pod_name",
