@@ -586,11 +586,17 @@ class StackRecorder:
         except KeyError:  # the insert failed, or 16,384 newer stacks evicted it before this read
             self.native_errors["native stack not in the map"] += count
             return None
+        stack_id = self.native_stack(pid, value.ip[:min(value.frames, len(value.ip))])
+        self._native_raw[(pid, digest)] = stack_id
+        return stack_id
+
+    def native_stack(self, pid: int, addresses: Iterable[int]) -> int:
+        """The stored native stack of `pid`'s user instruction `addresses`, innermost first (a
+        walk's frames: the digests above, or the kernel's walk of a profile sample), symbolised and
+        stored once per distinct stack."""
         # the walk stops at a frame pointer that cannot be one; a return address read from a
         # stale frame record can still be no user-space address (nor storable): cut there
-        addresses = list(itertools.takewhile(lambda a: 0 < a < _NOT_USER,
-                                             value.ip[:min(value.frames, len(value.ip))]))
-        frames = self.natives.frames(pid, addresses)
+        frames = self.natives.frames(pid, list(itertools.takewhile(lambda a: 0 < a < _NOT_USER, addresses)))
         h = _hash([(f.address, f.object, f.symbol, f.offset) for f in frames])
         stack_id = self._native_stacks.get(h)
         if stack_id is None:
@@ -598,7 +604,6 @@ class StackRecorder:
             self.writer.add("native_stack", (stack_id, self.session_id, h, len(frames)))
             self.writer.extend("native_stack_frame", [
                 (stack_id, d, f.address, f.object, f.symbol, f.offset) for d, f in enumerate(frames)])
-        self._native_raw[(pid, digest)] = stack_id
         return stack_id
 
     # -- accounting -------------------------------------------------------------------------------
