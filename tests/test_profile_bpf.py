@@ -62,7 +62,10 @@ def test_a_call_spinning_in_a_library_is_named_with_its_library_function_and_lin
     top = cpu["sites"][0]
     line = f"cpu_steps.py:{truth['LAUNCH_LINE']}"
     assert (top["library"], top["function"], top["python"]) == ("libcuda.so.1", "cuLaunchKernel", line), cpu
-    assert BURN_MS * 1e6 / 2 <= top["dur_ns"] <= report["step"]["dur_ns"], cpu
+    # the stand-in spins reading its thread's CPU clock, a system call every ~0.5 us: the samples that
+    # land while the scheduler layer's syscall programs run are skipped by the kernel (docs/losses.md),
+    # most of them on a loaded machine
+    assert BURN_MS * 1e6 / 6 <= top["dur_ns"] <= report["step"]["dur_ns"], cpu
     assert f"in cuLaunchKernel (libcuda.so.1), from {line}" in text, text
     # the view the report reads: the step's samples there, none of them in another step
     rows = q(db, "SELECT p.samples FROM step_cpu_profile p JOIN step_mark m ON m.id = p.step_mark_id"
