@@ -36,8 +36,9 @@ def _sites(store: Store, step_mark_id: int) -> list[dict]:
 
 def on_cpu(store: Store, step: dict, explained_ns: int) -> dict | None:
     """The step's time on the CPU by site, when its excess is on the CPU: `explained_ns` is the
-    excess its primary cause accounts for (0 without one, or for a cause of PLACED_KINDS). None when the step is not slow, the
-    excess is explained, or no sample of its thread was recorded in it (no profile)."""
+    excess its primary cause accounts for (0 without one, or for a cause of PLACED_KINDS). None
+    when the step is not slow, the excess is explained, or no sample of its thread was recorded in
+    it (no profile)."""
     excess = max(step["excess_dur"] or 0, 0)
     if not step["slow"] or not excess or explained_ns >= UNEXPLAINED_SHARE * excess:
         return None

@@ -87,8 +87,8 @@ class ProfileLayer(BaseLayer):
             probes.cap("profile", what, "failed", f"{type(e).__name__}: {e}")
             return
         self.on = True
-        probes.cap("profile", what, "attached", f"every {self.period / 1e6:.1f} ms of CPU time ({self.hz} a second) on each"
-                   " CPU, the targets' threads only")
+        probes.cap("profile", what, "attached", f"every {self.period / 1e6:.1f} ms of CPU time ({self.hz} a second)"
+                   " on each CPU, the targets' threads only")
 
     def sinks(self) -> dict[str, Sink]:
         return {"profile_events": self.raw.append}
