@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recorder.core.events import Layout, Loss, Records
 from recorder.core.layer import BaseLayer, BpfSource, Context, Observation, Phase, Sink
+
+if TYPE_CHECKING:
+    from recorder.core.loader import Probes
+    from recorder.core.stacks import StackRecorder
 
 SOURCES = (BpfSource("profile", str(Path(__file__).with_name("profile.bpf.c"))),)
 SAMPLE = Layout(
@@ -63,11 +68,23 @@ class ProfileLayer(BaseLayer):
         self.on = False
         self.missing: Counter[str] = Counter()  # samples stored without their native stack, by reason
 
+    @property
+    def probes(self) -> Probes:
+        probes = self.context.probes
+        assert probes is not None  # from attach() on (recorder/core/layer.py)
+        return probes
+
+    @property
+    def stacks(self) -> StackRecorder:
+        stacks = self.context.stacks
+        assert stacks is not None  # from attach() on
+        return stacks
+
     def prepare(self) -> None:
         self.context.writer.table("cpu_sample", COLUMNS)
 
     def attach(self) -> None:
-        probes = self.context.probes
+        probes = self.probes
         if "profile" not in probes.layers:
             return
         what = "cpu-clock samples"
@@ -101,10 +118,10 @@ class ProfileLayer(BaseLayer):
         key = (pid, stack)
         if key not in cache:
             try:
-                addresses = list(self.context.probes.bpf["profile_stacks"].walk(stack))
+                addresses = list(self.probes.bpf["profile_stacks"].walk(stack))
             except KeyError:  # deleted by the last flush as this sample took its id (rare)
                 addresses = []
-            cache[key] = self.context.stacks.native_stack(pid, addresses) if addresses else None
+            cache[key] = self.stacks.native_stack(pid, addresses) if addresses else None
         if cache[key] is None:
             self.missing["stack gone from the map"] += 1
         return cache[key]
@@ -113,7 +130,7 @@ class ProfileLayer(BaseLayer):
         ctx = self.context
         raw = self.raw  # the list the ring's sink appends to (sinks())
         ctx.count("profile", len(raw))
-        if not (raw or ctx.stacks.held("profile")):
+        if not (raw or self.stacks.held("profile")):
             return
         cache: dict[tuple[int, int], int | None] = {}
         samples = []
@@ -122,7 +139,7 @@ class ProfileLayer(BaseLayer):
             samples.append((ts, pid, tid, cpu, self._native(pid, stack, cache), flags, comm))
         raw.clear()
         if cache:  # the next flush's samples of these stacks store them again: the map never fills
-            table = ctx.probes.bpf["profile_stacks"]
+            table = self.probes.bpf["profile_stacks"]
             for _pid, stack in cache:
                 try:
                     del table[table.Key(stack)]
@@ -131,7 +148,7 @@ class ProfileLayer(BaseLayer):
         sid, ident = ctx.session_id, ctx.identity
         dur = self.period
         rows = []
-        for (ts, pid, tid, cpu, native, flags, comm), py_stack in ctx.stacks.join("profile", samples, sample_key):
+        for (ts, pid, tid, cpu, native, flags, comm), py_stack in self.stacks.join("profile", samples, sample_key):
             thread = ident.threads.get(tid) or ident.thread(tid, pid, comm, ts)
             rows.append((sid, ts, thread, cpu, dur, flags & _KERNEL, native, py_stack))
         ctx.writer.extend("cpu_sample", rows)
@@ -140,5 +157,5 @@ class ProfileLayer(BaseLayer):
         if self.missing:
             total = sum(self.missing.values())
             reasons = ", ".join(f"{reason}: {n:,}" for reason, n in self.missing.most_common())
-            self.context.probes.cap("profile", "native stacks", "attached",
+            self.probes.cap("profile", "native stacks", "attached",
                                     f"{total:,} samples stored without one ({reasons})")
