@@ -2,7 +2,7 @@
 in Python code at a known line, and whose other stalled step spins in the stand-in driver's
 cuLaunchKernel (tests/native/cuda.c, CPU time inside the library). `explain` names the line of the
 first ("in Python at cpu_steps.py:27") and the library, function and line of the second; the
-`step_cpu_profile` view attributes the samples; --profile-hz 0 records none.
+`step_cpu_profile` view attributes the samples; --profile-hz sets the rate.
 
 The job runs SCHED_FIFO (conftest.realtime): on this shared machine the steps would otherwise also
 wait for the CPU behind other work, and that wait would be their cause instead."""
@@ -14,16 +14,19 @@ import sys
 
 import pytest
 from conftest import ROOT, needs_bpf, q, realtime, run_recorder, workload_output
+from test_waits_bpf import _mcp_explain, _plain
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "cpu_steps.py")
 BURN_MS = 300
+HZ = 149  # not the default: the option reaches the perf events
 
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory, native) -> tuple:
     db = tmp_path_factory.mktemp("profile") / "profile.db"
-    res = run_recorder("record", "--db", str(db), "--", *realtime(), sys.executable, WORKLOAD, "--steps", "14",
+    res = run_recorder("record", "--db", str(db), "--profile-hz", str(HZ), "--", *realtime(), sys.executable,
+                       WORKLOAD, "--steps", "14",
                        "--burn-step", "6", "--spin-step", "10", "--burn-ms", str(BURN_MS),
                        "--libdir", str(native["libcuda.so.1"].parent), timeout=300)
     assert res.returncode == 0, res.stderr
@@ -53,6 +56,8 @@ def test_python_code_that_burns_the_cpu_is_named_by_its_line(recording) -> None:
     assert report["primary_cause"] is None, report["primary_cause"]  # no wait explains it
     assert cpu["summary"].startswith("on the CPU for ") and cpu["summary"].endswith(f"in Python at {line}"), cpu
     assert f"Primary cause: {cpu['summary']}" in text, text
+    # the MCP explain tool, through a real client, says the same
+    assert _plain(_mcp_explain(db, truth["burn_step"])["on_cpu"]) == cpu
 
 
 def test_a_call_spinning_in_a_library_is_named_with_its_library_function_and_line(recording) -> None:
@@ -76,14 +81,16 @@ def test_a_call_spinning_in_a_library_is_named_with_its_library_function_and_lin
                  " WHERE m.step != ? AND p.function = 'cuLaunchKernel'", (truth["spin_step"],)) == [(0,)]
 
 
-def test_profile_hz_0_records_no_samples(tmp_path) -> None:
-    db = tmp_path / "off.db"
-    res = run_recorder("record", "--db", str(db), "--profile-hz", "0", "--", sys.executable, WORKLOAD,
-                       "--steps", "3", "--burn-step", "1", "--burn-ms", "100", timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert q(db, "SELECT count(*) FROM cpu_sample") == [(0,)]
-    assert q(db, "SELECT status, detail FROM capability WHERE layer = 'profile' AND probe = 'cpu-clock samples'") == [
-        ("absent", "turned off (--profile-hz 0)")]
+def test_the_rate_is_the_option_and_each_sample_stands_for_its_period(recording) -> None:
+    db, truth = recording
+    period = 1_000_000_000 // HZ
+    assert q(db, "SELECT detail FROM capability WHERE layer = 'profile' AND probe = 'cpu-clock samples'") == [
+        (f"every {period / 1e6:.1f} ms of CPU time ({HZ} a second) on each CPU, the targets' threads only",)]
+    assert q(db, "SELECT DISTINCT dur FROM cpu_sample") == [(period,)]
+    # only the traced job's threads are sampled, and each sample has its Python stack
+    assert q(db, "SELECT DISTINCT p.pid FROM cpu_sample c JOIN thread t ON t.id = c.thread_id"
+                 " JOIN process p ON p.id = t.process_id") == [(truth["pid"],)]
+    assert q(db, "SELECT count(*) FROM cpu_sample WHERE python_stack_id IS NULL") == [(0,)]
 
 
 def test_a_bad_rate_is_one_line_and_records_nothing(tmp_path) -> None:
