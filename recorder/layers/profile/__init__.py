@@ -8,6 +8,7 @@ library and function and a Python line from these rows (the `step_cpu_profile` v
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,7 +42,19 @@ RECORDS = Records((SAMPLE,), {
 COLUMNS = ("session_id", "ts", "thread_id", "cpu", "dur", "in_kernel", "native_stack_id", "python_stack_id")
 PROGRAM = "profile_sample"
 _KERNEL = RECORDS.constants["PROFILE_FLAG_KERNEL"]
-_ERRORS = {-14: "user stack not readable", -17: "stack map full", -12: "stack map full"}  # -EFAULT, -EEXIST, -ENOMEM
+# the kernel walk's errors: -EFAULT, -EEXIST (its slot holds another stack), -ENOMEM
+_ERRORS = {-14: "user stack not readable", -17: "stack map slot taken", -12: "stack map full"}
+
+
+# Objects whose frames keep no symbol: the interpreter and the C library, where a sample's time is put
+# on its Python line (store/views/0013_profile.sql, native_frame_outside); their symbol tables (the
+# interpreter's is the largest a Python job maps) are not read for a sample, which would hold the
+# session's flush for a second or more at a job's first samples.
+_UNSYMBOLISED = re.compile(r"(?:^|/)(python|libpython|libc\.so|libc-|libm\.so|libpthread|ld-linux)[^/]*$")
+
+
+def symbolised(path: str) -> bool:
+    return _UNSYMBOLISED.search(path) is None
 
 
 def sample_key(rec: tuple) -> tuple[int, int, int]:
@@ -121,7 +134,7 @@ class ProfileLayer(BaseLayer):
                 addresses = list(self.probes.bpf["profile_stacks"].walk(stack))
             except KeyError:  # deleted by the last flush as this sample took its id (rare)
                 addresses = []
-            cache[key] = self.stacks.native_stack(pid, addresses) if addresses else None
+            cache[key] = self.stacks.native_stack(pid, addresses, symbolised) if addresses else None
         if cache[key] is None:
             self.missing["stack gone from the map"] += 1
         return cache[key]
