@@ -47,7 +47,7 @@ _ERRORS = {-14: "user stack not readable", -17: "stack map slot taken", -12: "st
 
 
 # Objects whose frames keep no symbol: the interpreter and the C library, where a sample's time is put
-# on its Python line (store/views/0013_profile.sql, native_frame_outside); their symbol tables (the
+# on its Python line (store/views/0014_profile.sql, native_frame_outside); their symbol tables (the
 # interpreter's is the largest a Python job maps) are not read for a sample, which would hold the
 # session's flush for a second or more at a job's first samples.
 _UNSYMBOLISED = re.compile(r"(?:^|/)(python|libpython|libc\.so|libc-|libm\.so|libpthread|ld-linux)[^/]*$")

@@ -1,4 +1,4 @@
--- Views v13: the on-CPU profile (cpu_sample, schema v27) by step: where a step's thread spent its
+-- Views v14: the on-CPU profile (cpu_sample, schema v28) by step: where a step's thread spent its
 -- CPU time, as a library and function and a Python line.
 
 -- view: native_frame_outside

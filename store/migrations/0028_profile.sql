@@ -1,4 +1,4 @@
--- Schema v27: the on-CPU profile. A software CPU-clock perf event samples every CPU at the session's
+-- Schema v28: the on-CPU profile. A software CPU-clock perf event samples every CPU at the session's
 -- --profile-hz (recorder/layers/profile); a sample that interrupted a traced thread is a row here,
 -- with the thread's native user stack and its Python stack at that instant. A thread off the CPU is
 -- never sampled: the rows are where the traced threads' CPU time went, each standing for `dur` of it.
