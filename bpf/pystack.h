@@ -6,9 +6,10 @@
  * PYSTACK_CAPTURE_TP(args, ts) (tracepoints that run in the thread's own context, where its user
  * memory is readable: sched_switch for the task switching out, block_bio_queue in the submitter's).
  * That stashes (ts, pid, tid) in per-CPU scratch and tail-calls the walker, which never returns to
- * the probe. A program array holds programs of one type only, so the walker is loaded twice, as
- * kprobe programs (pystack_progs, for uprobes) and as tracepoint programs (pystack_tp_progs): the
- * same inline bodies, sharing every other map.
+ * the probe. A program array holds programs of one type only, so the walker is loaded once per
+ * program type that captures: as kprobe programs (pystack_progs, for uprobes), as tracepoint
+ * programs (pystack_tp_progs) and, for the on-CPU profile's samples, as perf event programs
+ * (pystack_pe_progs, PYSTACK_CAPTURE_PE): the same inline bodies, sharing every other map.
  *
  * The walker finds the thread's PyThreadState by matching tstate->thread_id (pthread_self(), the fs
  * base on x86-64) against the current task's fs base, without looking at the GIL (ctypes and
@@ -222,6 +223,7 @@ BPF_ARRAY(pystack_code_cache, struct pystack_code_slot, PYSTACK_CODE_SLOTS);
 BPF_TABLE("lru_hash", u64, u32, pystack_known, 65536);  /* digests user space has confirmed */
 BPF_PROG_ARRAY(pystack_progs, 3);    /* the walker as kprobe programs: uprobes tail-call these */
 BPF_PROG_ARRAY(pystack_tp_progs, 3); /* the same walker as tracepoint programs */
+BPF_PROG_ARRAY(pystack_pe_progs, 3); /* ... and as perf event programs (the on-CPU profile) */
 
 /* Per thread: the key (capture ts) of its latest tracepoint capture and the syscall it was made in.
  * Inside one syscall no Python code runs, so the stack cannot change: the events of a syscall (its
@@ -308,12 +310,15 @@ static __always_inline struct pystack_scratch *pystack_own_scratch(void)
     return st;
 }
 
-/* Continue in walker program `slot` of the caller's flavour (tp: tracepoint, else kprobe); returns
- * only when the tail call failed. `tp` is a constant after inlining, so each flavour references
- * only its own program array (the kernel refuses a program array shared by two program types). */
+/* Continue in walker program `slot` of the caller's flavour (tp: 1 tracepoint, 2 perf event, 0
+ * kprobe); returns only when the tail call failed. `tp` is a constant after inlining, so each
+ * flavour references only its own program array (the kernel refuses a program array shared by two
+ * program types). */
 static __always_inline void pystack_next(void *ctx, int tp, u32 slot)
 {
-    if (tp)
+    if (tp == 2)
+        pystack_pe_progs.call(ctx, slot);
+    else if (tp)
         pystack_tp_progs.call(ctx, slot);
     else
         pystack_progs.call(ctx, slot);
@@ -361,6 +366,8 @@ static __always_inline int pystack_capture(void *ctx, u64 ts, int tp, int by_dig
 /* End the calling probe: nothing after them runs when the walker is installed. */
 #define PYSTACK_CAPTURE(ctx, ts) return pystack_capture((ctx), (ts), 0, 0, 0)
 #define PYSTACK_CAPTURE_TP(ctx, ts) return pystack_capture((ctx), (ts), 1, 0, 0)
+/* perf event programs (a sample of the on-CPU profile: the interrupted thread is the current one) */
+#define PYSTACK_CAPTURE_PE(ctx, ts) return pystack_capture((ctx), (ts), 2, 0, 0)
 #ifdef PYSTACK_DIGEST_SINK
 /* A known stack's digest goes to the caller's in-flight record `key` (see pystack_event). */
 #define PYSTACK_CAPTURE_BY_DIGEST(ctx, ts, key) return pystack_capture((ctx), (ts), 0, 1, (key))
@@ -724,6 +731,9 @@ int pystack_walk(struct pt_regs *ctx) { return pystack_walk_body(ctx, 0); }
 int pystack_tp_find(void *ctx) { return pystack_find_body(ctx, 1); }
 int pystack_tp_scan(void *ctx) { return pystack_scan_body(ctx, 1); }
 int pystack_tp_walk(void *ctx) { return pystack_walk_body(ctx, 1); }
+int pystack_pe_find(void *ctx) { return pystack_find_body(ctx, 2); }
+int pystack_pe_scan(void *ctx) { return pystack_scan_body(ctx, 2); }
+int pystack_pe_walk(void *ctx) { return pystack_walk_body(ctx, 2); }
 
 #endif /* PYSTACK_LAYOUT_ONLY */
 #endif /* PYSTACK_H */

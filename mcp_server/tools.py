@@ -79,7 +79,9 @@ def explain_stall(store: Store, session_id: int | None = None, window: str | Non
     """The stall report: for a session with steps, the stalled step (or `step`), its symptom against
     the rolling baseline, the primary cause with its device/queue/request tag, lineage label, Python
     line and kernel path, the breakdown by cause, secondary signals, explicit negatives, observed and
-    unobserved layers, next actions; without steps, the slow CUDA calls. Same content as
+    unobserved layers, next actions, and `on_cpu` when no wait explains the step's excess: where it
+    went on the CPU (the on-CPU profile: library, function and Python line); without steps, the slow
+    CUDA calls. Same content as
     `recorder explain --json`. At most one of: `window`: 'A..B' in seconds after the session start or
     UTC times; `since`: the last 30s/5m; `worst`: only the worst stall; `step`: that step number."""
     chosen = [name for name, v in (("window", window), ("since", since), ("worst", worst), ("step", step))

@@ -10,7 +10,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from recorder.core.settings import Settings
+from recorder.core.settings import DEFAULT_PROFILE_HZ, MAX_PROFILE_HZ, Settings
 from recorder.flight import TRIGGERS
 from store.errors import UserError
 
@@ -120,6 +120,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         _db_arg(p, db)
         p.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
                        help="attach to this CUDA or NCCL library now (for processes that load it later)")
+        p.add_argument("--profile-hz", type=int, metavar="N",
+                       help="sample where the traced threads' CPU time goes N times a second on each CPU "
+                            f"(the on-CPU profile; default {DEFAULT_PROFILE_HZ}, or STALL_RECORDER_PROFILE_HZ; "
+                            f"1-{MAX_PROFILE_HZ}, 0: off)")
         if name == "start":
             p.add_argument("-p", "--pid", type=pid_list, nargs="+", action="extend", default=[],
                            help="process to record, with its threads and the children it forks from now on "
@@ -354,6 +358,17 @@ def _flight_options(args):
     return options
 
 
+def _profile_hz(args) -> None:
+    """--profile-hz: checked, then handed to the session (and a background recorder) through its
+    setting's variable."""
+    if args.profile_hz is None:
+        return
+    if not 0 <= args.profile_hz <= MAX_PROFILE_HZ:
+        raise UserError(f"--profile-hz {args.profile_hz}: give samples a second from 1 to {MAX_PROFILE_HZ}, "
+                        "or 0 for no on-CPU profile")
+    os.environ[Settings.variable("profile_hz")] = str(args.profile_hz)
+
+
 def _metrics_file(args) -> Path | None:
     from recorder.metrics import check_metrics_path
 
@@ -374,6 +389,7 @@ def cmd_start(args) -> int:
         raise UserError("say what to record: -p PID... and/or --tree PID..., -c CGROUP_PATH or --all")
     flight = _flight_options(args)
     metrics = _metrics_file(args)
+    _profile_hz(args)
     check_privileges()
     # each word of -p/--tree is a list (-p 1,2 3: [[1, 2], [3]]); a PID given twice counts once
     pids = tuple(dict.fromkeys(pid for word in args.pid for pid in word))
@@ -437,6 +453,7 @@ def cmd_record(args) -> int:
         raise UserError("nothing to run: recorder record [--db PATH] -- COMMAND [ARGS...]")
     flight = _flight_options(args)
     metrics = _metrics_file(args)
+    _profile_hz(args)
     check_privileges()
     code, summary = record_command(args.db.resolve(), argv, tuple(args.cuda_lib), shlex.join(sys.argv),
                                    flight=flight, metrics_file=metrics)

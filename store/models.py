@@ -489,6 +489,31 @@ class Gpu(Part):
         None, description="'device': the device was busy most of the window; 'host': it waited for the host")
 
 
+class CpuSite(Part):
+    """One place a step's thread spent CPU time (the on-CPU profile's samples in the step)."""
+
+    library: str | None = Field(description="base name of the library it ran in, outside the interpreter and the "
+                                            "C library ('libcuda.so.1'); null: Python code")
+    function: str | None = Field(description="the library's function the thread entered it by ('cuLaunchKernel')")
+    python: str | None = Field(description="the Python line ('train.py:142'), null without a Python stack")
+    python_stack_id: int | None
+    samples: int
+    dur_ns: int = Field(description="ns of CPU time the samples stand for")
+    usual_dur_ns: int = Field(description="its mean ns per step in the thread's neighbouring steps")
+    in_kernel_samples: int = Field(description="of the samples, those in kernel code (syscalls, faults)")
+    text: str = Field(description="'in cuLaunchKernel (libcuda.so.1), from train.py:142', 'in Python at model.py:88'")
+
+
+class OnCpu(Part):
+    """Where a stalled step's time went on the CPU, when no wait explains its excess (at least half of it)."""
+
+    summary: str = Field(description="'on the CPU for 290 ms in cuLaunchKernel (libcuda.so.1), from train.py:142'")
+    dur_ns: int = Field(description="ns of CPU time sampled in the step")
+    samples: int
+    unexplained_dur_ns: int = Field(description="ns of the step's excess its primary cause does not account for")
+    sites: list[CpuSite] = Field(description="the sites, the most above their usual time first")
+
+
 class StepReport(Part):
     """The report of a session whose threads mark steps: the stalled step and why."""
 
@@ -514,6 +539,8 @@ class StepReport(Part):
     gpu: Gpu | None
     next_actions: list[str]
     hang: Hang | None = Field(None, description="calls in flight at the stop (left out when none)")
+    on_cpu: OnCpu | None = Field(None, description="where the step's excess went on the CPU, from the on-CPU profile "
+                                                  "(left out when a wait explains it or nothing was sampled)")
 
 
 class StallReport(RootModel[Annotated[StepReport | CallReport, Field(discriminator="mode")]]):

@@ -507,6 +507,12 @@ class PyStackProbe:
 
         self._install("pystack_tp_progs", "pystack_tp_", BPF.TRACEPOINT)
 
+    def install_perf_events(self) -> None:
+        """Wire the walker's perf event copy (PYSTACK_CAPTURE_PE: the on-CPU profile's samples)."""
+        from bcc import BPF
+
+        self._install("pystack_pe_progs", "pystack_pe_", BPF.PERF_EVENT)
+
     def _install(self, table: str, prefix: str, prog_type: int) -> None:
         progs = self.bpf.get_table(table)
         for slot, name in ((PROG_FIND, "find"), (PROG_WALK, "walk"), (PROG_SCAN, "scan")):

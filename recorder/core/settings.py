@@ -21,6 +21,9 @@ names the variable and says what to give instead.
                                          power of two, 1-65536, default 64; 1: every launch)
     STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keep probing the runtime's kernel launches even once they are
                                          all seen at the driver (off unless 1/on/yes/true)
+    STALL_RECORDER_PROFILE_HZ=N          sample the traced threads' on-CPU stacks N times a second on each
+                                         CPU (1-1000, default 99; 0 turns the on-CPU profile off;
+                                         `record`/`start` --profile-hz sets it)
     STALL_RECORDER_DLOPEN_HOLD=0         do not stop a process at the dlopen of a CUDA/NCCL library until
                                          its probes are attached (on unless 0/off/no/false)
 """
@@ -46,6 +49,11 @@ DEFAULT_INFLIGHT_MAX_AGE_S = 120
 # (bpf/cuda.bpf.c). 100 us is below the smallest excess a slow call must have (slow_call_rule).
 DEFAULT_LAUNCH_STACK_MIN_US = 100
 DEFAULT_LAUNCH_STACK_SAMPLE = 64
+# The on-CPU profile's samples a second on each CPU: a prime, so the samples do not keep step with a
+# job's own periodic work (a 10 ms timer, a 100 Hz loop), and few enough that a sample's cost (its
+# stacks, a few us) is ~0.05% of a busy CPU.
+DEFAULT_PROFILE_HZ = 99
+MAX_PROFILE_HZ = 1000
 
 # Shorter waits inside a syscall get no Python stack: they are a busy job's many small ones
 # (thread-pool barriers, queue hand-offs), and no stall under 1 ms is reported.
@@ -60,6 +68,7 @@ _SIZES = {
     "inflight_max_age_s": (5, 86400, DEFAULT_INFLIGHT_MAX_AGE_S, False),
     "launch_stack_min_us": (0, MAX_OFFCPU_STACK_MIN_US, DEFAULT_LAUNCH_STACK_MIN_US, False),
     "launch_stack_sample": (1, 1 << 16, DEFAULT_LAUNCH_STACK_SAMPLE, True),
+    "profile_hz": (0, MAX_PROFILE_HZ, DEFAULT_PROFILE_HZ, False),
 }
 
 
@@ -86,6 +95,7 @@ class Settings(BaseModel):
     launch_stack_min_us: int = DEFAULT_LAUNCH_STACK_MIN_US
     launch_stack_sample: int = DEFAULT_LAUNCH_STACK_SAMPLE
     keep_runtime_launches: bool = False
+    profile_hz: int = DEFAULT_PROFILE_HZ
 
     @staticmethod
     def variable(name: str) -> str:
@@ -164,7 +174,7 @@ class Settings(BaseModel):
         return value
 
     @field_validator("block_inflight", "block_ring_pages", "inflight_max_age_s", "launch_stack_min_us",
-                     "launch_stack_sample", mode="before")
+                     "launch_stack_sample", "profile_hz", mode="before")
     @classmethod
     def _sizes(cls, value: object, info: ValidationInfo) -> object:
         assert info.field_name is not None  # a field validator is always told its field

@@ -192,7 +192,10 @@ class NativeSymbolizer:
         m.object = (key, self._objects[key])
         return m.object
 
-    def frames(self, pid: int, addresses: list[int]) -> list[NativeFrame]:
+    def frames(self, pid: int, addresses: list[int],
+               symbolise: Callable[[str], bool] | None = None) -> list[NativeFrame]:
+        """`symbolise(path)` false: the frames in that object keep its path and offset, no symbol
+        (its symbol table is not read)."""
         maps = self._maps.get(pid) or self._read_maps(pid)
         out = []
         for depth, addr in enumerate(addresses):
@@ -207,6 +210,9 @@ class NativeSymbolizer:
                 out.append(NativeFrame(addr, None, None, None))
                 continue
             file_offset = addr - m.start + m.offset
+            if symbolise is not None and not symbolise(m.path):
+                out.append(NativeFrame(addr, m.path, None, file_offset))
+                continue
             obj = self._object(pid, m)
             if obj is None or obj[1] is None:
                 out.append(NativeFrame(addr, m.path, None, file_offset))
@@ -596,11 +602,19 @@ class StackRecorder:
         except KeyError:  # the insert failed, or 16,384 newer stacks evicted it before this read
             self.native_errors["native stack not in the map"] += count
             return None
+        stack_id = self.native_stack(pid, value.ip[:min(value.frames, len(value.ip))])
+        self._native_raw[(pid, digest)] = stack_id
+        return stack_id
+
+    def native_stack(self, pid: int, addresses: Iterable[int],
+                     symbolise: Callable[[str], bool] | None = None) -> int:
+        """The stored native stack of `pid`'s user instruction `addresses`, innermost first (a
+        walk's frames: the digests above, or the kernel's walk of a profile sample), symbolised
+        (in the objects `symbolise(path)` accepts, all without it) and stored once per distinct stack."""
         # the walk stops at a frame pointer that cannot be one; a return address read from a
         # stale frame record can still be no user-space address (nor storable): cut there
-        addresses = list(itertools.takewhile(lambda a: 0 < a < _NOT_USER,
-                                             value.ip[:min(value.frames, len(value.ip))]))
-        frames = self.natives.frames(pid, addresses)
+        frames = self.natives.frames(pid, list(itertools.takewhile(lambda a: 0 < a < _NOT_USER, addresses)),
+                                     symbolise)
         h = _hash([(f.address, f.object, f.symbol, f.offset) for f in frames])
         stack_id = self._native_stacks.get(h)
         if stack_id is None:
@@ -608,7 +622,6 @@ class StackRecorder:
             self.writer.add("native_stack", (stack_id, self.session_id, h, len(frames)))
             self.writer.extend("native_stack_frame", [
                 (stack_id, d, f.address, f.object, f.symbol, f.offset) for d, f in enumerate(frames)])
-        self._native_raw[(pid, digest)] = stack_id
         return stack_id
 
     # -- accounting -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from recorder.layers.cuda.layer import CudaLayer
 from recorder.layers.gpu import GpuLayer
 from recorder.layers.io.layer import IoLayer
 from recorder.layers.kmsg.layer import KernelLog
+from recorder.layers.profile import ProfileLayer
 from recorder.layers.sched import SchedLayer
 from recorder.layers.task import TaskLayer
 from recorder.layers.workload.layer import WorkloadLayer
@@ -30,6 +31,7 @@ LAYERS = (
     WorkloadLayer,  # its BPF text after the CUDA layer's: it uses what the layers before define
     CheckpointLayer,
     IoLayer,
+    ProfileLayer,  # its samples' Python stacks use the walker's perf event copy (bpf/pystack.h)
     KernelLog,
     GpuLayer,  # sampling starts once the rings are open
 )

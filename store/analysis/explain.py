@@ -6,7 +6,7 @@ symptom, negatives); store/report/render.py turns the result into text.
 
 from __future__ import annotations
 
-from store.analysis import device
+from store.analysis import device, oncpu
 from store.analysis.actions import CALL_ACTIONS, fill
 from store.analysis.flight_dumps import flight_hang
 from store.analysis.hangs import hang_facts
@@ -637,7 +637,11 @@ def analyse_step(store: Store, session: dict, step: dict) -> dict:
             (sid, names.get("pid"), step["ts"], step["ts"] + step["dur"])):
         secondary.append(f"checkpoint {c['final_path']} written in this step is {c['status']}"
                          + (f" ({c['reasons']})" if c["reasons"] else ""))
+    # the excess no wait explains: where the thread's CPU time went (the on-CPU profile)
+    cpu = oncpu.on_cpu(store, step, chosen["excess_dur_ns"] if chosen is not None
+                       and chosen["kind"] not in oncpu.PLACED_KINDS else 0)
     return {
+        **({"on_cpu": cpu} if cpu else {}),
         "step": step["step"], "step_mark_id": step["step_mark_id"], "ts": step["ts"], "utc": utc(step["ts"] + off),
         "dur_ns": step["dur"], "baseline_dur_ns": step["baseline_dur"], "baseline_steps": step["baseline_steps"],
         "ratio": step["ratio"], "excess_dur_ns": step["excess_dur"], "slow": bool(step["slow"]),
@@ -743,7 +747,8 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         other_stalls=others,
         negatives=_step_negatives(store, sid, a, b, observed - lossy, p["kind"] if p else None, chosen["breakdown"]),
         gpu=gpu,
-        next_actions=next_actions)
+        next_actions=next_actions,
+        **({"on_cpu": chosen["on_cpu"]} if "on_cpu" in chosen else {}))
 
 
 def _window(a: int, b: int, off: int) -> dict:

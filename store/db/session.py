@@ -25,6 +25,7 @@ KNOWN_LAYERS = {
     "net": "TCP retransmits",
     "dma": "DMA mapping, SWIOTLB bounces, IOMMU faults",
     "gpu": "GPU utilisation (NVML)",
+    "profile": "on-CPU samples (where the CPU time went)",
 }
 
 

@@ -47,6 +47,18 @@ def _tail(observed: list[str], not_observed: list[NotObserved], loss: Loss, word
     return lines
 
 
+def _on_cpu_lines(cpu, after_cause: bool) -> list[str]:
+    """The on-CPU profile's lines of a step: its top site after a cause that leaves most of the excess
+    unexplained, and every site listed when there are several."""
+    if cpu is None:
+        return []
+    lines = [f"On the CPU: {cpu.summary.removeprefix('on the CPU ')}"] if after_cause else []
+    if len(cpu.sites) > 1:
+        lines.append("  CPU time by site: " + "; ".join(f"{x.text} {ms(x.dur_ns)} (usually {ms(x.usual_dur_ns)})"
+                                                       for x in cpu.sites))
+    return lines
+
+
 def _hang_lines(r: StepReport | CallReport, stack: bool) -> list[str]:
     """Calls in flight at the stop (a stuck job): who is inside which call since when, at which line,
     and which ranks never entered a collective in flight."""
@@ -185,10 +197,13 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         if p.share_of_stall is not None:
             lines.append(f"Share of the stall: {100 * p.share_of_stall:.0f}% ({ms(p.excess_dur_ns)} above the "
                          "usual in the neighbouring steps)")
+    elif r.stall and r.on_cpu:
+        lines.append(f"Primary cause: {r.on_cpu.summary}")
     elif r.stall:
         lines.append("Primary cause: none recorded: no wait of the thread explains the step (it ran on the CPU)")
     else:
         lines.append("Primary cause: none: no stall")
+    lines += _on_cpu_lines(r.on_cpu, p is not None)
     late = r.straggler
     if late:
         lines.append(f"Why rank {late.rank} (pid {late.pid}) was late: {late.summary}"
