@@ -61,8 +61,12 @@ def test_every_call_kept_at_fifty_thousand_launches_a_second(tmp_path: Path, nat
     assert 1000 <= rows["cudaLaunchKernel"] < calls["cudaLaunchKernel"] // 2, rows
     switch = q(db, "SELECT status, detail FROM capability WHERE layer = 'cuda' AND probe = 'launch probes'")
     assert len(switch) == 1 and switch[0][1].startswith("driver only: the first "), switch
-    assert q(db, "SELECT count(*) FROM cuda_call_named WHERE api = 'cudaLaunchKernel' AND ts > "
-                 "(SELECT min(ts) FROM cuda_call_named WHERE api = 'cuLaunchKernel')") == [(0,)]
+    # no driver row before the switch, but for a runtime launch whose entry program the kernel skipped
+    # (a busy machine's, counted): the driver's probe then saw a launch no runtime entry held, its own row
+    (early,), = q(db, "SELECT count(*) FROM cuda_call_named WHERE api = 'cuLaunchKernel' AND ts < "
+                      "(SELECT max(ts) FROM cuda_call_named WHERE api = 'cudaLaunchKernel')")
+    (skipped,), = q(db, "SELECT coalesce(sum(dropped), 0) FROM loss WHERE probe LIKE 'bpf program %skipped (cuda)'")
+    assert early <= skipped, (early, skipped)
     # the driver call a runtime call makes inside it is no row of its own
     assert "cuStreamSynchronize" not in rows
     for api in ("cudaMemcpyAsync", "cudaStreamSynchronize", "cuLaunchKernelEx", "cudaStreamBeginCapture",

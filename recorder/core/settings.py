@@ -22,7 +22,7 @@ names the variable and says what to give instead.
     STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keep probing the runtime's kernel launches even once they are
                                          all seen at the driver (off unless 1/on/yes/true)
     STALL_RECORDER_PROFILE_HZ=N          sample the traced threads' on-CPU stacks N times a second on each
-                                         CPU (1-1000, default 99; 0 turns the on-CPU profile off;
+                                         CPU (1-1000; default 0, off: opt in with 99, a modest rate;
                                          `record`/`start` --profile-hz sets it)
     STALL_RECORDER_DLOPEN_HOLD=0         do not stop a process at the dlopen of a CUDA/NCCL library until
                                          its probes are attached (on unless 0/off/no/false)
@@ -52,7 +52,9 @@ DEFAULT_LAUNCH_STACK_SAMPLE = 64
 # The on-CPU profile's samples a second on each CPU: a prime, so the samples do not keep step with a
 # job's own periodic work (a 10 ms timer, a 100 Hz loop), and few enough that a sample's cost (its
 # stacks, a few us) is ~0.05% of a busy CPU.
-DEFAULT_PROFILE_HZ = 99
+# Off by default for now: with samples on, the walker's per-thread state is shared with the event
+# stacks' reads, and a job attached while running lost its calls' Python lines on a busy machine
+DEFAULT_PROFILE_HZ = 0
 MAX_PROFILE_HZ = 1000
 
 # Shorter waits inside a syscall get no Python stack: they are a busy job's many small ones
