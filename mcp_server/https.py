@@ -169,6 +169,13 @@ def header_deadline_protocol(tls: ssl.SSLContext) -> type:
         while len(waiting) > MAX_WAITING:
             next(iter(waiting))._too_slow()
 
+    def done_waiting(conn: Any) -> None:
+        """The connection's deadline cancelled and its place among the waiting given up."""
+        if conn._deadline is not None:
+            conn._deadline.cancel()
+            conn._deadline = None
+        waiting.pop(conn, None)
+
     class HeaderDeadline(H11Protocol):
         _deadline: Any = None
 
@@ -182,10 +189,7 @@ def header_deadline_protocol(tls: ssl.SSLContext) -> type:
             wait(self)
 
         def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-            waiting.pop(self, None)
+            done_waiting(self)
 
         def _too_slow(self) -> None:
             self._disarm()
@@ -245,10 +249,7 @@ def header_deadline_protocol(tls: ssl.SSLContext) -> type:
                 http.eof_received()
 
         def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-            waiting.pop(self, None)
+            done_waiting(self)
 
         def _too_slow(self) -> None:
             self._disarm()
