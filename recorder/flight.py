@@ -41,6 +41,7 @@ from store.db import Store, open_store, sqlite_uri
 from store.db.rules import StallRule, slow_call_rule, stall_rule
 from store.errors import UserError
 from store.flight import (
+    SECURE_DELETE_FAST,
     Retention,
     SizeBound,
     event_tables,
@@ -252,8 +253,10 @@ class FlightRecorder:
             # a burst (the rings' backlog) in transactions the log's share holds (~100 bytes a row)
             self.session.writer.txn_rows = max(self.bound.wal_bytes // 4 // ROW_BYTES, 500)
             self.session.writer.wal_limit = self.bound.wal_bytes
+            self.retention.chunk_rows = self.session.writer.txn_rows  # a deletion's pages go to the log too
         else:
             self.session.writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
+            self.session.writer.execute(SECURE_DELETE_FAST)  # pruning writes no freed page to the log
         self.session.writer.execute("INSERT OR REPLACE INTO flight_window (session_id, keep_ns, max_bytes) "
                                     "VALUES (?, ?, ?)", (self.session.session_id, self.options.keep_ns,
                                                          self.options.max_bytes))
@@ -376,15 +379,15 @@ class FlightRecorder:
                     self.session.writer.execute(sql)
         self._last_keep = now
         # deleted before the batch's rows are inserted: they reuse the pages freed
-        for sql, params in self.retention.statements(now, now - self.keep_now):
-            self.session.writer.execute_first(sql, params)
+        for sql, params, until_done in self.retention.statements(now, now - self.keep_now):
+            self.session.writer.execute_first(sql, params, until_done=until_done)
 
     def _make_room(self, conn: sqlite3.Connection, rows: int) -> None:
         """The writer's backstop under --max-size (Retention.make_room), before each piece it inserts."""
         bound = self.bound
         assert bound is not None  # the writer calls this only under --max-size (start())
         room = int(bound.room(wal_bytes(self.session.db_path)) * 0.9)
-        cut = self.retention.make_room(conn, room, rows * ROW_BYTES)
+        cut = self.retention.make_room(conn, room, rows * ROW_BYTES, commit=self.session.writer.commit_piece)
         if cut is not None:
             self._cut = cut if self._cut is None else max(self._cut, cut)
         self._pages = used_bytes(conn)

@@ -45,7 +45,7 @@ def _second(writer: Writer, retention: Retention, sid: int, t: int, keep: int, p
     writer.extend("offcpu_interval", [(sid, base + i * (S // per_second), 1000, 1, 0, 1, 7)
                                       for i in range(per_second)])
     writer.add("loss", (sid, base, "sched", 1))
-    for sql, params in retention.statements(t * S, t * S - keep):
+    for sql, params, _ in retention.statements(t * S, t * S - keep):
         writer.execute(sql, params)
     writer.flush()
 
@@ -92,7 +92,7 @@ def test_free_pages_are_given_back_through_the_writer(tmp_path):
     store, writer, retention, sid = _recording(path)
     for t in range(1, 21):
         _second(writer, retention, sid, t, keep=100 * S, per_second=5000)
-    for sql, params in retention.statements(21 * S, 21 * S):  # all 100,000 rows in one tick
+    for sql, params, _ in retention.statements(21 * S, 21 * S):  # all 100,000 rows in one tick
         writer.execute(sql, params)
     writer.flush()
     assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone() == (0,)
@@ -176,6 +176,44 @@ def test_the_writer_makes_room_before_a_burst_it_cannot_hold(tmp_path):
     writer.flush()
     assert used() <= room
     store.close()
+
+
+def _largest_log_appended(path: Path, chunk_rows: int | None) -> int:
+    """Ten seconds of 10,000 rows kept, then all of them cut in one tick through a writer under a
+    1 MB log limit: the largest log a commit of that cut left, before it was checkpointed."""
+    store, writer, retention, sid = _recording(path)
+    for t in range(1, 11):
+        _second(writer, retention, sid, t, keep=100 * S, per_second=10_000)
+    writer.wal_limit = 1 << 20
+    if chunk_rows:
+        retention.chunk_rows = chunk_rows
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    sizes = []
+    committed = writer._committed
+
+    def seen(rows: int) -> None:
+        sizes.append(Path(f"{path}-wal").stat().st_size)
+        committed(rows)
+
+    writer._committed = seen  # type: ignore[method-assign]
+    for sql, params, until_done in retention.statements(11 * S, 11 * S):
+        writer.execute_first(sql, params, until_done=until_done)
+    writer.flush()
+    assert store.conn.execute("SELECT count(*) FROM offcpu_interval").fetchone() == (0,)
+    store.close()
+    return max(sizes)
+
+
+def test_a_cut_is_deleted_in_pieces_the_log_limit_holds(tmp_path):
+    """A deletion writes the pages it frees to the write-ahead log (distributions build SQLite with
+    secure deletion on; freed leaves are written in any mode): cutting 100,000 rows at once appends
+    several megabytes in one commit. Under a size bound the cut goes chunk_rows at a time, each its
+    own transaction, and the log is truncated once a commit takes it past its limit: it never holds
+    more than the limit and one piece."""
+    whole = _largest_log_appended(tmp_path / "whole.db", None)
+    pieces = _largest_log_appended(tmp_path / "pieces.db", 2000)
+    assert whole > 3 << 20, whole  # what the bound has to hold: one commit of the whole cut
+    assert pieces <= (1 << 20) * 5 // 4, (pieces, whole)
 
 
 @pytest.fixture()

@@ -511,7 +511,7 @@ class Writer:
         self._programs: dict[str, tuple[str, int, str]] = {}  # name -> (program, slots, INSERT)
         self._insert_packed = packed_inserter(store)
         self._statements: list[tuple[str, Sequence]] = []
-        self._first: list[tuple[str, Sequence]] = []
+        self._first: list[tuple[str, Sequence, bool]] = []
         # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
         self.txn_rows: int | None = None
         # called (with the writer's connection and the piece's row count) before each piece of a
@@ -580,10 +580,12 @@ class Writer:
         """Queue a statement, run after this batch's rows in the same transaction."""
         self._statements.append((sql, params))
 
-    def execute_first(self, sql: str, params: Sequence = ()) -> None:
+    def execute_first(self, sql: str, params: Sequence = (), *, until_done: bool = False) -> None:
         """Queue a statement run before this batch's rows, in the same transaction: deletions whose
-        pages the rows then reuse instead of growing the file."""
-        self._first.append((sql, params))
+        pages the rows then reuse instead of growing the file. `until_done`: a deletion of a bounded
+        number of rows, run again until it deletes none, each run its own transaction under a
+        wal_limit (a deletion writes the pages it frees to the log)."""
+        self._first.append((sql, params, until_done))
 
     def pending(self) -> int:
         return sum(len(rows) for rows in self._pending.values()) + sum(
@@ -604,7 +606,7 @@ class Writer:
                 self._packed[name] = []
                 batch.append((name, packed))
                 count += self._packed_rows(name, len(packed))
-        statements: list[tuple[str, Sequence] | None] = list(self._statements)
+        statements: list[tuple[str, Sequence] | tuple[str, Sequence, bool] | None] = list(self._statements)
         self._statements = []
         if self._first:
             statements = [None, *self._first, None, *statements]  # None brackets the ones run first
@@ -638,16 +640,28 @@ class Writer:
 
     def _write(self, batch: list, statements: list) -> None:
         conn = self.store.conn
-        first: list[tuple[str, Sequence]] = []
+        first: list[tuple[str, Sequence, bool]] = []
         if statements and statements[0] is None:
             end = statements.index(None, 1)
             first, statements = statements[1:end], statements[end + 1:]
-        for sql, params in first:
-            conn.execute(sql, params)
+        for sql, params, until_done in first:
+            while True:
+                changes = conn.total_changes
+                conn.execute(sql, params)
+                if not until_done or conn.total_changes == changes:
+                    break
+                if self.wal_limit is not None:
+                    # a window cut short at once deletes many rows: their pages reach the log in
+                    # pieces, each checkpointed before the next (a transaction's pages are one append)
+                    self.commit_piece()
         written = 0
         for name, rows in self._pieces(batch):
             if self.make_room is not None:
+                changes = conn.total_changes
                 self.make_room(conn, self._packed_rows(name, len(rows)) if isinstance(rows, bytes) else len(rows))
+                if conn.total_changes != changes:  # the backstop deleted: the rows so far and that, committed
+                    self.commit_piece(written)
+                    written = 0
             if isinstance(rows, bytes):  # packed (extend_packed); the GIL is released inside
                 program, slots, sql = self._programs[name]
                 assert self._insert_packed is not None  # packed rows are offered only with the inserter
@@ -699,6 +713,15 @@ class Writer:
             self.refused[table] = why = f"{type(e).__name__}: {e}"
             print(f"recorder: a {table} row was not written ({why}); the recording goes on, such rows are "
                   "counted", flush=True)
+
+    def commit_piece(self, rows: int = 0) -> None:
+        """Commit what the writer's transaction holds so far (`rows` of it inserted rows), and
+        checkpoint the log where it passed wal_limit: under a size bound a transaction of
+        deletions is kept apart from the inserts, so that no single append outgrows the log's share."""
+        conn = self.store.conn
+        if conn.in_transaction:
+            conn.commit()
+        self._committed(rows)
 
     def _committed(self, rows: int) -> None:
         self.rows_written += rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,12 @@ from store.errors import UserError
 # identities later rows refer to (capability rows, thread renames, checkpoint files), incidents.
 NEVER_PRUNED = frozenset({"capability", "checkpoint_file", "thread_name", "incident"})
 NS = 1_000_000_000
+# Distributions build SQLite with secure deletion on: every page a deletion frees is overwritten
+# with zeros, so pruning the window's oldest rows writes as many pages to the log as it frees (a
+# cut of a tenth of a second's rows took 5 MB of a 16 MB bound's log). FAST zeroes deleted content
+# only on pages written anyway; freed pages keep theirs until reused, in a file of the recorder's
+# own modes (docs/security.md).
+SECURE_DELETE_FAST = "PRAGMA secure_delete = FAST"
 
 
 def columns(conn: sqlite3.Connection, table: str, schema: str = "main") -> list[str]:
@@ -71,9 +77,13 @@ class Retention:
             for t in self.tables)
         # every row written by the newest mark at or before the cutoff, however many: a row budget
         # let rows linger past the window, and the file past --max-size, above its rate
-        self.prune = {t: (f'DELETE FROM "{t}" WHERE id > ?2 AND id <= '
-                          f"(SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}' AND ts <= ?1)")
+        # at most ?3 rows a run (the oldest): a run's freed pages are written to the log, so under a
+        # size bound a large cut is deleted in runs, each its own transaction (Writer.execute_first)
+        self.prune = {t: (f'DELETE FROM "{t}" WHERE id > ?2 AND id <= min('
+                          f"(SELECT max(max_id) FROM temp.flight_mark WHERE tbl = '{t}' AND ts <= ?1), "
+                          f'(SELECT min(id) FROM "{t}" WHERE id > ?2) + ?3 - 1)')
                       for t in self.tables}
+        self.chunk_rows = 1 << 62  # rows a prune deletes at most a run: set under --max-size
         # the start of the oldest row kept: the earliest start noted by a mark whose rows are not
         # all deleted yet
         oldest = "min(" + ", ".join(
@@ -85,14 +95,17 @@ class Retention:
                         f"(SELECT min(id) FROM \"{t}\" WHERE id > {self.floors[t]}), 9223372036854775807)")
                        for t in self.tables]
 
-    def make_room(self, conn: sqlite3.Connection, room: int, incoming: int) -> int | None:
+    def make_room(self, conn: sqlite3.Connection, room: int, incoming: int,
+                  commit: Callable[[], None] | None = None) -> int | None:
         """The size bound's backstop, run by the writer before it inserts a piece of a batch: while
         the pages in use and the `incoming` bytes would pass `room`, delete the oldest rows, a
         mark's worth at a time (the rows of its tenth of a second), then, where one mark holds more
         than the room (a burst since the last mark), the older half of each table's rows. The
         feedback of SizeBound.next_keep keeps the window short enough that this rarely runs; a
         burst faster than it can react (the rings' backlog at a start on a loaded machine, a writer
-        far behind) is still bounded. Returns the cutoff applied (ns; the newest mark's time for a
+        far behind) is still bounded. `commit`, where given, ends the transaction after each
+        mark's or half's deletions: their pages reach the log in pieces the log's share holds, each
+        checkpointed before the next. Returns the cutoff applied (ns; the newest mark's time for a
         cut by halves), None when nothing had to go."""
         page = conn.execute("PRAGMA page_size").fetchone()[0]
 
@@ -106,7 +119,13 @@ class Retention:
         cutoff = None
         for (ts,) in conn.execute("SELECT DISTINCT ts FROM temp.flight_mark ORDER BY ts").fetchall():
             for t, sql in self.prune.items():
-                conn.execute(sql, (ts, self.floors[t]))
+                while True:
+                    changes = conn.total_changes
+                    conn.execute(sql, (ts, self.floors[t], self.chunk_rows))
+                    if conn.total_changes == changes:
+                        break
+                    if commit is not None:
+                        commit()
             cutoff = ts
             if not over():
                 break
@@ -114,20 +133,28 @@ class Retention:
             if not over():
                 break
             for t in self.tables:
-                conn.execute(f'DELETE FROM "{t}" WHERE id > ?1 AND id <= (SELECT (min(id) + max(id)) / 2 '
-                             f'FROM "{t}" WHERE id > ?1)', (self.floors[t],))
+                floor = self.floors[t]
+                lo, hi = conn.execute(f'SELECT min(id), max(id) FROM "{t}" WHERE id > ?', (floor,)).fetchone()
+                mid = (lo + hi) // 2 if lo is not None else -1
+                while lo is not None and lo <= mid:
+                    top = min(mid, lo + self.chunk_rows - 1)
+                    conn.execute(f'DELETE FROM "{t}" WHERE id > ?1 AND id <= ?2', (floor, top))
+                    if commit is not None:
+                        commit()
+                    lo = top + 1
             cutoff = conn.execute("SELECT max(ts) FROM temp.flight_mark").fetchone()[0] or cutoff
         if cutoff is not None:
             conn.execute(self.prune_loss, (cutoff, self.floors["loss"]))
         return cutoff if cutoff is not None else 0
 
-    def statements(self, now_ns: int, cutoff_ns: int) -> list[tuple[str, tuple]]:
-        """This tick's statements: note the ids written by `now_ns`, delete what was written
+    def statements(self, now_ns: int, cutoff_ns: int) -> list[tuple[str, tuple, bool]]:
+        """This tick's statements, each with whether it is run until it deletes nothing (the
+        prunes, chunk_rows at a time): note the ids written by `now_ns`, delete what was written
         before `cutoff_ns`, then the losses no row kept is of."""
-        out: list[tuple[str, tuple]] = [(self.mark, (now_ns,))]
-        out += [(sql, (cutoff_ns, self.floors[t])) for t, sql in self.prune.items()]
-        out.append((self.prune_loss, (cutoff_ns, self.floors["loss"])))
-        out += [(sql, (cutoff_ns - 10_000_000_000,)) for sql in self.forget]
+        out: list[tuple[str, tuple, bool]] = [(self.mark, (now_ns,), False)]
+        out += [(sql, (cutoff_ns, self.floors[t], self.chunk_rows), True) for t, sql in self.prune.items()]
+        out.append((self.prune_loss, (cutoff_ns, self.floors["loss"]), False))
+        out += [(sql, (cutoff_ns - 10_000_000_000,), False) for sql in self.forget]
         return out
 
 
@@ -151,7 +178,7 @@ class SizeBound:
         return max(self.max_bytes // 8, 1 << 20)
 
     def pragmas(self, page_size: int) -> list[str]:
-        return [f"PRAGMA journal_size_limit = {self.wal_bytes}",
+        return [SECURE_DELETE_FAST, f"PRAGMA journal_size_limit = {self.wal_bytes}",
                 f"PRAGMA wal_autocheckpoint = {max(self.wal_bytes // 2 // page_size, 16)}"]
 
     def room(self, wal: int) -> int:
