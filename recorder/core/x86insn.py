@@ -679,3 +679,130 @@ def _format(insn: Insn) -> str | None:
         simple = {0x05: "syscall", 0x0B: "ud2", 0xA2: "cpuid", 0x31: "rdtsc"}
         return simple.get(b)
     return None
+
+
+# -- in an ELF file --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Site:
+    """An entry probe's place in a library: the function's address (its symbol's value), the
+    placement, and the address the probe goes to."""
+
+    name: str
+    address: int  # the symbol's virtual address in the file
+    size: int
+    placement: Placement
+
+    @property
+    def probe_address(self) -> int:
+        return self.address + self.placement.offset
+
+
+_SITES: dict[tuple[str, int, int], dict[str, Site | None]] = {}
+
+
+def entry_sites(path: str, names: frozenset[str] | set[str] | tuple[str, ...],
+                version: tuple[int, int] | None = None) -> dict[str, Site | None]:
+    """The Site of each function `names` lists that the ELF file at `path` defines (None for a name
+    it does not define, or whose bytes are not in the file), kept per file and kernel version. An
+    unreadable file gives {}."""
+    import mmap
+
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from recorder.core.elfsyms import SymbolTableError, _functions, _name
+
+    v = version or kernel_version()
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    key = (os.path.realpath(path), st.st_ino, int(st.st_mtime))
+    cached = _SITES.setdefault(key, {}) if version is None else {}
+    if all(n in cached for n in names):
+        return {n: cached[n] for n in names}
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            elf = ELFFile(f)
+            if elf["e_machine"] != "EM_X86_64":
+                return {n: None for n in names}
+            loads = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
+                     if s["p_type"] == "PT_LOAD"]
+            symbols = _functions(elf, len(mapped), (".dynsym", ".symtab"))
+            starts = sorted({start for start, _, _ in symbols})
+            by_name: dict[str, tuple[int, int]] = {}
+            for start, size, position in symbols:
+                name = _name(mapped, position).split("@", 1)[0]
+                by_name.setdefault(name, (start, size))
+            out: dict[str, Site | None] = {}
+            for name in names:
+                if name in cached:
+                    out[name] = cached[name]
+                    continue
+                found = by_name.get(name)
+                if found is None:
+                    out[name] = None
+                    continue
+                start, size = found
+                code = _read(mapped, loads, start, max(size, MAX_SKIP + MAX_INSN))
+                if not code:
+                    out[name] = None
+                    continue
+                import bisect
+
+                i = bisect.bisect_right(starts, start)
+                others = tuple(s - start for s in starts[i:i + 8] if s - start <= MAX_SKIP)
+                out[name] = Site(name, start, size, place_entry(code, size, v, others))
+    except (OSError, ELFError, SymbolTableError, ValueError):
+        return {}
+    cached.update(out)
+    return out
+
+
+# -- attaching ---------------------------------------------------------------------------------------
+
+
+def attach_pair(bpf, path: str, sym: str, site: Site | None, entry_fn: str, return_fn: str | None) -> None:
+    """Attach an entry program (and a return program) of a BCC object to function `sym` of the
+    library at `path`: at its symbol, or at `site`'s moved address when the placement moved it
+    (both probes there, so one breakpoint still serves both). BCC's exception when it fails."""
+    if site is None or not site.placement.moved:
+        bpf.attach_uprobe(name=path, sym=sym, fn_name=entry_fn)
+        if return_fn:
+            bpf.attach_uretprobe(name=path, sym=sym, fn_name=return_fn)
+        return
+    bpf.attach_uprobe(name=path, addr=site.probe_address, fn_name=entry_fn)
+    if return_fn:
+        bpf.attach_uretprobe(name=path, addr=site.probe_address, fn_name=return_fn)
+
+
+def detach_entry(bpf, path: str, sym: str, site: Site | None) -> None:
+    """Detach the entry probe attach_pair() attached."""
+    if site is None or not site.placement.moved:
+        bpf.detach_uprobe(name=path, sym=sym)
+    else:
+        bpf.detach_uprobe(name=path, addr=site.probe_address)
+
+
+def detach_return(bpf, path: str, sym: str, site: Site | None) -> None:
+    """Detach the return probe attach_pair() attached."""
+    if site is None or not site.placement.moved:
+        bpf.detach_uretprobe(name=path, sym=sym)
+    else:
+        bpf.detach_uretprobe(name=path, addr=site.probe_address)
+
+
+def site_detail(site: Site | None) -> str:
+    """The capability row's detail of a probe attached by attach_pair()."""
+    return site.placement.describe() if site is not None else ""
+
+
+def _read(mapped, loads: list[tuple[int, int, int]], vaddr: int, n: int) -> bytes:
+    """Up to n bytes of the file at virtual address vaddr (within its PT_LOAD segment)."""
+    for off, start, size in loads:
+        if start <= vaddr < start + size:
+            at = off + vaddr - start
+            return bytes(mapped[at:min(at + n, off + size)])
+    return b""
