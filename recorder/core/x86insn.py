@@ -341,26 +341,29 @@ def decide(insn: Insn, version: tuple[int, int] | None = None) -> Handling:
             return Handling(EMULATED, "a nop")
     elif v >= (6, 16) and insn.raw in X86_NOPS:
         return Handling(EMULATED, "a nop")
-    if not insn.vex:
-        if op == b"\x90" and v < (6, 19):  # prefix* + nop (pause too), as jmp +0
-            if 0x66 in insn.prefixes and v < (6, 2):
-                return Handling(REFUSED, "a 66-prefixed nop (refused before 6.2)")
-            return Handling(EMULATED, "a nop")
-        branch = None
-        if op in (b"\xe9", b"\xeb"):
-            branch = "a jmp"
-        elif op == b"\xe8":
-            branch = "a call"
-        elif 0x70 <= op[0] <= 0x7F or (len(op) == 2 and op[0] == 0x0F and 0x80 <= op[1] <= 0x8F):
-            branch = "a conditional jump"
-        if branch:
-            if 0x66 in insn.prefixes:
-                return Handling(REFUSED, f"{branch} with a 66 prefix (the kernel refuses them)")
-            return Handling(EMULATED, branch)
-        # push_setup_xol_ops(): push reg, push r8-r15 with REX 41 only
-        if 0x50 <= op[0] <= 0x57 and len(op) == 1:
-            if insn.length == 1 or (insn.length == 2 and insn.rex == 0x41):
-                return Handling(EMULATED, "a push")
+    # the kernel's OPCODE1() is the opcode byte after a VEX/EVEX prefix, which these checks do not
+    # look at: vzeroupper (c5 f8 77) is taken for a ja and skipped
+    kop = op[-1] if insn.vex else op[0]
+    vex_note = f" (the kernel takes VEX opcode {kop:02x} for one)" if insn.vex else ""
+    if kop == 0x90 and v < (6, 19):  # prefix* + nop (pause too), as jmp +0
+        if 0x66 in insn.prefixes and v < (6, 2):
+            return Handling(REFUSED, "a 66-prefixed nop (refused before 6.2)")
+        return Handling(EMULATED, "a nop" + vex_note)
+    branch = None
+    if kop in (0xE9, 0xEB):
+        branch = "a jmp"
+    elif kop == 0xE8:
+        branch = "a call"
+    elif 0x70 <= kop <= 0x7F or (not insn.vex and len(op) == 2 and op[0] == 0x0F and 0x80 <= op[1] <= 0x8F):
+        branch = "a conditional jump"
+    if branch:
+        if 0x66 in insn.prefixes:
+            return Handling(REFUSED, f"{branch} with a 66 prefix (the kernel refuses them)")
+        return Handling(EMULATED, branch + vex_note)
+    # push_setup_xol_ops(): push reg, push r8-r15 with REX 41 only
+    if not insn.vex and 0x50 <= kop <= 0x57 and len(op) == 1:
+        if insn.length == 1 or (insn.length == 2 and insn.rex == 0x41):
+            return Handling(EMULATED, "a push")
     why = "RIP-relative, run out of line through a scratch register" if insn.rip_relative else "run out of line"
     return Handling(SINGLE_STEPPED, why)
 
