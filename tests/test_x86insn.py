@@ -224,3 +224,24 @@ def test_entry_sites_of_the_vendor_runtime_and_nccl():
     assert nc["ncclAllReduce"].placement.status == "emulated"
     assert (nc["ncclCommInitAll"].placement.status, nc["ncclCommInitAll"].placement.offset) == ("moved", 10)
     assert nc["ncclBcast"].placement.reason == "sub $0x10,%rsp at its entry writes %rsp (the stack pointer)"
+
+
+def test_doctor_says_where_each_probe_of_a_library_goes():
+    import json
+
+    import native_libs  # tests/native, put on the path by conftest
+    from recorder import doctor
+
+    lib = str(native_libs.build_trap_library())
+    (check,) = doctor.probe_trap_checks([lib, lib])
+    assert check.name == "probe traps libcuda.so.1" and not check.ok and not check.required
+    assert check.detail.endswith(": 1 emulated, 1 moved, 1 single-stepped (cuLaunchKernel_ptsz)"), check.detail
+    probes = json.loads(json.dumps(doctor.as_json([check])))["checks"][0]["probes"]
+    assert set(probes) == {"cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernel_ptds"}
+    moved = probes["cuLaunchKernel"]
+    assert (moved["status"], moved["offset"], moved["entry_handling"], moved["handling"]) == (
+        "moved", 7, "single-stepped", "emulated")
+    assert moved["entry"].startswith("mov ") and moved["probed"].startswith("jmp ")
+    assert probes["cuLaunchKernel_ptsz"]["reason"] == "the code at +16 may branch into its first 7 bytes"
+    assert probes["cuLaunchKernel_ptds"]["status"] == "emulated"
+    assert doctor.probe_trap_checks(["/bin/true"]) == []  # no CUDA/NCCL library: no check
