@@ -52,8 +52,9 @@ SNIPPETS = [
 
 def _assemble(lines: list[str], tmp: Path) -> list[bytes]:
     """Each line assembled alone, by the C compiler's assembler (the bytes between two labels)."""
-    if not shutil.which("cc"):
-        pytest.skip("no C compiler (cc) to assemble the snippets")
+    missing = [tool for tool in ("cc", "objcopy", "nm") if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing: the snippets are assembled with the C compiler and binutils")
     src = tmp / "s.S"
     src.write_text(".text\n" + "".join(f"a{i}: {line}\n" for i, line in enumerate(lines)) + f"a{len(lines)}:\n")
     obj = tmp / "s.o"
