@@ -16,7 +16,7 @@ import native_libs  # tests/native, put on the path by conftest
 pytestmark = [needs_bpf, pytest.mark.bpf]
 
 WORK = ROOT / "tests" / "workloads" / "trap_launches.py"
-LAUNCHES = 300
+LAUNCHES = 200
 
 
 @pytest.fixture(scope="module")

@@ -246,3 +246,16 @@ def test_doctor_says_where_each_probe_of_a_library_goes():
     assert probes["cuLaunchKernel_ptsz"]["reason"] == "the code at +16 may branch into its first 7 bytes"
     assert probes["cuLaunchKernel_ptds"]["status"] == "emulated"
     assert doctor.probe_trap_checks(["/bin/true"]) == []  # no CUDA/NCCL library: no check
+
+
+def test_trampolines():
+    """endbr64 then a direct jmp: moved onto the jmp; endbr64 then an indirect jmp through a GOT slot:
+    nothing emulated before the function leaves, kept at the entry."""
+    code, size = _function(x86insn.ENDBR64 + b"\xe9\x00\x10\x00\x00")
+    p = place_entry(code, size, V618)
+    assert (p.status, p.offset, p.probed.text()) == ("moved", 4, "jmp .+0x1005")
+    code, size = _function(x86insn.ENDBR64 + bytes.fromhex("ff2500100000"))  # jmp *0x1000(%rip)
+    p = place_entry(code, size, V618)
+    assert p.status == "single-stepped"
+    assert p.reason == "jmp *0x1000(%rip) at +4 is not one a probe is moved past (a branch, a stack or " \
+                       "implicit-register operation)"
