@@ -120,7 +120,9 @@ class WorkloadLayer(BaseLayer):
         if not wanted:
             probes.cap(layer, f"{kind} library", "absent", "exports none of the traced functions", path)
             return
-        sites = entry_sites(real, {sym for _, _, sym in wanted})  # where each probe costs one trap
+        # where each NCCL probe costs one trap; a marker symbol's probe stays on it, where the
+        # checkpoint layer's probe is too (one breakpoint serves both)
+        sites = entry_sites(real, {sym for _, _, sym in wanted}) if kind == "nccl" else {}
         for entry, ret, sym in wanted:
             site = sites.get(sym)
             try:
