@@ -145,11 +145,12 @@ def test_no_move_past_a_store_a_call_or_when_the_code_jumps_back_in():
     assert "is not one a probe is moved past" in place_entry(code, size, V618).reason
     loop = RIP_LOAD + b"\x55\x5d\x48\xff\xc0\x48\x83\xf8\x02\x72\xf5\xc3"  # jb back to +7
     code, size = _function(loop)
-    assert place_entry(code, size, V618).reason == "the code at +16 may branch into its first 7 bytes"
+    assert place_entry(code, size, V618).reason == ("the code at +16 may jump to +1..+7, the bytes skipped or "
+                                                    "the new place")
     # a rel32 jump from further into the function, and one to the entry itself (which fires either way)
     far = RIP_LOAD + b"\x55" + b"\x90" * 300 + b"\xe9" + (7 - 313).to_bytes(4, "little", signed=True) + b"\xc3"
     code, size = _function(far)
-    assert place_entry(code, size, V618).reason.startswith("the code at +308 may branch")
+    assert place_entry(code, size, V618).reason.startswith("the code at +308 may jump to +1..+7")
     to_entry = RIP_LOAD + b"\x55\xeb" + (-10).to_bytes(1, "little", signed=True) + b"\xc3"
     code, size = _function(to_entry)
     assert place_entry(code, size, V618).moved
@@ -243,7 +244,8 @@ def test_doctor_says_where_each_probe_of_a_library_goes():
     assert (moved["status"], moved["offset"], moved["entry_handling"], moved["handling"]) == (
         "moved", 7, "single-stepped", "emulated")
     assert moved["entry"].startswith("mov ") and moved["probed"].startswith("jmp ")
-    assert probes["cuLaunchKernel_ptsz"]["reason"] == "the code at +16 may branch into its first 7 bytes"
+    assert probes["cuLaunchKernel_ptsz"]["reason"] == ("the code at +16 may jump to +1..+7, the bytes skipped or "
+                                                       "the new place")
     assert probes["cuLaunchKernel_ptds"]["status"] == "emulated"
     assert doctor.probe_trap_checks(["/bin/true"]) == []  # no CUDA/NCCL library: no check
 

@@ -27,6 +27,7 @@ by their bytes.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import struct
@@ -575,7 +576,7 @@ def place_entry(code: bytes, size: int, version: tuple[int, int] | None = None,
     source = branches_into(code[:size], 1, offset)
     if source is not None:
         return Placement(0, entry, first, entry, first,
-                         f"the code at +{source} may branch into its first {offset} bytes")
+                         f"the code at +{source} may jump to +1..+{offset}, the bytes skipped or the new place")
     return Placement(offset, entry, first, insn, handling, optimized=optimized(insn, v))
 
 
@@ -753,8 +754,6 @@ def entry_sites(path: str, names: frozenset[str] | set[str] | tuple[str, ...],
                 if not code:
                     out[name] = None
                     continue
-                import bisect
-
                 i = bisect.bisect_right(starts, start)
                 others = tuple(s - start for s in starts[i:i + 8] if s - start <= MAX_SKIP)
                 out[name] = Site(name, start, size, place_entry(code, size, v, others))
