@@ -43,7 +43,7 @@ SCRIPTS = {"bench_kmsg": True, "bench_pystack": False, "bench_markers": True, "b
            "bench_exports": True, "bench_cluster": True, "bench_training_job": True, "bench_dlopen_hold": True,
            "bench_wait_chain": False, "bench_standin_gpu": True, "bench_gpu_job": True,
            "bench_causal_sql": True, "bench_fleet": True, "bench_import": True, "bench_old_recording": False,
-           "bench_stop": True}
+           "bench_stop": True, "bench_probe_placement": True}
 
 
 def _script_bench(name: str, as_json: bool) -> tuple[int, str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from dataclasses import asdict, dataclass
+import subprocess
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from recorder.core import kheaders
@@ -37,6 +38,7 @@ class Check:
     detail: str
     fix: str = ""
     required: bool = True
+    probes: dict = field(default_factory=dict)  # API -> where its uprobe goes (probe trap checks)
 
 
 def _effective_caps() -> int:
@@ -65,6 +67,72 @@ def _find_gpu_libraries() -> list[str]:
         if path:
             found.append(path)
     return found
+
+
+def _library_path(name: str) -> str | None:
+    """The file the dynamic loader would open for a library name ctypes found ('libcuda.so.1')."""
+    if name.startswith("/"):
+        return name if os.path.exists(name) else None
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        left, _, path = line.partition(" => ")
+        if left.strip().split(" ", 1)[0] == name and "x86-64" in left and os.path.exists(path.strip()):
+            return path.strip()
+    return None
+
+
+def _traced_functions(path: str) -> tuple[str, tuple[str, ...]] | None:
+    """(layer, the functions its uprobes go on) of a CUDA or NCCL library, None for another file."""
+    from recorder.core.libraries import cuda_library_kind, workload_library_kind
+    from recorder.layers.cuda import APIS
+    from recorder.layers.workload import nccl
+
+    kind = cuda_library_kind(path)
+    if kind:
+        return "cuda", tuple(dict.fromkeys(a.name for a in APIS if a.library == kind))
+    if workload_library_kind(path) == "nccl":
+        return "nccl", tuple(a.name for a in nccl.APIS)
+    return None
+
+
+def probe_trap_checks(paths: list[str]) -> list[Check]:
+    """Per CUDA/NCCL library: where each of its traced functions' uprobe goes and what the kernel
+    does there (recorder/core/x86insn.py): emulated (one trap a call), moved past a single-stepped
+    entry to an emulated instruction, or single-stepped (two traps, about 3x the cost)."""
+    from recorder.core.libraries import exported_functions
+    from recorder.core.x86insn import entry_sites, kernel_version
+
+    checks = []
+    seen = set()
+    for path in paths:
+        real = os.path.realpath(path)
+        traced = _traced_functions(real)
+        if real in seen or traced is None:
+            continue
+        seen.add(real)
+        layer, names = traced
+        exported = exported_functions(real)
+        sites = entry_sites(real, tuple(n for n in names if n in exported))
+        probes = {name: site.placement.as_dict() for name, site in sorted(sites.items()) if site}
+        counts: dict[str, int] = {}
+        for p in probes.values():
+            counts[p["status"]] = counts.get(p["status"], 0) + 1
+        if not probes:
+            continue
+        stepped = [n for n, p in probes.items() if p["status"] == "single-stepped"]
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        v = kernel_version()
+        detail = f"{real}: {len(probes)} {layer} probes on kernel {v[0]}.{v[1]}: {summary}"
+        if stepped:
+            detail += " (" + ", ".join(stepped[:4]) + (", ..." if len(stepped) > 4 else "") + ")"
+        checks.append(Check(f"probe traps {Path(real).name}", not stepped, detail,
+                            "these entries are single-stepped, two traps a call (about 3x an emulated one), and "
+                            "cannot be moved; why, per probe: recorder doctor --json", required=False,
+                            probes=probes))
+    return checks
 
 
 def run_checks(pids: tuple[int, ...] = ()) -> list[Check]:
@@ -120,6 +188,7 @@ def run_checks(pids: tuple[int, ...] = ()) -> list[Check]:
     checks.append(Check("CUDA/NCCL libraries", bool(libs), ", ".join(sorted(set(libs))) or "none found",
                         "none on the library path: the recorder finds them in each target's "
                         "/proc/PID/maps, or pass --cuda-lib PATH", required=False))
+    checks += probe_trap_checks([p for p in (_library_path(lib) for lib in libs) if p])
     checks.append(_nvml_check())
     return checks
 
@@ -157,4 +226,13 @@ def render(checks: list[Check]) -> str:
 
 
 def as_json(checks: list[Check]) -> dict:
-    return {"can_record": can_record(checks), "checks": [asdict(c) for c in checks]}
+    """Every check; a probe trap check has `probes`: per traced function, where its uprobe goes
+    (`status` emulated / moved / single-stepped / refused, `offset`, the `entry` instruction and
+    the `probed` one, the kernel's `handling`, the `reason` it was not moved, `detail`)."""
+    out = []
+    for c in checks:
+        row = asdict(c)
+        if not row["probes"]:
+            del row["probes"]
+        out.append(row)
+    return {"can_record": can_record(checks), "checks": out}

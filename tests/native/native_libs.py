@@ -50,6 +50,21 @@ def build_libraries(out: Path = DEFAULT_OUT) -> dict[str, Path]:
     return built
 
 
+def build_trap_library(out: Path = DEFAULT_OUT) -> Path:
+    """The stand-in libcuda.so.1 whose launch entry points begin with a RIP-relative load
+    (cuda_trap.c), in a folder of its own (`out`/trap) so it does not shadow the other stand-in."""
+    folder = out / "trap"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "libcuda.so.1"
+    sources = [HERE / "cuda_trap.c", HERE / "standin.h"]
+    if _stale(target, sources):
+        tmp = target.with_suffix(".tmp")
+        _gcc(["-O1", "-g", "-fno-omit-frame-pointer", "-fPIC", "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(tmp),
+              str(HERE / "cuda_trap.c"), "-lrt", "-ldl"])
+        tmp.replace(target)
+    return target
+
+
 def build_busy_loop(out: Path = DEFAULT_OUT) -> Path:
     """The CPU hog used to create contention; its name (comm) is busy_loop."""
     out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from recorder.core.libraries import (
     resolve,
     workload_library_kind,
 )
+from recorder.core.x86insn import attach_pair, detach_entry, detach_return, entry_sites, site_detail
 from recorder.layers.cuda.apis import (
     API_INDEX,
     APIS,
@@ -175,15 +176,16 @@ class CudaLayer(BaseLayer):
             probes.attached_libraries[real] = 0
             return 0
         count = 0
+        sites = entry_sites(real, {api.name for api in wanted})  # where each probe costs one trap
         for api in wanted:
             i = API_INDEX[api.name]
             if not self.route.wants(real, api):
                 probes.cap("cuda", api.name, "absent", LAUNCHES_AT_DRIVER, path)
                 continue
+            site = sites.get(api.name)
             try:
-                probes.bpf.attach_uprobe(name=real, sym=api.name, fn_name=f"cuda_entry_{i}")
-                probes.bpf.attach_uretprobe(name=real, sym=api.name, fn_name=return_program(api))
-                probes.cap("cuda", api.name, "attached", "", path)
+                attach_pair(probes.bpf, real, api.name, site, f"cuda_entry_{i}", return_program(api))
+                probes.cap("cuda", api.name, "attached", site_detail(site), path)
                 self.route.attached(real, api)
                 count += 1
             except Exception as e:
@@ -456,9 +458,10 @@ class LaunchRoute:
                            f"runtime and driver: {total - through:,} of the first {total:,} runtime launches "
                            "were not seen going through the driver's launch probes", lib.path)
                 continue
+            sites = entry_sites(lib.path, {api.name for api in lib.apis})
             for api in lib.apis:
                 try:
-                    probes.bpf.detach_uprobe(name=lib.path, sym=api.name)
+                    detach_entry(probes.bpf, lib.path, api.name, sites.get(api.name))
                 except Exception:
                     pass
             lib.state = "detaching"
@@ -473,9 +476,10 @@ class LaunchRoute:
         its record would make its thread's driver launches look nested in it."""
         probes = self.context.probes
         for lib in libraries:
+            sites = entry_sites(lib.path, {api.name for api in lib.apis})
             for api in lib.apis:
                 try:
-                    probes.bpf.detach_uretprobe(name=lib.path, sym=api.name)
+                    detach_return(probes.bpf, lib.path, api.name, sites.get(api.name))
                 except Exception:  # already gone with its library
                     pass
             lib.state = "driver"

@@ -21,6 +21,7 @@ from recorder.core.inflight import in_flight
 from recorder.core.int64 import signed64
 from recorder.core.layer import BaseLayer, Context, Observation, Phase, Sink
 from recorder.core.libraries import exported_functions, mapped_files, resolve, workload_library_kind
+from recorder.core.x86insn import attach_pair, entry_sites, site_detail
 from recorder.layers.workload import nccl
 from recorder.layers.workload.records import MARKER, NCCL, RECORDS
 
@@ -119,12 +120,14 @@ class WorkloadLayer(BaseLayer):
         if not wanted:
             probes.cap(layer, f"{kind} library", "absent", "exports none of the traced functions", path)
             return
+        # where each NCCL probe costs one trap; a marker symbol's probe stays on it, where the
+        # checkpoint layer's probe is too (one breakpoint serves both)
+        sites = entry_sites(real, {sym for _, _, sym in wanted}) if kind == "nccl" else {}
         for entry, ret, sym in wanted:
+            site = sites.get(sym)
             try:
-                probes.bpf.attach_uprobe(name=real, sym=sym, fn_name=entry)
-                if ret:
-                    probes.bpf.attach_uretprobe(name=real, sym=sym, fn_name=ret)
-                probes.cap(layer, sym, "attached", "", path)
+                attach_pair(probes.bpf, real, sym, site, entry, ret)
+                probes.cap(layer, sym, "attached", site_detail(site), path)
             except Exception as e:  # BCC raises bare Exception
                 probes.cap(layer, sym, "failed", failure(e), path)
         self.context.writer.add("library", (self.context.session_id, path, kind, now_ns(), found_by))
