@@ -731,9 +731,8 @@ int pystack_walk(struct pt_regs *ctx) { return pystack_walk_body(ctx, 0); }
 int pystack_tp_find(void *ctx) { return pystack_find_body(ctx, 1); }
 int pystack_tp_scan(void *ctx) { return pystack_scan_body(ctx, 1); }
 int pystack_tp_walk(void *ctx) { return pystack_walk_body(ctx, 1); }
-int pystack_pe_find(void *ctx) { return pystack_find_body(ctx, 2); }
-int pystack_pe_scan(void *ctx) { return pystack_scan_body(ctx, 2); }
-int pystack_pe_walk(void *ctx) { return pystack_walk_body(ctx, 2); }
+/* the perf event copy (pystack_pe_*) is defined by its one user, the on-CPU profile
+ * (recorder/layers/profile/profile.bpf.c): a session without the profile compiles no copy of it */
 
 #endif /* PYSTACK_LAYOUT_ONLY */
 #endif /* PYSTACK_H */

@@ -39,6 +39,19 @@ NO_BPF = bpf_unavailable()
 needs_bpf = pytest.mark.skipif(NO_BPF is not None, reason=NO_BPF or "")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `bpf` every test that runs real probes: those of a *_bpf.py file and those that need BPF
+    (`needs_bpf`, or a skip of the same condition). `make test` runs the others first on both CPUs
+    (pytest-xdist, a file to a worker), then these one at a time: what they measure (losses, latencies,
+    a stand-in job's rate) depends on the machine's load, and their recorders compile on a CPU of their own."""
+    for item in items:
+        if item.get_closest_marker("bpf"):
+            continue
+        if item.path.name.endswith("_bpf.py") or any(
+                mark == needs_bpf.mark for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.bpf)
+
+
 @pytest.fixture(scope="session")
 def native() -> dict[str, Path]:
     libs = native_build.build_libraries()

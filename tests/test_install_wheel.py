@@ -34,30 +34,53 @@ SYSTEM_PYTHON = Path("/usr/bin/python3")
 class Dist:
     sdist: Path
     wheel: Path
-    seconds: float  # how long building both took
+    seconds: float  # how long building both (or finding them built) took
 
 
 _BUILT: dict[str, Dist] = {}
 
 
 def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
-    """The sdist and the wheel, built once per test session as `python -m build` builds them (the
-    wheel from the unpacked sdist), offline (--no-isolation: this environment's setuptools), from a
-    copy of the source tree: what the checkout's own build outputs (build/, *.egg-info) hold cannot
-    leak into them, and nothing is written into the checkout."""
+    """The sdist and the wheel, built as `python -m build` builds them (the wheel from the unpacked
+    sdist), offline (--no-isolation: this environment's setuptools), from a copy of the source tree:
+    what the checkout's own build outputs (build/, *.egg-info) hold cannot leak into them. Built once
+    per source tree: they are kept in build/test-dist/ under a digest of every source file's path and
+    content, the interpreter and setuptools, so `make test`'s two pytest runs (and a rerun of an
+    unchanged tree) share one build, and any change to a source file builds them again."""
     if "dist" not in _BUILT:
         pytest.importorskip("build", reason="needs the build frontend (scripts/setup.sh --test installs it)")
+        import hashlib
+        from importlib.metadata import version
+
         t0 = time.monotonic()
-        src = tmp_path_factory.mktemp("src")
-        for f in source_files():
-            (src / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, src / f, follow_symlinks=False)
-        out = tmp_path_factory.mktemp("dist")
-        r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        (sdist,) = out.glob("stall_recorder-*.tar.gz")
-        (wheel,) = out.glob("stall_recorder-*.whl")
+        files = sorted(source_files())
+        digest = hashlib.sha256(f"{sys.version}\0{version('setuptools')}\0".encode())
+        for f in files:
+            path = ROOT / f
+            digest.update(f"{f}\0".encode())
+            digest.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+            digest.update(b"\0")
+        kept = ROOT / "build" / "test-dist" / digest.hexdigest()[:20]
+        if not (kept / "done").exists():
+            src = tmp_path_factory.mktemp("src")
+            for f in files:
+                (src / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / f, src / f, follow_symlinks=False)
+            out = tmp_path_factory.mktemp("dist")
+            r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
+                               capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            (out / "done").write_text("")
+            for older in kept.parent.glob("*"):  # the builds of earlier trees
+                shutil.rmtree(older, ignore_errors=True)
+            staged = kept.with_name(f".{kept.name}.{os.getpid()}")
+            shutil.copytree(out, staged)
+            try:
+                os.replace(staged, kept)
+            except OSError:  # another run kept the same build meanwhile
+                shutil.rmtree(staged)
+        (sdist,) = kept.glob("stall_recorder-*.tar.gz")
+        (wheel,) = kept.glob("stall_recorder-*.whl")
         _BUILT["dist"] = Dist(sdist, wheel, time.monotonic() - t0)
     return _BUILT["dist"]
 

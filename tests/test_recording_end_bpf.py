@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_bpf, q, run_recorder
+from conftest import RECORDER, ROOT, needs_bpf, q, run_recorder
 
 from recorder.daemon import stop_background
 from recorder.errors import UserError
@@ -28,10 +28,10 @@ PIPE_PAIRS = str(ROOT / "tests" / "workloads" / "pipe_pairs.py")  # tens of thou
 
 @pytest.fixture()
 def small_fs(tmp_path):
-    """A 24 MiB tmpfs: filled in seconds by the load above."""
+    """A 12 MiB tmpfs (2 MiB of it the recorder's reserve): filled in seconds by the load above."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mnt)], capture_output=True, text=True)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}): needs root")
     yield mnt
@@ -40,9 +40,24 @@ def small_fs(tmp_path):
 
 def test_record_on_a_full_disk_stops_recording_and_waits_for_the_command(small_fs, tmp_path):
     db = small_fs / "full.db"
-    done = tmp_path / "done"
-    res = run_recorder("record", "--db", str(db), "--", sys.executable, PIPE_PAIRS, "30", "40", str(done),
-                       timeout=400)
+    done, end = tmp_path / "done", tmp_path / "end"
+    rec = subprocess.Popen([*RECORDER, "record", "--db", str(db), "--", sys.executable, PIPE_PAIRS, "30", "40",
+                            str(done), str(end)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the command runs until the recorder has stopped recording (its lock given back), then a
+        # second more: up to 40 s where the disk does not fill, and then the recording ends whole
+        deadline = time.monotonic() + 120
+        while not lock_holder(db) and rec.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while lock_holder(db) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        end.touch()
+        stdout, stderr = rec.communicate(timeout=400)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+    res = subprocess.CompletedProcess(rec.args, rec.returncode, stdout, stderr)
     # the command ran to its end, untouched, and its exit status is record's
     assert done.read_text() == "done"
     assert res.returncode == 3, res.stderr

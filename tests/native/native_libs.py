@@ -8,6 +8,7 @@ Outputs are rebuilt only when a source is newer. Used by the tests, the benchmar
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,12 @@ LIBRARIES = {
     "libnccl.so.2": ("nccl.c", "libnccl.so.2"),
     "libnvidia-ml.so.1": ("nvml.c", "libnvidia-ml.so.1"),
 }
+
+
+def _tmp(target: Path) -> Path:
+    """Where `target` is built before its atomic rename: a name of this process's own, as two test
+    workers (pytest-xdist) may build the same output at once."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
 
 
 def _stale(target: Path, sources: list[Path]) -> bool:
@@ -42,7 +49,7 @@ def build_libraries(out: Path = DEFAULT_OUT) -> dict[str, Path]:
         target = out / name
         sources = [HERE / source, HERE / "standin.h"]
         if _stale(target, sources):
-            tmp = target.with_suffix(".tmp")
+            tmp = _tmp(target)
             _gcc(["-O1", "-g", "-fno-omit-frame-pointer", "-fPIC", "-shared", f"-Wl,-soname,{soname}", "-o", str(tmp),
                   str(HERE / source), "-lrt", "-ldl"])
             tmp.replace(target)  # atomic: a running process keeps its old mapping
@@ -70,7 +77,7 @@ def build_busy_loop(out: Path = DEFAULT_OUT) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     target = out / "busy_loop"
     if _stale(target, [HERE / "busy_loop.c"]):
-        tmp = target.with_suffix(".tmp")
+        tmp = _tmp(target)
         _gcc(["-O1", "-o", str(tmp), str(HERE / "busy_loop.c")])
         tmp.replace(target)
     return target
@@ -88,7 +95,7 @@ def build_gil_extension(python: str = sys.executable, out: Path = DEFAULT_OUT) -
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"_gilcall{suffix}"
     if _stale(target, [HERE / "gilcall.c"]):
-        tmp = target.with_suffix(".tmp")
+        tmp = _tmp(target)
         _gcc(["-O1", "-g", "-fPIC", "-shared", f"-I{include}", "-o", str(tmp),
               str(HERE / "gilcall.c"), "-ldl"])
         tmp.replace(target)

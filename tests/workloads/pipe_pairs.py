@@ -1,7 +1,10 @@
 """Pipe ping-pong on many threads: tens of thousands of off-CPU intervals a second, a few MB a
 second of rows. Exits with status 3 (a command's own status, which `recorder record` returns).
 
-    python pipe_pairs.py PAIRS SECONDS [DONE_FILE]   (writes 'done' into DONE_FILE at the end)
+    python pipe_pairs.py PAIRS SECONDS [DONE_FILE [END_FILE]]
+
+writes 'done' into DONE_FILE at the end; with END_FILE, ends a second after that file appears
+(SECONDS is then the longest it runs).
 """
 
 import os
@@ -26,7 +29,11 @@ for _ in range(pairs):
     b_r, b_w = os.pipe()
     for args in ((a_r, b_w, True), (b_r, a_w, False)):
         threading.Thread(target=side, args=args, daemon=True).start()
-time.sleep(seconds + 0.5)
+end_file = sys.argv[4] if len(sys.argv) > 4 else None
+while time.monotonic() < end + 0.5:
+    if end_file and os.path.exists(end_file):
+        end = min(end, time.monotonic() + 1)
+    time.sleep(0.1)
 if len(sys.argv) > 3:
     with open(sys.argv[3], "w") as f:
         f.write("done")

@@ -64,7 +64,7 @@ def sample_key(rec: tuple) -> tuple[int, int, int]:
 
 class ProfileLayer(BaseLayer):
     name = "profile"
-    sources = SOURCES
+    sources: tuple[BpfSource, ...] = SOURCES
     records = RECORDS
     tables = ("cpu_sample",)
     losses = RECORDS.losses()
@@ -74,6 +74,8 @@ class ProfileLayer(BaseLayer):
     def __init__(self, context: Context) -> None:
         super().__init__(context)
         self.hz = context.settings.profile_hz
+        if not self.hz:  # turned off: its programs and the walker's perf event copy are not compiled
+            self.sources = ()
         # a fixed period of CPU-clock time rather than a rate the kernel steers: every sample stands
         # for exactly this much of the thread's CPU time
         self.period = 1_000_000_000 // max(self.hz, 1)
@@ -98,11 +100,11 @@ class ProfileLayer(BaseLayer):
 
     def attach(self) -> None:
         probes = self.probes
-        if "profile" not in probes.layers:
-            return
         what = "cpu-clock samples"
         if not self.hz:
             probes.cap("profile", what, "absent", "turned off (--profile-hz 0)")
+            return
+        if "profile" not in probes.layers:
             return
         try:
             probes.pystack.install_perf_events()

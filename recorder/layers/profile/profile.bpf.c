@@ -39,3 +39,9 @@ int profile_sample(struct bpf_perf_event_data *ctx)
     profile_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     PYSTACK_CAPTURE_PE(ctx, ts);
 }
+
+/* The walker's perf event copy (bpf/pystack.h), compiled with this layer only: PyStackProbe
+ * .install_perf_events wires it into pystack_pe_progs */
+int pystack_pe_find(void *ctx) { return pystack_find_body(ctx, 2); }
+int pystack_pe_scan(void *ctx) { return pystack_scan_body(ctx, 2); }
+int pystack_pe_walk(void *ctx) { return pystack_walk_body(ctx, 2); }
