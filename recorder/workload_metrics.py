@@ -48,6 +48,8 @@ MAX_RANKS = 64            # identities (ranks) one recorder exports: a node runs
 MAX_COLLECTIVES = 16      # (communicator, operation) pairs per rank
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PAIR_WAIT_NS = 3 * NS     # a collective's synchronisation is looked for this long after it ended
+MIN_RUNQ_NS = 20_000      # shorter waits for a CPU are not taken out of a collective's wait (a wakeup's usual cost)
+RUNQ_KEPT_NS = 10 * NS    # how long those are kept for the collectives still to pair (PAIR_WAIT_NS and the lag)
 PENDING_COLLECTIVES = 8192  # collectives per (thread, stream) waiting for their synchronisation
 STALL_QUERIES_PER_TICK = 8  # stalled steps whose cause kind is looked up each second (the rest: 'unexplained')
 HISTORY_S = 120           # how far back a stalled step's rows are looked for
@@ -113,6 +115,9 @@ class _Thread:
     last: tuple[int, int] | None = None          # (ts, step) of its last mark
     durs: deque[int] = field(default_factory=deque)
     collectives: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))  # (ts, wait ns)
+    # the spans it was runnable, not running (a thread's are in time order): starts and ends
+    runq_starts: list[int] = field(default_factory=list)
+    runq_ends: list[int] = field(default_factory=list)
 
 
 class WorkloadWatch:
@@ -144,6 +149,7 @@ class WorkloadWatch:
         self._collective_ids = self._ids("SELECT id FROM nccl_api WHERE kind IN ('collective', 'p2p')")
         self._ops = dict(monitor.execute("SELECT id, name FROM nccl_api").fetchall())
         self._comms: dict[tuple[int, int], str] = {}  # (process id, handle) -> comm hash
+        self.nccl_threads: set[int] = set()
 
     # -- reading ----------------------------------------------------------------------------------
     def _ids(self, sql: str) -> str:
@@ -161,6 +167,7 @@ class WorkloadWatch:
         tops = {t: self._top(t) for t in self.tables}
         self.stall_queries = 0
         self._marks(tops["step_mark"])
+        self._runq(tops["offcpu_interval"], now)
         self._collectives(tops["nccl_call"], tops["cuda_call"], now)
         self._lost(tops)
         self.offcpu_tops.append((now, tops["offcpu_interval"]))
@@ -242,9 +249,10 @@ class WorkloadWatch:
             if self._thread(thread_id) is None:
                 continue
             comm = self._comm(process_id, handle)
+            self.nccl_threads.add(thread_id)
             waiting = self.pending.setdefault((thread_id, stream or 0), deque())
             if len(waiting) >= PENDING_COLLECTIVES:  # never synchronised: the oldest counts as its call alone
-                self._waited(thread_id, *waiting.popleft())
+                self._waited(thread_id, *waiting.popleft(), None)
             waiting.append((ts, dur, comm, self._ops.get(api_id, "?")))
         if self.pending:
             threads = ",".join(str(t) for t in {k[0] for k in self.pending})
@@ -253,21 +261,53 @@ class WorkloadWatch:
                 f"AND open = 0 AND api_id IN ({self._sync_ids}) AND thread_id IN ({threads}) ORDER BY id",
                 (self.last["cuda_call"], top_cuda, self.session_id)).fetchall()
             for thread_id, ts, dur, stream in syncs:
-                waiting = self.pending.get((thread_id, stream or 0))
-                while waiting and waiting[0][0] + waiting[0][1] <= ts:
-                    c_ts, c_dur, comm, op = waiting.popleft()
+                queued = self.pending.get((thread_id, stream or 0))
+                while queued and queued[0][0] + queued[0][1] <= ts:
+                    c_ts, c_dur, comm, op = queued.popleft()
                     # the first sync after the call is its own; earlier calls with none get none
-                    self._waited(thread_id, c_ts, c_dur + (dur if not waiting or waiting[0][0] > ts else 0), comm, op)
+                    self._waited(thread_id, c_ts, c_dur, comm, op,
+                                 (ts, dur) if not queued or queued[0][0] > ts else None)
         # a collective that no synchronisation followed within PAIR_WAIT_NS counts as its call alone
         for key, waiting in list(self.pending.items()):
             while waiting and waiting[0][0] + waiting[0][1] < now - PAIR_WAIT_NS:
                 c_ts, c_dur, comm, op = waiting.popleft()
-                self._waited(key[0], c_ts, c_dur, comm, op)
+                self._waited(key[0], c_ts, c_dur, comm, op, None)
             if not waiting:
                 del self.pending[key]
 
-    def _waited(self, thread_id: int, ts: int, wait: int, comm: str, op: str) -> None:
+    def _runq(self, top: int, now: int) -> None:
+        """The NCCL threads' spans runnable but not running (preempted, or woken and waiting for a
+        CPU), as view offcpu's runq_dur counts them: a collective's wait leaves them out (they are the
+        rank's own CPU contention, not its peers')."""
+        if not self.nccl_threads:
+            return
+        threads = ",".join(str(t) for t in self.nccl_threads)
+        for thread_id, start, end in self.monitor.execute(
+                f"SELECT thread_id, CASE WHEN state IN (0, 256) THEN ts ELSE max(wakeup_ts, ts) END, ts + dur "
+                f"FROM offcpu_interval WHERE id > ? AND id <= ? AND session_id = ? AND open = 0 "
+                f"AND thread_id IN ({threads}) AND (state IN (0, 256) OR wakeup_ts IS NOT NULL) "
+                f"AND ts + dur - CASE WHEN state IN (0, 256) THEN ts ELSE max(wakeup_ts, ts) END >= ?",
+                (self.last["offcpu_interval"], top, self.session_id, MIN_RUNQ_NS)):
+            t = self.threads.get(thread_id)
+            if t is not None:
+                t.runq_starts.append(start)
+                t.runq_ends.append(end)
+        for t in self.threads.values():
+            old = bisect.bisect_left(t.runq_ends, now - RUNQ_KEPT_NS)
+            if old:
+                del t.runq_starts[:old], t.runq_ends[:old]
+
+    def _waited(self, thread_id: int, ts: int, dur: int, comm: str, op: str, sync: tuple[int, int] | None) -> None:
+        """A collective returned (at ts, for dur) and the synchronisation after it (ts, dur), if any:
+        the time in them, less the time the thread was runnable but not running meanwhile."""
         t = self.threads[thread_id]
+        wait = dur + (sync[1] if sync else 0)
+        for a, d in ((ts, dur), sync or (0, 0)):
+            i = bisect.bisect_right(t.runq_ends, a)
+            while i < len(t.runq_ends) and t.runq_starts[i] < a + d:
+                wait -= max(0, min(t.runq_ends[i], a + d) - max(t.runq_starts[i], a))
+                i += 1
+        wait = max(wait, 0)
         r = t.rank
         key = (comm, op)
         if key not in r.wait and len(r.wait) >= MAX_COLLECTIVES:
