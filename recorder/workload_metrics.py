@@ -14,7 +14,9 @@ index on ts while recording; SQLite filters and sums, few rows reach Python):
 - step marks (recorder.step): each thread's step times (a histogram), its steps and the stalled
   ones, judged as the flight recorder judges them (the report's stall rule over the steps before);
 - NCCL collectives and the stream synchronisation that follows each on its thread and stream;
-- the off-CPU intervals (view offcpu), reclaim and dirty-throttle pauses of the threads that mark
+- the off-CPU intervals (view offcpu; a wait for a CPU after a sleep or a sched_yield is left out: a
+  polling loop, such as a collective waiting for its peers, makes many, each of a wakeup's usual
+  cost), reclaim and dirty-throttle pauses of the threads that mark
   steps or call NCCL (a rank's critical path; its DataLoader workers' idle sleeps are not lost
   time), as seconds lost by cause kind (store/analysis/kinds: the kinds whose `lost_time` is that
   breakdown);
@@ -48,8 +50,6 @@ MAX_RANKS = 64            # identities (ranks) one recorder exports: a node runs
 MAX_COLLECTIVES = 16      # (communicator, operation) pairs per rank
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PAIR_WAIT_NS = 3 * NS     # a collective's synchronisation is looked for this long after it ended
-MIN_RUNQ_NS = 20_000      # shorter waits for a CPU are not taken out of a collective's wait (a wakeup's usual cost)
-RUNQ_KEPT_NS = 10 * NS    # how long those are kept for the collectives still to pair (PAIR_WAIT_NS and the lag)
 PENDING_COLLECTIVES = 8192  # collectives per (thread, stream) waiting for their synchronisation
 STALL_QUERIES_PER_TICK = 8  # stalled steps whose cause kind is looked up each second (the rest: 'unexplained')
 HISTORY_S = 120           # how far back a stalled step's rows are looked for
@@ -80,7 +80,8 @@ LOST_KINDS = {
 }
 
 _OFFCPU = """
-SELECT thread_id, reason, sum(runq_dur), sum(dur - runq_dur), max(id) FROM offcpu
+SELECT thread_id, reason, sum(CASE WHEN reason IN ('sleep', 'yield') THEN 0 ELSE runq_dur END),
+       sum(dur - runq_dur), max(id) FROM offcpu
 WHERE id > ? AND id <= ? AND session_id = ? AND open = 0 AND thread_id IN ({threads}) {during}
 GROUP BY thread_id, reason
 """
@@ -115,9 +116,6 @@ class _Thread:
     last: tuple[int, int] | None = None          # (ts, step) of its last mark
     durs: deque[int] = field(default_factory=deque)
     collectives: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))  # (ts, wait ns)
-    # the spans it was runnable, not running (a thread's are in time order): starts and ends
-    runq_starts: list[int] = field(default_factory=list)
-    runq_ends: list[int] = field(default_factory=list)
 
 
 class WorkloadWatch:
@@ -149,7 +147,6 @@ class WorkloadWatch:
         self._collective_ids = self._ids("SELECT id FROM nccl_api WHERE kind IN ('collective', 'p2p')")
         self._ops = dict(monitor.execute("SELECT id, name FROM nccl_api").fetchall())
         self._comms: dict[tuple[int, int], str] = {}  # (process id, handle) -> comm hash
-        self.nccl_threads: set[int] = set()
 
     # -- reading ----------------------------------------------------------------------------------
     def _ids(self, sql: str) -> str:
@@ -167,7 +164,6 @@ class WorkloadWatch:
         tops = {t: self._top(t) for t in self.tables}
         self.stall_queries = 0
         self._marks(tops["step_mark"])
-        self._runq(tops["offcpu_interval"], now)
         self._collectives(tops["nccl_call"], tops["cuda_call"], now)
         self._lost(tops)
         self.offcpu_tops.append((now, tops["offcpu_interval"]))
@@ -249,7 +245,6 @@ class WorkloadWatch:
             if self._thread(thread_id) is None:
                 continue
             comm = self._comm(process_id, handle)
-            self.nccl_threads.add(thread_id)
             waiting = self.pending.setdefault((thread_id, stream or 0), deque())
             if len(waiting) >= PENDING_COLLECTIVES:  # never synchronised: the oldest counts as its call alone
                 self._waited(thread_id, *waiting.popleft(), None)
@@ -275,39 +270,11 @@ class WorkloadWatch:
             if not waiting:
                 del self.pending[key]
 
-    def _runq(self, top: int, now: int) -> None:
-        """The NCCL threads' spans runnable but not running (preempted, or woken and waiting for a
-        CPU), as view offcpu's runq_dur counts them: a collective's wait leaves them out (they are the
-        rank's own CPU contention, not its peers')."""
-        if not self.nccl_threads:
-            return
-        threads = ",".join(str(t) for t in self.nccl_threads)
-        for thread_id, start, end in self.monitor.execute(
-                f"SELECT thread_id, CASE WHEN state IN (0, 256) THEN ts ELSE max(wakeup_ts, ts) END, ts + dur "
-                f"FROM offcpu_interval WHERE id > ? AND id <= ? AND session_id = ? AND open = 0 "
-                f"AND thread_id IN ({threads}) AND (state IN (0, 256) OR wakeup_ts IS NOT NULL) "
-                f"AND ts + dur - CASE WHEN state IN (0, 256) THEN ts ELSE max(wakeup_ts, ts) END >= ?",
-                (self.last["offcpu_interval"], top, self.session_id, MIN_RUNQ_NS)):
-            t = self.threads.get(thread_id)
-            if t is not None:
-                t.runq_starts.append(start)
-                t.runq_ends.append(end)
-        for t in self.threads.values():
-            old = bisect.bisect_left(t.runq_ends, now - RUNQ_KEPT_NS)
-            if old:
-                del t.runq_starts[:old], t.runq_ends[:old]
-
     def _waited(self, thread_id: int, ts: int, dur: int, comm: str, op: str, sync: tuple[int, int] | None) -> None:
         """A collective returned (at ts, for dur) and the synchronisation after it (ts, dur), if any:
-        the time in them, less the time the thread was runnable but not running meanwhile."""
+        the rank waited the time in both (as view nccl_collective_wait counts it)."""
         t = self.threads[thread_id]
         wait = dur + (sync[1] if sync else 0)
-        for a, d in ((ts, dur), sync or (0, 0)):
-            i = bisect.bisect_right(t.runq_ends, a)
-            while i < len(t.runq_ends) and t.runq_starts[i] < a + d:
-                wait -= max(0, min(t.runq_ends[i], a + d) - max(t.runq_starts[i], a))
-                i += 1
-        wait = max(wait, 0)
         r = t.rank
         key = (comm, op)
         if key not in r.wait and len(r.wait) >= MAX_COLLECTIVES:

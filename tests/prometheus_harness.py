@@ -130,7 +130,7 @@ class Prometheus:
     """Debian's prometheus on a loopback port, scraping `targets` (name -> host:port and path)."""
 
     def __init__(self, folder: Path, targets: dict[str, tuple[str, str]], rules: str, scrape_s: float,
-                 extra_scrape: str = "") -> None:
+                 extra_scrape: str = "", cpus: str | None = None) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "rules.yml").write_text(rules)
@@ -148,7 +148,7 @@ scrape_configs:{jobs}{extra_scrape}""")
         self.port = free_port()
         self.log = open(folder / "prometheus.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [PROMETHEUS or "prometheus", f"--config.file={folder / 'prometheus.yml'}",
+            [*(["taskset", "-c", cpus] if cpus else []), PROMETHEUS or "prometheus", f"--config.file={folder / 'prometheus.yml'}",
              f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
              "--log.level=warn"], cwd=folder, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
