@@ -396,8 +396,8 @@ class WorkloadWatch:
                 last_info.add(1, cause_kind=kind, **labels)
                 last_when.add(round(unix, 3), **labels)
         folded = Metric("workload_series_folded_total", "counter",
-                        f"ranks past {MAX_RANKS} and (communicator, op) pairs past {MAX_COLLECTIVES} a rank, "
-                        "whose series were folded into 'other'")
+                        f"processes of ranks past {MAX_RANKS} (what='rank') and collectives of (communicator, op) "
+                        f"pairs past {MAX_COLLECTIVES} a rank (what='collective'), counted into series 'other'")
         for what, n in sorted(self.folded.items()):
             folded.add(n, what=what)
         return [hist, steps, stalled, wait, count, oldest, lost, last_step, last_info, last_when, folded,

@@ -141,8 +141,8 @@ class Prometheus:
       - targets: ['{address}']
 """ for name, (address, path) in targets.items())
         (folder / "prometheus.yml").write_text(f"""global:
-  scrape_interval: {scrape_s}s
-  evaluation_interval: {scrape_s}s
+  scrape_interval: {round(scrape_s * 1000)}ms
+  evaluation_interval: {round(scrape_s * 1000)}ms
 rule_files: [rules.yml]
 scrape_configs:{jobs}{extra_scrape}""")
         self.port = free_port()
@@ -186,3 +186,43 @@ scrape_configs:{jobs}{extra_scrape}""")
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+@dataclass
+class SyntheticRank:
+    """A recording made through the store, as a recorder of one rank writes it (for WorkloadWatch):
+    its session, process (with its job identity), step thread, communicator and API ids."""
+
+    db: Path
+    conn: object
+    session_id: int
+    process_id: int
+    thread_id: int
+    allreduce: int
+    sync: int
+
+
+def synthetic_rank(db: Path, rank: int = 3, world: int = 8, run_id: str = "bench") -> SyntheticRank:
+    from store.db import open_store
+
+    store = open_store(db, create=True)
+    conn = store.conn
+    sid = conn.execute(
+        "INSERT INTO session (started_ts, wall_offset_ns, status, recorder_pid, hostname, kernel_release, boot_id, "
+        "cpu_count, target, command, tool_version) VALUES (0, 0, 'recording', 1, 'node', 'k', 'b', 2, 't', 'c', 'v')"
+    ).lastrowid
+    conn.execute("INSERT OR IGNORE INTO cuda_api (id, name, family, library, arguments) "
+                 "VALUES (900, 'cudaStreamSynchronize', 'cudaStreamSynchronize', 'runtime', '')")
+    conn.execute("INSERT OR IGNORE INTO nccl_api (id, name, kind) VALUES (900, 'ncclAllReduce', 'collective')")
+    sync = conn.execute("SELECT id FROM cuda_api WHERE name = 'cudaStreamSynchronize'").fetchone()[0]
+    allreduce = conn.execute("SELECT id FROM nccl_api WHERE name = 'ncclAllReduce'").fetchone()[0]
+    process = conn.execute(
+        "INSERT INTO process (session_id, pid, name, environ_status, job_rank, job_local_rank, job_world_size, run_id, "
+        "first_ts) "
+        "VALUES (?, 4242, 'train', 'read', ?, ?, ?, ?, 0)", (sid, rank, rank % 8, world, run_id)).lastrowid
+    thread = conn.execute("INSERT INTO thread (session_id, process_id, tid, name, first_ts) VALUES (?, ?, 4242, "
+                          "'train', 0)", (sid, process)).lastrowid
+    conn.execute("INSERT INTO nccl_comm (session_id, process_id, handle, comm_hash, rank, nranks, init_ts) "
+                 "VALUES (?, ?, 77, 12345, ?, ?, 0)", (sid, process, rank, world))
+    conn.commit()
+    return SyntheticRank(db, conn, sid, process, thread, allreduce, sync)
