@@ -85,11 +85,11 @@ def detection(scrape: float, period: float, rounds: int) -> dict:
 
 
 def watch(steps: int, seconds: int) -> dict:
+    from prometheus_harness import synthetic_rank
+
     from recorder.workload_metrics import WorkloadWatch
     from store.db import Store
     from store.db.rules import stall_rule
-
-    from prometheus_harness import synthetic_rank
 
     folder = Path(tempfile.mkdtemp(prefix="bench-watch-"))
     db = folder / "watch.db"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "packaging" / "prometheus" / "stall-recorder-rules.yml"
+DASHBOARD = ROOT / "packaging" / "grafana" / "stall-recorder-dashboard.json"
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
@@ -87,8 +88,9 @@ class SimulatedJob:
                 cpu = 0.01 * t
             lines.append(f'stall_recorder_workload_collective_wait_seconds_total{{{labels},comm="c0ffee",'
                          f'op="ncclAllReduce"}} {wait:.6f}')
-            lines.append(f'stall_recorder_workload_lost_seconds_total{{{labels},cause_kind="cpu_contention"}} {cpu:.6f}')
-            lines.append(f'stall_recorder_workload_lost_seconds_total{{{labels},cause_kind="nccl_wait"}} {wait:.6f}')
+            lost = "stall_recorder_workload_lost_seconds_total"
+            lines.append(f'{lost}{{{labels},cause_kind="cpu_contention"}} {cpu:.6f}')
+            lines.append(f'{lost}{{{labels},cause_kind="nccl_wait"}} {wait:.6f}')
             lines.append(f"stall_recorder_workload_collective_in_flight_oldest_seconds{{{labels}}} 0")
         text = "\n".join(lines) + "\n"
         self.render_s += time.perf_counter() - began
@@ -148,7 +150,8 @@ scrape_configs:{jobs}{extra_scrape}""")
         self.port = free_port()
         self.log = open(folder / "prometheus.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [*(["taskset", "-c", cpus] if cpus else []), PROMETHEUS or "prometheus", f"--config.file={folder / 'prometheus.yml'}",
+            [*(["taskset", "-c", cpus] if cpus else []), PROMETHEUS or "prometheus",
+             f"--config.file={folder / 'prometheus.yml'}",
              f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
              "--log.level=warn"], cwd=folder, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
