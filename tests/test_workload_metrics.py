@@ -144,3 +144,49 @@ def test_a_token_is_required_where_given_and_off_loopback_with_tls(tmp_path):
         assert _get(listener.url, "s3cret-token-0123456789", insecure)[:3:2] == (200, "stall_recorder_up 1\n")
     finally:
         listener.close()
+
+
+def test_the_shipped_on_incident_command_posts_to_alertmanager(tmp_path):
+    """packaging/alertmanager/stall-incident-to-alertmanager, run as --on-incident runs it, against a
+    stand-in of Alertmanager's POST /api/v2/alerts."""
+    import json
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from conftest import ROOT
+
+    posted: list = []
+
+    class Alertmanager(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            posted.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = HTTPServer(("127.0.0.1", 0), Alertmanager)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = ROOT / "packaging" / "alertmanager" / "stall-incident-to-alertmanager"
+    env = {"PATH": "/usr/bin:/bin", "ALERTMANAGER_URL": f"http://127.0.0.1:{server.server_address[1]}",
+           "STALL_RECORDER_INCIDENT_TRIGGER": "stall", "STALL_RECORDER_INCIDENT_CAUSE": "cpu_contention",
+           "STALL_RECORDER_INCIDENT_STEP": "812"}
+    try:
+        res = subprocess.run([sys.executable, str(script), "/x/flight.db.incidents/a.db", "step 812 stalled"],
+                             env=env, capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        ((path, (alert,)),) = posted
+        assert path == "/api/v2/alerts"
+        assert alert["labels"]["alertname"] == "StallRecorderIncident"
+        assert (alert["labels"]["trigger"], alert["labels"]["cause_kind"]) == ("stall", "cpu_contention")
+        assert alert["annotations"]["incident"] == "/x/flight.db.incidents/a.db"
+        assert alert["annotations"]["step"] == "812"
+    finally:
+        server.shutdown()
+        server.server_close()
+    res = subprocess.run([sys.executable, str(script), "a.db", "s"], env=env, capture_output=True, text=True,
+                         timeout=30)  # nobody listens now
+    assert res.returncode == 1 and "did not take the alert" in res.stderr
