@@ -19,9 +19,7 @@ from prometheus_harness import PROMETHEUS, Prometheus, free_port, scaled_rules
 
 pytestmark = [needs_bpf, pytest.mark.bpf,
               pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (scripts/setup.sh --test)"),
-              # rank 0's CPU must be free of everything else (the recorders, Prometheus, the machine's other
-              # work): on two shared CPUs rank 0 is as contended as rank 1 and neither is late
-              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 4, reason="needs four CPUs (a quiet one per rank)")]
+              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs (a rank on each)")]
 WORKLOAD = ROOT / "tests" / "workloads" / "nccl_ranks.py"
 
 
@@ -34,24 +32,25 @@ def _children(pid: int) -> list[int]:
 
 def test_the_rank_made_late_by_cpu_contention_is_named_with_its_cause(tmp_path, native):
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    rest = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[2:])
     unique_id = os.urandom(128).hex()
     ports = [free_port(), free_port()]
     recorders = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job-4711"}
-        # the recorders and Prometheus on the CPUs the ranks do not use
-        argv = ["taskset", "-c", rest, *RECORDER, "record", "--db", str(tmp_path / f"rank{rank}.db"),
+        # rank 0 runs SCHED_FIFO, so that nothing else on the machine (the recorders, Prometheus,
+        # other work) makes it late too: the only rank contended is rank 1
+        policy = ["chrt", "-f", "10"] if rank == 0 else []
+        argv = [*RECORDER, "record", "--db", str(tmp_path / f"rank{rank}.db"),
                 "--metrics-listen", f"127.0.0.1:{ports[rank]}",
                 "--cuda-lib", str(native["dir"] / "libnccl.so.2"), "--cuda-lib", str(native["libcudart.so.12"]),
-                "--", "taskset", "-c", str(cpus[rank]), sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]),
+                "--", *policy, "taskset", "-c", str(cpus[rank]), sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]),
                 "--ranks", "2", "--rank", str(rank), "--unique-id", unique_id, "--steps", "1000000",
                 "--slow-steps", "", "--gpu-ms", "1", "--cpu-ms", "4"]
         recorders.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
     prom = Prometheus(tmp_path / "prom", {f"rank{r}": (f"127.0.0.1:{ports[r]}", "/metrics") for r in (0, 1)},
-                      scaled_rules(0.4), scrape_s=1, cpus=rest)
+                      scaled_rules(0.4), scrape_s=1)
     hog = None
     try:
         deadline = time.monotonic() + 120  # two recorders compiling their probes on a loaded machine
@@ -62,7 +61,6 @@ def test_the_rank_made_late_by_cpu_contention_is_named_with_its_cause(tmp_path, 
             time.sleep(0.5)
         else:
             pytest.fail("the ranks' collective waits never reached Prometheus")
-        time.sleep(4)  # the ranks' series a few evaluations old
         assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "StallRecorderLateRank"]
         hog = subprocess.Popen(["taskset", "-c", str(cpus[1]), "nice", "-n", "-5", str(native["busy_loop"]), "60"])
         began = time.monotonic()
@@ -83,12 +81,9 @@ def test_the_rank_made_late_by_cpu_contention_is_named_with_its_cause(tmp_path, 
             os.kill(hog.pid, signal.SIGTERM)
             hog.wait()
         prom.stop()
-        for r in recorders:  # the workload ends, then its recorder (which stops by itself)
+        for r in recorders:  # the recording is not looked at: the workload, then its recorder, killed
             for child in _children(r.pid):
-                os.kill(child, signal.SIGTERM)
+                os.kill(child, signal.SIGKILL)
+            os.kill(r.pid, signal.SIGKILL)
         for r in recorders:
-            try:
-                r.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.kill(r.pid, signal.SIGKILL)
-                r.communicate()
+            r.communicate(timeout=60)
