@@ -62,6 +62,7 @@ class SimulatedJob:
     base_wait: float = 0.05      # s/s every rank waits in its collectives
     lateness: float = 0.4        # s/s more its peers wait while it is late
     late_cpu: float = 0.3        # s/s it loses to CPU contention while late
+    hung_rank: int | None = None  # from onset on, the other ranks wait in a collective that rank never enters
     started: float = field(default_factory=time.time)
     render_s: float = 0.0        # time spent rendering, in all
     scrapes: int = 0
@@ -80,7 +81,9 @@ class SimulatedJob:
         for r in range(self.ranks):
             labels = (f'job_id="{self.job_id}",rank="{r}",local_rank="{r % 8}",world_size="{self.ranks}",'
                       f'node="node-{r // 8:03d}",pod=""')
-            if r == self.late_rank:
+            if self.hung_rank is not None:
+                wait, cpu = self.base_wait * t, 0.01 * t
+            elif r == self.late_rank:
                 wait = self.base_wait * (t - late)
                 cpu = 0.01 * t + self.late_cpu * late
             else:
@@ -91,7 +94,10 @@ class SimulatedJob:
             lost = "stall_recorder_workload_lost_seconds_total"
             lines.append(f'{lost}{{{labels},cause_kind="cpu_contention"}} {cpu:.6f}')
             lines.append(f'{lost}{{{labels},cause_kind="nccl_wait"}} {wait:.6f}')
-            lines.append(f"stall_recorder_workload_collective_in_flight_oldest_seconds{{{labels}}} 0")
+            in_flight = 0.0
+            if self.hung_rank is not None and now > self.onset and r != self.hung_rank:
+                in_flight = 60 + now - self.onset  # the collective they entered a minute before the onset
+            lines.append(f"stall_recorder_workload_collective_in_flight_oldest_seconds{{{labels}}} {in_flight:.3f}")
         text = "\n".join(lines) + "\n"
         self.render_s += time.perf_counter() - began
         self.scrapes += 1

@@ -1,7 +1,8 @@
 """The shipped Prometheus rules (packaging/prometheus/) on a real Prometheus server: promtool
 accepts them, and over a simulated job of 1,024 ranks (tests/prometheus_harness.py) the late-rank
 alert names the rank made late, with its cause kind, after the onset and not before, while a rank
-of another job late once (a few seconds) fires nothing; every panel of the shipped Grafana dashboard
+of another job late once (a few seconds) fires nothing, and the rank a hung job's peers wait for
+(in no collective itself) is named by the hung-rank alert; every panel of the shipped Grafana dashboard
 is a query the server answers. The server scrapes every second; the rules'
 windows, written for a 5 s scrape, are scaled to it (x0.4)."""
 
@@ -42,9 +43,10 @@ def test_the_late_rank_of_1024_is_named_and_a_rank_late_once_is_not(tmp_path):
     now = time.time()
     late = SimulatedJob("big-job", 1024, late_rank=517, onset=now + 8)
     once = SimulatedJob("other-job", 64, late_rank=3, onset=now + 6, until=now + 7.5)
-    sim = Simulator([late, once])
+    hung = SimulatedJob("hung-job", 32, late_rank=-1, onset=now + 4, hung_rank=21)
+    sim = Simulator([late, once, hung])
     prom = Prometheus(tmp_path / "prom", {j.job_id: (f"127.0.0.1:{sim.port}", f"/{j.job_id}/metrics")
-                                          for j in (late, once)}, scaled_rules(0.4), scrape_s=1)
+                                          for j in (late, once, hung)}, scaled_rules(0.4), scrape_s=1)
     try:
         fired, seen = None, []
         deadline = now + 40
@@ -78,6 +80,12 @@ def test_the_late_rank_of_1024_is_named_and_a_rank_late_once_is_not(tmp_path):
                     assert result, (panel["title"], target["expr"])
                 if panel["id"] == 1:
                     assert [r["metric"]["rank"] for r in result] == ["517"]
+        # the hung job: the rank its peers wait for, in no collective itself, is named
+        hung_alerts = [a["labels"] for a in prom.alerts() if a["labels"]["alertname"] == "StallRecorderHungRank"]
+        assert [(a["job_id"], a["rank"]) for a in hung_alerts] == [("hung-job", "21")]
+        assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "StallRecorderHungCollective"]
+        assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "StallRecorderLateRank"
+                    and a["labels"]["job_id"] == "hung-job"]
     finally:
         prom.stop()
         sim.close()
