@@ -468,6 +468,8 @@ def _print_started(args, reply: dict, flight) -> None:
               + f"; incidents ({args.before} before to {args.after} after a trigger) go into "
               f"{reply['db']}.incidents/" + (f" and to {args.ship}" if args.ship else "")
               + f"; recorder dump --db {reply['db']} saves the window now")
+    if reply.get("metrics_url"):
+        print(f"metrics: {reply['metrics_url']} (Prometheus; rules and a dashboard in packaging/)")
     print(f"stop with: recorder stop --db {reply['db']}", flush=True)
 
 

@@ -284,6 +284,7 @@ class Session:
             "libraries": sorted(p for p, n in self.probes.attached_libraries.items() if n),
             "not_attached": sorted({f"{layer}:{probe} ({status}: {detail})"
                                     for layer, probe, status, detail in caps if status != "attached"}),
+            "metrics_url": self.listener.url if self.listener else None,  # --metrics-listen
         }
 
     # -- processes and libraries ------------------------------------------------------------------

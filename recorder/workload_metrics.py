@@ -347,6 +347,10 @@ class WorkloadWatch:
             return
         for pid, ts in self.in_flight():
             rank = self.by_pid.get(pid)
+            if rank is None:  # a rank with no step nor collective returned yet (a hang in its first call)
+                row = self.monitor.execute("SELECT id FROM process WHERE pid = ? AND session_id = ? "
+                                           "ORDER BY id DESC LIMIT 1", (pid, self.session_id)).fetchone()
+                rank = self._rank(row[0]) if row else None
             if rank is not None and ts:
                 rank.in_flight_s = max(rank.in_flight_s, (now - ts) / NS)
 

@@ -44,8 +44,9 @@ def test_the_rank_made_late_by_cpu_contention_is_named_with_its_cause(tmp_path, 
         argv = [*RECORDER, "record", "--db", str(tmp_path / f"rank{rank}.db"),
                 "--metrics-listen", f"127.0.0.1:{ports[rank]}",
                 "--cuda-lib", str(native["dir"] / "libnccl.so.2"), "--cuda-lib", str(native["libcudart.so.12"]),
-                "--", *policy, "taskset", "-c", str(cpus[rank]), sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]),
-                "--ranks", "2", "--rank", str(rank), "--unique-id", unique_id, "--steps", "1000000",
+                "--", *policy, "taskset", "-c", str(cpus[rank]), sys.executable, str(WORKLOAD),
+                "--libdir", str(native["dir"]), "--ranks", "2", "--rank", str(rank), "--unique-id", unique_id,
+                "--steps", "1000000",
                 "--slow-steps", "", "--gpu-ms", "1", "--cpu-ms", "4"]
         recorders.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
