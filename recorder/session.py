@@ -120,8 +120,8 @@ class Session:
         self.metrics = MetricsFile(metrics_file) if metrics_file else None  # --metrics-file
         # --metrics-listen: /metrics over HTTP(S); its checks run here, before anything is attached
         self.listener = MetricsListener(metrics_listen) if metrics_listen else None
-        self.workload: WorkloadWatch | None = None  # the workload's metrics, with either of the two
-        self._workload_db: sqlite3.Connection | None = None
+        self.rank_metrics: WorkloadWatch | None = None  # the workload's metrics, with either of the two
+        self._rank_metrics_db: sqlite3.Connection | None = None
         self.dropped_by_layer: dict[str, int] = {}
 
     # -- start ------------------------------------------------------------------------------------
@@ -201,16 +201,16 @@ class Session:
             self.flight.start()
         self.started_unix = time.time()
         if self.metrics or self.listener:
-            self._start_workload()
+            self._start_rank_metrics()
         self.write_metrics(force=True)
         return self.summary_at_start()
 
-    def _start_workload(self) -> None:
+    def _start_rank_metrics(self) -> None:
         """The workload's metrics (recorder/workload_metrics.py), read from a connection of their own."""
         from recorder.core.inflight import in_flight
 
         self.writer.sync()
-        conn = self._workload_db = sqlite3.connect(sqlite_uri(self.db_path, mode="ro"), uri=True,
+        conn = self._rank_metrics_db = sqlite3.connect(sqlite_uri(self.db_path, mode="ro"), uri=True,
                                                    check_same_thread=False)
         conn.execute("PRAGMA busy_timeout = 2000")
         wall = conn.execute("SELECT wall_offset_ns FROM session WHERE id = ?", (self.session_id,)).fetchone()[0]
@@ -219,13 +219,13 @@ class Session:
             return [(c.pid, c.record.ts) for c in in_flight(self.probes.bpf, "nccl_inflight", delete=False)
                     if c.pid is not None]
 
-        self.workload = WorkloadWatch(conn, self.session_id, stall_rule(Store(self.db_path, conn, True)),
+        self.rank_metrics = WorkloadWatch(conn, self.session_id, stall_rule(Store(self.db_path, conn, True)),
                                       socket.gethostname(), wall, nccl_in_flight)
 
-    def _close_workload(self) -> None:
-        if self._workload_db is not None:
-            self._workload_db.close()
-            self._workload_db = None
+    def _close_rank_metrics(self) -> None:
+        if self._rank_metrics_db is not None:
+            self._rank_metrics_db.close()
+            self._rank_metrics_db = None
 
     def in_phase_order(self) -> list[Layer]:
         """The layers in the order of their `flush_phase`, registry order within one."""
@@ -434,9 +434,9 @@ class Session:
         self._rescan_members("rescan")
         if self.flight:
             self.flight.tick()
-        if self.workload and self._workload_db:
+        if self.rank_metrics and self._rank_metrics_db:
             try:
-                self.workload.tick(ts)
+                self.rank_metrics.tick(ts)
             except sqlite3.Error as e:  # a busy moment of the writer: the next second reads what this one missed
                 _say(f"recorder: workload metrics: {e}")
         # where a recording whose recorder dies ends: the last second committed
@@ -462,7 +462,7 @@ class Session:
             session_id=self.session_id, db=str(self.db_path), target=self.described_target,
             started_unix=self.started_unix, events=events_seen, dropped_by_layer=dict(self.dropped_by_layer),
             db_bytes=file_bytes(self.db_path), up=up, flight=self.flight.metrics() if self.flight else None)
-        workload = self.workload.metrics() if self.workload else []
+        workload = self.rank_metrics.metrics() if self.rank_metrics else []
         if self.listener:
             self.listener.publish(render(collect(snapshot) + workload))
         if self.metrics:
@@ -530,7 +530,7 @@ class Session:
         if self.flight:  # incidents still waiting end at the stop (the maps tell what is in flight)
             self.writer.sync()
             self.flight.finish(stop)
-        self._close_workload()
+        self._close_rank_metrics()
         self.writer.close()
         if self.writer.stopped is not None:
             return self.finish_stopped()
@@ -564,7 +564,7 @@ class Session:
         for layer in self.layers:
             layer.stop()
         w.close()  # what is still queued is counted, not written
-        self._close_workload()
+        self._close_rank_metrics()
         if self.flight:
             self.flight.abandon()
         self.probes.cleanup()

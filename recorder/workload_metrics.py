@@ -136,6 +136,7 @@ class WorkloadWatch:
         self.threads: dict[int, _Thread] = {}
         self.processes: dict[int, Rank | None] = {}  # process id -> its rank (None: identity not read yet)
         self.by_pid: dict[int, Rank] = {}
+        self.unknown: set[int] = set()  # threads whose identity is not written yet (this look)
         self.folded = {"rank": 0, "collective": 0}
         self.pending: dict[tuple[int, int], deque[tuple[int, int, str, str]]] = {}  # (thread, stream) -> calls
         self.offcpu_tops: deque[tuple[int, int]] = deque()  # (ts, top id) of each look: a stall's rows
@@ -163,6 +164,7 @@ class WorkloadWatch:
         self.ticks += 1
         tops = {t: self._top(t) for t in self.tables}
         self.stall_queries = 0
+        self.unknown.clear()
         self._marks(tops["step_mark"])
         self._collectives(tops["nccl_call"], tops["cuda_call"], now)
         self._lost(tops)
@@ -177,10 +179,13 @@ class WorkloadWatch:
         t = self.threads.get(thread_id)
         if t is not None:
             return t
+        if thread_id in self.unknown:
+            return None
         row = self.monitor.execute("SELECT process_id FROM thread WHERE id = ?", (thread_id,)).fetchone()
         rank = self._rank(row[0]) if row and row[0] is not None else None
         if rank is None:
-            return None  # its process's identity is not written yet: the next look
+            self.unknown.add(thread_id)  # its process's identity is not written yet: the next look
+            return None
         t = self.threads[thread_id] = _Thread(rank, durs=deque(maxlen=self.baseline_steps))
         return t
 
