@@ -1,7 +1,8 @@
 """Two real recorders on real BPF, one per local rank of a job on the NCCL stand-in (as
 tests/test_cluster_bpf.py runs them), each serving /metrics (--metrics-listen) to a real Prometheus
 with the shipped rules (scaled to its 1 s scrape, tests/prometheus_harness.py). Rank 1 is then made
-late by CPU contention: a busy process at a higher priority pinned to its CPU (ended by its pid).
+late by CPU contention: a busy process at a higher priority pinned to its CPU (ended by its pid);
+rank 0 runs SCHED_FIFO, so that the machine's other work does not make it late too.
 The late-rank alert must fire naming rank 1, its job and its cause kind, cpu_contention."""
 
 from __future__ import annotations
