@@ -4,7 +4,7 @@ alert names the rank made late, with its cause kind, after the onset and not bef
 of another job late once (a few seconds) fires nothing, and the rank a hung job's peers wait for
 (in no collective itself) is named by the hung-rank alert; every panel of the shipped Grafana dashboard
 is a query the server answers. The server scrapes every second; the rules'
-windows, written for a 5 s scrape, are scaled to it (x0.4)."""
+windows, written for a 5 s scrape, are scaled to it (x0.3)."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ def test_promtool_accepts_the_shipped_rules(tmp_path):
 @needs_prometheus
 def test_the_late_rank_of_1024_is_named_and_a_rank_late_once_is_not(tmp_path):
     now = time.time()
-    late = SimulatedJob("big-job", 1024, late_rank=517, onset=now + 8)
-    once = SimulatedJob("other-job", 64, late_rank=3, onset=now + 6, until=now + 7.5)
+    late = SimulatedJob("big-job", 1024, late_rank=517, onset=now + 6)
+    once = SimulatedJob("other-job", 64, late_rank=3, onset=now + 5, until=now + 6.2)
     hung = SimulatedJob("hung-job", 32, late_rank=-1, onset=now + 4, hung_rank=21)
     sim = Simulator([late, once, hung])
     prom = Prometheus(tmp_path / "prom", {j.job_id: (f"127.0.0.1:{sim.port}", f"/{j.job_id}/metrics")
-                                          for j in (late, once, hung)}, scaled_rules(0.4), scrape_s=1)
+                                          for j in (late, once, hung)}, scaled_rules(0.3), scrape_s=1)
     try:
         fired, seen = None, []
         deadline = now + 40
