@@ -14,21 +14,27 @@ localhost), which stops DNS-rebinding pages in a browser. An address that binds 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
-import socket
 import ssl
-import stat
 from pathlib import Path
 from typing import Any
 
 from mcp.server.transport_security import TransportSecuritySettings
 
+from mcp_server.access import (  # noqa: F401 - the access rules, shared with the recorder's /metrics
+    MIN_TOKEN_CHARS,
+    addresses,
+    binds_everywhere,
+    check_tls,
+    is_loopback,
+    parse_address,
+    read_token,
+    server_tls,
+)
 from mcp_server.server import build_server
 from store.errors import UserError
 
 TOKEN_ENV = "STALL_RECORDER_MCP_TOKEN"  # the caller reads it (recorder.core.settings: mcp_token)
-MIN_TOKEN_CHARS = 16
 
 
 TOKEN_REQUIRED = ("bearer token required: send 'Authorization: Bearer TOKEN' with the token this server "
@@ -62,52 +68,6 @@ class BearerAuth:
         await send({"type": "http.response.body", "body": body})
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"--http {text!r}: give HOST:PORT, e.g. 127.0.0.1:8765")
-    return host, int(port)
-
-
-def addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    """The addresses `host` binds, as the socket layer reads it ('0' and '000.000.000.000' are 0.0.0.0)."""
-    if host == "localhost":
-        return [ipaddress.ip_address("127.0.0.1")]
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
-        raise UserError(f"--http host {host!r} is not an address this machine can bind ({e}): "
-                        "give an IP address, e.g. 127.0.0.1") from None
-    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
-
-
-def binds_everywhere(host: str) -> bool:
-    return any(a.is_unspecified for a in addresses(host))
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return all(a.is_loopback for a in addresses(host))
-    except UserError:
-        return False
-
-
-def read_token(token_file: Path | None, env_token: str | None = None) -> str | None:
-    """The token of --token-file, else `env_token` (${TOKEN_ENV}, read by the caller)."""
-    if token_file is None:
-        return env_token
-    try:
-        mode = token_file.stat().st_mode
-        token = token_file.read_text().strip()
-    except OSError as e:
-        raise UserError(f"cannot read --token-file {token_file} ({e.strerror}): create it with "
-                        f"'openssl rand -hex 32 > {token_file}; chmod 600 {token_file}'") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UserError(f"--token-file {token_file} is readable by other users: chmod 600 {token_file}")
-    return token
-
-
 def allowed(host: str, port: int, extra_hosts: list[str]) -> tuple[list[str], list[str]]:
     names = [host] if ":" not in host else [f"[{host}]"]
     if is_loopback(host):
@@ -132,17 +92,6 @@ def build_app(db: Path, host: str, port: int, token: str | None, extra_hosts: li
     app = server.streamable_http_app(
         transport_security=TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins), host=host)
     return BearerAuth(app, token)
-
-
-def check_tls(certfile: Path, keyfile: Path) -> None:
-    """Load the pair as uvicorn will, so a bad file is a one-line error instead of a traceback."""
-    try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(certfile), str(keyfile))
-    except (ssl.SSLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or str(e)
-        raise UserError(f"cannot use --certfile {certfile} with --keyfile {keyfile} ({reason}): pass a PEM "
-                        "certificate and its private key, e.g. from 'openssl req -x509 -newkey rsa:2048 -nodes "
-                        "-days 365 -subj /CN=localhost -keyout key.pem -out cert.pem'") from None
 
 
 HEADER_TIMEOUT_S = 10.0  # a connection's TLS handshake and a request's headers are in within this of it
@@ -275,13 +224,6 @@ def header_deadline_protocol(tls: ssl.SSLContext) -> type:
                 self._http.connection_lost(exc)
 
     return Handshake
-
-
-def server_tls(certfile: Path, keyfile: Path) -> ssl.SSLContext:
-    """The server's TLS context (the defaults of the ssl module for a server: TLS 1.2 and later)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(certfile), str(keyfile))
-    return context
 
 
 def serve_https(db: Path, address: str, certfile: Path | None, keyfile: Path | None, token_file: Path | None,

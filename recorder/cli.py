@@ -173,7 +173,18 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                             "more. Otherwise it gets only PATH, LANG and the STALL_RECORDER_INCIDENT* variables")
         p.add_argument("--metrics-file", type=Path, metavar="PATH",
                        help="rewrite PATH every 5 s with Prometheus metrics (node_exporter textfile format): "
-                            "events, drops, CPU, database size, incidents (docs/flight-recorder.md)")
+                            "events, drops, CPU, database size, incidents, and each rank's step times, "
+                            "collective waits and lost time by cause kind (docs/flight-recorder.md)")
+        p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="serve the same metrics at http://HOST:PORT/metrics for Prometheus (bound to HOST "
+                            "only); an address that is not loopback needs --metrics-token-file and "
+                            "--metrics-certfile/--metrics-keyfile (HTTPS with a bearer token, as recorder mcp --http)")
+        p.add_argument("--metrics-token-file", type=Path, metavar="FILE",
+                       help="with --metrics-listen: every scrape must send 'Authorization: Bearer TOKEN' with "
+                            "the token in FILE (mode 600, at least 16 characters)")
+        p.add_argument("--metrics-certfile", type=Path, metavar="FILE",
+                       help="with --metrics-listen: serve HTTPS with this PEM certificate ...")
+        p.add_argument("--metrics-keyfile", type=Path, metavar="FILE", help="... and this PEM private key")
 
     p = _sub(subs, "stop", "stop the background recorder: flush, build indexes, mark complete")
     _db_arg(p, db)
@@ -379,6 +390,21 @@ def _metrics_file(args) -> Path | None:
     return path
 
 
+def _metrics_listen(args):
+    """--metrics-listen and its token and TLS files, checked now (one line, before anything starts)."""
+    from recorder.metrics_http import ListenOptions
+
+    if args.metrics_listen is None:
+        if args.metrics_token_file or args.metrics_certfile or args.metrics_keyfile:
+            raise UserError("--metrics-token-file, --metrics-certfile and --metrics-keyfile go with "
+                            "--metrics-listen HOST:PORT")
+        return None
+    options = ListenOptions(args.metrics_listen, *(f.resolve() if f else None for f in (
+        args.metrics_token_file, args.metrics_certfile, args.metrics_keyfile)))
+    options.check()
+    return options
+
+
 def cmd_start(args) -> int:
     from recorder.core.loader import TargetSpec, cgroup_identity, check_privileges
     from recorder.core.processes import check_target_pid
@@ -389,6 +415,7 @@ def cmd_start(args) -> int:
         raise UserError("say what to record: -p PID... and/or --tree PID..., -c CGROUP_PATH or --all")
     flight = _flight_options(args)
     metrics = _metrics_file(args)
+    listen = _metrics_listen(args)
     _profile_hz(args)
     check_privileges()
     # each word of -p/--tree is a list (-p 1,2 3: [[1, 2], [3]]); a PID given twice counts once
@@ -403,14 +430,14 @@ def cmd_start(args) -> int:
         from recorder.daemon import run_foreground
 
         summary = run_foreground(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv), flight,
-                                 metrics, on_started=lambda reply: _print_started(args, reply, flight))
+                                 metrics, listen, on_started=lambda reply: _print_started(args, reply, flight))
         if args.json:
             print(json.dumps(summary, indent=1))
         else:
             _print_summary(summary)
         return 0
     reply = start_background(args.db.resolve(), target, tuple(args.cuda_lib), shlex.join(sys.argv), flight,
-                             metrics)
+                             metrics, listen)
     _print_started(args, reply, flight)
     return 0
 
@@ -441,6 +468,8 @@ def _print_started(args, reply: dict, flight) -> None:
               + f"; incidents ({args.before} before to {args.after} after a trigger) go into "
               f"{reply['db']}.incidents/" + (f" and to {args.ship}" if args.ship else "")
               + f"; recorder dump --db {reply['db']} saves the window now")
+    if reply.get("metrics_url"):
+        print(f"metrics: {reply['metrics_url']} (Prometheus; rules and a dashboard in packaging/)")
     print(f"stop with: recorder stop --db {reply['db']}", flush=True)
 
 
@@ -453,10 +482,11 @@ def cmd_record(args) -> int:
         raise UserError("nothing to run: recorder record [--db PATH] -- COMMAND [ARGS...]")
     flight = _flight_options(args)
     metrics = _metrics_file(args)
+    listen = _metrics_listen(args)
     _profile_hz(args)
     check_privileges()
     code, summary = record_command(args.db.resolve(), argv, tuple(args.cuda_lib), shlex.join(sys.argv),
-                                   flight=flight, metrics_file=metrics)
+                                   flight=flight, metrics_file=metrics, metrics_listen=listen)
     _print_summary(summary)
     return code
 

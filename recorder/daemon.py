@@ -21,6 +21,7 @@ from store.errors import StoreError
 if TYPE_CHECKING:  # the recorder proper is imported where it records: a stop needs none of it
     from recorder.core.loader import TargetSpec
     from recorder.flight import FlightOptions
+    from recorder.metrics_http import ListenOptions
 
 
 def check_db_path(db: Path) -> None:
@@ -49,7 +50,8 @@ def check_not_recording(db: Path) -> None:
 
 
 def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
-                     flight: FlightOptions | None = None, metrics_file: Path | None = None) -> dict:
+                     flight: FlightOptions | None = None, metrics_file: Path | None = None,
+                     metrics_listen: ListenOptions | None = None) -> dict:
     """Fork a detached recorder; return its attach summary once the probes are attached."""
     check_db_path(db)
     check_not_recording(db)
@@ -80,7 +82,8 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
     try:
         from recorder.session import Session, install_stop_signals
 
-        session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
+        session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file,
+                          metrics_listen=metrics_listen)
         install_stop_signals(session)
         summary = session.begin()
         os.write(write_fd, json.dumps(summary).encode())
@@ -108,6 +111,7 @@ def start_background(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], c
 
 def run_foreground(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
                    flight: FlightOptions | None = None, metrics_file: Path | None = None,
+                   metrics_listen: ListenOptions | None = None,
                    on_started: Callable[[dict], None] | None = None) -> dict:
     """Record in this process until SIGTERM or SIGINT (`recorder stop` sends the first): for a
     service manager that supervises the process itself (systemd, a container). Returns the session
@@ -116,7 +120,8 @@ def run_foreground(db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], com
     check_not_recording(db)
     from recorder.session import Session, install_stop_signals
 
-    session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file)
+    session = Session(db, target, cuda_libs, command, flight=flight, metrics_file=metrics_file,
+                      metrics_listen=metrics_listen)
     install_stop_signals(session)
     summary = session.begin()
     if on_started:
@@ -237,7 +242,8 @@ def read_status(db: Path) -> dict:
 
 def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], command: str,
                    on_started: Callable[[int], None] | None = None,
-                   flight: FlightOptions | None = None, metrics_file: Path | None = None) -> tuple[int, dict]:
+                   flight: FlightOptions | None = None, metrics_file: Path | None = None,
+                   metrics_listen: ListenOptions | None = None) -> tuple[int, dict]:
     """Run argv under recording (children included); return (its exit status, session summary).
 
     `on_started(pid)` is called once the probes are attached and the command runs.
@@ -261,7 +267,8 @@ def record_command(db: Path, argv: list[str], cuda_libs: tuple[str, ...], comman
     from recorder.session import Session, install_dump_signal
 
     session = Session(db, TargetSpec(pids=(child,)), cuda_libs, command,
-                      described_target="command " + " ".join(argv), flight=flight, metrics_file=metrics_file)
+                      described_target="command " + " ".join(argv), flight=flight, metrics_file=metrics_file,
+                      metrics_listen=metrics_listen)
     try:
         session.begin()
     except BaseException:

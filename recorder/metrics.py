@@ -29,13 +29,19 @@ class Metric:
     """One metric family: its samples are (labels, value)."""
 
     name: str
-    kind: str  # 'gauge' or 'counter'
+    kind: str  # 'gauge', 'counter' or 'histogram'
     help: str
     samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+    suffixes: list[str] = field(default_factory=list)  # a histogram's '_bucket', '_sum', '_count' per sample
 
     def add(self, value: float, **labels: str) -> Metric:
         self.samples.append((labels, value))
         return self
+
+    def add_sample(self, suffix: str, value: float, **labels: str) -> Metric:
+        """A sample of a histogram's series NAME_bucket, NAME_sum or NAME_count."""
+        self.suffixes += [""] * (len(self.samples) - len(self.suffixes)) + [suffix]
+        return self.add(value, **labels)
 
 
 def _label_value(text: str) -> str:
@@ -57,9 +63,10 @@ def render(metrics: list[Metric]) -> str:
         name = PREFIX + m.name
         lines.append(f"# HELP {name} {m.help}")
         lines.append(f"# TYPE {name} {m.kind}")
-        for labels, value in m.samples:
+        for i, (labels, value) in enumerate(m.samples):
+            series = name + (m.suffixes[i] if i < len(m.suffixes) else "")
             text = ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(labels.items()))
-            lines.append(f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}")
+            lines.append(f"{series}{{{text}}} {_number(value)}" if text else f"{series} {_number(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -194,13 +201,13 @@ class MetricsFile:
         self._last = 0.0
         self._failed = False
 
-    def write(self, snapshot: Snapshot, force: bool = False) -> None:
+    def write(self, snapshot: Snapshot, force: bool = False, extra: list[Metric] | None = None) -> None:
         now = time.monotonic()
         if not force and now - self._last < INTERVAL_S:
             return
         self._last = now
         try:
-            write_atomically(self.path, render(collect(snapshot)))
+            write_atomically(self.path, render(collect(snapshot) + (extra or [])))
             self._failed = False
         except OSError as e:  # a full disk: the next write tries again; said once per failing stretch
             if not self._failed:

@@ -40,7 +40,8 @@ from recorder.core.stacks import StackRecorder
 from recorder.errors import TargetError, UserError
 from recorder.flight import FlightOptions, FlightRecorder
 from recorder.layers import LAYERS, definitions
-from recorder.metrics import MetricsFile, Snapshot, loss_layer
+from recorder.metrics import MetricsFile, Snapshot, collect, loss_layer, render
+from recorder.metrics_http import ListenOptions, MetricsListener
 from recorder.recording_files import (
     already_recording,
     give_back_reserve,
@@ -49,7 +50,9 @@ from recorder.recording_files import (
     status_path,
 )
 from recorder.steps_infer import infer_steps
-from store.db import Store, Writer, cannot_write, lock_path, open_store
+from recorder.workload_metrics import WorkloadWatch
+from store.db import Store, Writer, cannot_write, lock_path, open_store, sqlite_uri
+from store.db.rules import stall_rule
 from store.flight import file_bytes
 
 VERSION = "0.1.0"
@@ -94,7 +97,7 @@ class Session:
     def __init__(self, db: Path, target: TargetSpec, cuda_libs: tuple[str, ...], command: str,
                  described_target: str | None = None,
                  settings: Settings | None = None, flight: FlightOptions | None = None,
-                 metrics_file: Path | None = None) -> None:
+                 metrics_file: Path | None = None, metrics_listen: ListenOptions | None = None) -> None:
         self.db_path = db
         self.target = target
         self.cuda_libs = cuda_libs
@@ -115,6 +118,10 @@ class Session:
         self.flight_options = flight
         self.flight: FlightRecorder | None = None  # with --keep: the window kept, incidents saved
         self.metrics = MetricsFile(metrics_file) if metrics_file else None  # --metrics-file
+        # --metrics-listen: /metrics over HTTP(S); its checks run here, before anything is attached
+        self.listener = MetricsListener(metrics_listen) if metrics_listen else None
+        self.rank_metrics: WorkloadWatch | None = None  # the workload's metrics, with either of the two
+        self._rank_metrics_db: sqlite3.Connection | None = None
         self.dropped_by_layer: dict[str, int] = {}
 
     # -- start ------------------------------------------------------------------------------------
@@ -124,6 +131,8 @@ class Session:
         self._take_lock()
         for pid in (*self.target.pids, *self.target.trees):
             check_target_pid(pid)
+        if self.listener:
+            self.listener.start()  # a port taken is refused before anything is recorded
         self.store = open_store(self.db_path, create=True)
         started = now_ns()
         wall = time.time_ns() - started
@@ -191,8 +200,32 @@ class Session:
             self.flight = FlightRecorder(self, self.flight_options)
             self.flight.start()
         self.started_unix = time.time()
+        if self.metrics or self.listener:
+            self._start_rank_metrics()
         self.write_metrics(force=True)
         return self.summary_at_start()
+
+    def _start_rank_metrics(self) -> None:
+        """The workload's metrics (recorder/workload_metrics.py), read from a connection of their own."""
+        from recorder.core.inflight import in_flight
+
+        self.writer.sync()
+        conn = self._rank_metrics_db = sqlite3.connect(sqlite_uri(self.db_path, mode="ro"), uri=True,
+                                                   check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 2000")
+        wall = conn.execute("SELECT wall_offset_ns FROM session WHERE id = ?", (self.session_id,)).fetchone()[0]
+
+        def nccl_in_flight() -> list[tuple[int, int]]:
+            return [(c.pid, c.record.ts) for c in in_flight(self.probes.bpf, "nccl_inflight", delete=False)
+                    if c.pid is not None]
+
+        self.rank_metrics = WorkloadWatch(conn, self.session_id, stall_rule(Store(self.db_path, conn, True)),
+                                      socket.gethostname(), wall, nccl_in_flight)
+
+    def _close_rank_metrics(self) -> None:
+        if self._rank_metrics_db is not None:
+            self._rank_metrics_db.close()
+            self._rank_metrics_db = None
 
     def in_phase_order(self) -> list[Layer]:
         """The layers in the order of their `flush_phase`, registry order within one."""
@@ -251,6 +284,7 @@ class Session:
             "libraries": sorted(p for p, n in self.probes.attached_libraries.items() if n),
             "not_attached": sorted({f"{layer}:{probe} ({status}: {detail})"
                                     for layer, probe, status, detail in caps if status != "attached"}),
+            "metrics_url": self.listener.url if self.listener else None,  # --metrics-listen
         }
 
     # -- processes and libraries ------------------------------------------------------------------
@@ -400,6 +434,11 @@ class Session:
         self._rescan_members("rescan")
         if self.flight:
             self.flight.tick()
+        if self.rank_metrics and self._rank_metrics_db:
+            try:
+                self.rank_metrics.tick(ts)
+            except sqlite3.Error as e:  # a busy moment of the writer: the next second reads what this one missed
+                _say(f"recorder: workload metrics: {e}")
         # where a recording whose recorder dies ends: the last second committed
         self.writer.execute("UPDATE session SET written_ts = ? WHERE id = ?", (ts, self.session_id))
         self._write_status()
@@ -412,17 +451,22 @@ class Session:
         self.dropped_by_layer[layer] = self.dropped_by_layer.get(layer, 0) + n
 
     def write_metrics(self, force: bool = False, up: bool = True) -> None:
-        """--metrics-file: rewritten every few seconds (recorder/metrics.py)."""
-        if self.metrics is None:
+        """--metrics-file: rewritten every few seconds; --metrics-listen: what /metrics serves, every
+        second (recorder/metrics.py, recorder/workload_metrics.py)."""
+        if self.metrics is None and self.listener is None:
             return
         events_seen = dict(self.counters.events)
         for layer in self.layers:
             events_seen.update(layer.counted())
-        self.metrics.write(Snapshot(
+        snapshot = Snapshot(
             session_id=self.session_id, db=str(self.db_path), target=self.described_target,
             started_unix=self.started_unix, events=events_seen, dropped_by_layer=dict(self.dropped_by_layer),
-            db_bytes=file_bytes(self.db_path), up=up, flight=self.flight.metrics() if self.flight else None),
-            force=force)
+            db_bytes=file_bytes(self.db_path), up=up, flight=self.flight.metrics() if self.flight else None)
+        workload = self.rank_metrics.metrics() if self.rank_metrics else []
+        if self.listener:
+            self.listener.publish(render(collect(snapshot) + workload))
+        if self.metrics:
+            self.metrics.write(snapshot, force=force, extra=workload)
 
     def _write_status(self) -> None:
         c = self.counters
@@ -486,6 +530,7 @@ class Session:
         if self.flight:  # incidents still waiting end at the stop (the maps tell what is in flight)
             self.writer.sync()
             self.flight.finish(stop)
+        self._close_rank_metrics()
         self.writer.close()
         if self.writer.stopped is not None:
             return self.finish_stopped()
@@ -519,6 +564,7 @@ class Session:
         for layer in self.layers:
             layer.stop()
         w.close()  # what is still queued is counted, not written
+        self._close_rank_metrics()
         if self.flight:
             self.flight.abandon()
         self.probes.cleanup()
@@ -543,6 +589,8 @@ class Session:
         return summary
 
     def _release(self) -> dict:
+        if self.listener:
+            self.listener.close()
         summary = session_summary(self.store, self.session_id)
         self.store.close()
         status_path(self.db_path).unlink(missing_ok=True)

@@ -17,6 +17,9 @@ done
 if [ $want_test = 1 ]; then
   # chromium: tests render the HTML report headless and look at it (tests/test_html_report.py)
   for p in xfsprogs chromium; do have "$p" || need+=("$p"); done
+  # prometheus (and its promtool): the tests check the shipped rules and run a server of their own
+  # on a loopback port (tests/prometheus_harness.py); the package's own service is not wanted
+  have prometheus || { need+=(prometheus); new_prometheus=1; }
 fi
 # The frame-walker and marker tests run every CPython the walker supports (tests/pyframes/harness.py
 # finds pyenv's builds, then the distribution's python3.X). A version found nowhere is installed
@@ -64,6 +67,9 @@ if [ ${#need[@]} -gt 0 ] || [ -n "$headers" ] || [ ${#interpreters[@]} -gt 0 ]; 
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   [ ${#need[@]} -gt 0 ] && apt-get install -y -qq "${need[@]}" >/dev/null
+  if [ "${new_prometheus:-0}" = 1 ] && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true  # installed for its binaries, not as a service
+  fi
   for p in "${interpreters[@]}"; do
     if [ -n "$(apt-cache madison "$p" 2>/dev/null)" ]; then
       apt-get install -y -qq "$p" >/dev/null

@@ -68,6 +68,9 @@ def rank_main(args: argparse.Namespace) -> None:
         recorder.step(step)
         if step in slow:  # this rank is late to the collective: e.g. a slow data loader
             time.sleep(args.slow_ms / 1000)
+        end = time.thread_time() + args.cpu_ms / 1000
+        while time.thread_time() < end:  # the step's CPU work (a batch prepared on the CPU): a CPU's worth
+            pass
         if args.rank == args.hang_rank and step == args.hang_step:  # the kernels never finish
             rt.standin_configure(b"cudaStreamSynchronize", ctypes.c_uint64(0), ctypes.c_uint64(3600 * 10**9), 0)
             sys.stdout.write(json.dumps({"hung": args.rank, "pid": os.getpid(), "step": step}) + "\n")
@@ -140,6 +143,7 @@ def main() -> None:
     ap.add_argument("--slow-steps", default="10")
     ap.add_argument("--slow-ms", type=int, default=80)
     ap.add_argument("--gpu-ms", type=int, default=4, help="device time per synchronisation")
+    ap.add_argument("--cpu-ms", type=float, default=0, help="CPU time each step spends before its collective")
     ap.add_argument("--settle-s", type=float, default=0.5, help="pause before a rank's first call")
     ap.add_argument("--hang-rank", type=int, default=-1, help="rank whose synchronisation never returns")
     ap.add_argument("--hang-step", type=int, default=-1)

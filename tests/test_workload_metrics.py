@@ -1,0 +1,192 @@
+"""The workload metrics (recorder/workload_metrics.py) from a recording written through the store,
+read by the Prometheus client's own parser; and the /metrics endpoint (recorder/metrics_http.py):
+loopback without a token, a token required where one is given, HTTPS and a token off loopback."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_harness import free_port, synthetic_rank
+
+from recorder.metrics import render
+from recorder.metrics_http import ListenOptions, MetricsListener
+from recorder.workload_metrics import MAX_COLLECTIVES, WorkloadWatch
+from store.db import Store
+from store.db.rules import stall_rule
+from store.errors import UserError
+
+MS = 1_000_000
+
+
+def _families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _watch(rec) -> WorkloadWatch:
+    ro = sqlite3.connect(f"file:{rec.db}?mode=ro", uri=True)
+    return WorkloadWatch(ro, rec.session_id, stall_rule(Store(rec.db, ro, True)), "node-07", 0,
+                         in_flight=lambda: [(4242, 1_000 * MS)])
+
+
+def test_steps_waits_lost_time_and_the_last_stall(tmp_path):
+    rec = synthetic_rank(tmp_path / "r.db", rank=5, world=16, run_id="job-9")
+    w = _watch(rec)
+    c, sid, th = rec.conn, rec.session_id, rec.thread_id
+    ts = 0
+    for step in range(31):
+        dur = 60 * MS if step == 25 else 10 * MS  # step 25 stalls: 40 ms preempted inside it
+        c.execute("INSERT INTO step_mark (session_id, ts, thread_id, step) VALUES (?, ?, ?, ?)", (sid, ts, th, step))
+        c.execute("INSERT INTO nccl_call (session_id, ts, dur, thread_id, api_id, ret, handle, stream, cgroup_id) "
+                  "VALUES (?, ?, ?, ?, ?, 0, 77, 9, 0)", (sid, ts + dur - 4 * MS, 2 * MS, th, rec.allreduce))
+        c.execute("INSERT INTO cuda_call (session_id, ts, dur, thread_id, api_id, ret, stream, cgroup_id) "
+                  "VALUES (?, ?, ?, ?, ?, 0, 9, 0)", (sid, ts + dur - 2 * MS + 1000, 1 * MS, th, rec.sync))
+        if step == 25:
+            c.execute("INSERT INTO offcpu_interval (session_id, ts, dur, thread_id, cpu, state, cgroup_id) "
+                      "VALUES (?, ?, ?, ?, 0, 256, 0)", (sid, ts + 5 * MS, 40 * MS, th))
+        ts += dur
+    c.execute("INSERT INTO step_mark (session_id, ts, thread_id, step) VALUES (?, ?, ?, 31)", (sid, ts, th))
+    c.commit()
+    w.tick(ts + 10_000 * MS)  # later than the pairing's wait: every collective counted
+    fams = _families(render(w.metrics()))
+    identity = {"job_id": "job-9", "rank": "5", "local_rank": "5", "world_size": "16", "node": "node-07", "pod": ""}
+    (steps,) = fams["stall_recorder_workload_steps"]
+    assert steps.labels == identity and steps.value == 31
+    assert fams["stall_recorder_workload_stalled_steps"][0].value == 1
+    count = next(s for s in fams["stall_recorder_workload_step_seconds"] if s.name.endswith("_count"))
+    assert count.value == 31
+    (wait,) = fams["stall_recorder_workload_collective_wait_seconds"]
+    assert wait.labels == {**identity, "comm": f"{12345:016x}", "op": "ncclAllReduce"}
+    assert wait.value == pytest.approx(31 * 3e-3)  # the call and the synchronisation after it
+    lost = {s.labels["cause_kind"]: s.value for s in fams["stall_recorder_workload_lost_seconds"]}
+    assert lost == pytest.approx({"cpu_contention": 0.04, "nccl_wait": 31 * 3e-3})
+    assert fams["stall_recorder_workload_last_stall_step"][0].value == 25
+    assert fams["stall_recorder_workload_last_stall_info"][0].labels["cause_kind"] == "cpu_contention"
+    assert fams["stall_recorder_workload_collective_in_flight_oldest_seconds"][0].value == pytest.approx(
+        (ts + 10_000 * MS - 1_000 * MS) / 1e9)
+    for samples in fams.values():  # no PID, no step number as a label
+        assert all(not {"pid", "step", "tid"} & s.labels.keys() for s in samples)
+
+
+def test_communicators_past_the_bound_are_folded_and_counted(tmp_path):
+    rec = synthetic_rank(tmp_path / "r.db")
+    w = _watch(rec)
+    c, sid, th = rec.conn, rec.session_id, rec.thread_id
+    for i in range(MAX_COLLECTIVES + 4):
+        c.execute("INSERT INTO nccl_comm (session_id, process_id, handle, comm_hash, rank, nranks, init_ts) "
+                  "VALUES (?, ?, ?, ?, 3, 8, 0)", (sid, rec.process_id, 1000 + i, 5000 + i))
+        c.execute("INSERT INTO nccl_call (session_id, ts, dur, thread_id, api_id, ret, handle, stream, cgroup_id) "
+                  "VALUES (?, ?, ?, ?, ?, 0, ?, 9, 0)", (sid, i * MS, MS, th, rec.allreduce, 1000 + i))
+    c.commit()
+    w.tick(100_000 * MS)
+    fams = _families(render(w.metrics()))
+    waits = fams["stall_recorder_workload_collective_wait_seconds"]
+    assert len(waits) == MAX_COLLECTIVES + 1
+    assert {s.labels["comm"] for s in waits} >= {"other"}
+    assert sum(s.value for s in waits) == pytest.approx((MAX_COLLECTIVES + 4) * 1e-3)
+    folded = {s.labels["what"]: s.value for s in fams["stall_recorder_workload_series_folded"]}
+    assert folded["collective"] == 4  # the collectives of the 4 pairs past the bound
+
+
+def _get(url: str, token: str | None = None, context: ssl.SSLContext | None = None) -> tuple[int, str, str]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=context) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+def test_loopback_endpoint_serves_what_was_published(tmp_path):
+    listener = MetricsListener(ListenOptions(f"127.0.0.1:{free_port()}"))
+    listener.start()
+    try:
+        listener.publish("stall_recorder_up 1\n")
+        status, kind, body = _get(listener.url)
+        assert (status, body) == (200, "stall_recorder_up 1\n") and kind.startswith("text/plain; version=0.0.4")
+        assert _get(listener.url.replace("/metrics", "/other"))[0] == 404
+    finally:
+        listener.close()
+
+
+def test_a_token_is_required_where_given_and_off_loopback_with_tls(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-0123456789\n")
+    token.chmod(0o600)
+    with pytest.raises(UserError, match="without a bearer token"):
+        ListenOptions("0.0.0.0:9400").check()
+    with pytest.raises(UserError, match="without TLS"):
+        ListenOptions("0.0.0.0:9400", token_file=token).check()
+    with pytest.raises(UserError, match="give HOST:PORT"):
+        ListenOptions("9400").check()
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    assert ListenOptions("0.0.0.0:9400", token, cert, key).check()[3] is not None
+    listener = MetricsListener(ListenOptions(f"127.0.0.1:{free_port()}", token, cert, key))
+    listener.start()
+    try:
+        listener.publish("stall_recorder_up 1\n")
+        insecure = ssl.create_default_context()
+        insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+        assert listener.url.startswith("https://")
+        status, _, body = _get(listener.url, context=insecure)
+        assert status == 401 and "bearer token required" in body
+        assert _get(listener.url, "wrong-token-0123456789", insecure)[0] == 401
+        assert _get(listener.url, "s3cret-token-0123456789", insecure)[:3:2] == (200, "stall_recorder_up 1\n")
+    finally:
+        listener.close()
+
+
+def test_the_shipped_on_incident_command_posts_to_alertmanager(tmp_path):
+    """packaging/alertmanager/stall-incident-to-alertmanager, run as --on-incident runs it, against a
+    stand-in of Alertmanager's POST /api/v2/alerts."""
+    import json
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from conftest import ROOT
+
+    posted: list = []
+
+    class Alertmanager(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            posted.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = HTTPServer(("127.0.0.1", 0), Alertmanager)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = ROOT / "packaging" / "alertmanager" / "stall-incident-to-alertmanager"
+    env = {"PATH": "/usr/bin:/bin", "ALERTMANAGER_URL": f"http://127.0.0.1:{server.server_address[1]}",
+           "STALL_RECORDER_INCIDENT_TRIGGER": "stall", "STALL_RECORDER_INCIDENT_CAUSE": "cpu_contention",
+           "STALL_RECORDER_INCIDENT_STEP": "812"}
+    try:
+        res = subprocess.run([sys.executable, str(script), "/x/flight.db.incidents/a.db", "step 812 stalled"],
+                             env=env, capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        ((path, (alert,)),) = posted
+        assert path == "/api/v2/alerts"
+        assert alert["labels"]["alertname"] == "StallRecorderIncident"
+        assert (alert["labels"]["trigger"], alert["labels"]["cause_kind"]) == ("stall", "cpu_contention")
+        assert alert["annotations"]["incident"] == "/x/flight.db.incidents/a.db"
+        assert alert["annotations"]["step"] == "812"
+    finally:
+        server.shutdown()
+        server.server_close()
+    res = subprocess.run([sys.executable, str(script), "a.db", "s"], env=env, capture_output=True, text=True,
+                         timeout=30)  # nobody listens now
+    assert res.returncode == 1 and "did not take the alert" in res.stderr
