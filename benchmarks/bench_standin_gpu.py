@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,35 @@ TARGETS = {"dropped": 0, "bytes_per_launch": 4, "ready_s": 3, "recorder_core_sha
 CUDA_PROGRAM_PREFIXES = ("cuda_", "pystack", "py_")
 
 
+def _watch_readable(db: Path, done: Path, seen: dict) -> None:
+    """Once the job has written `done`: when the recording reads complete, and when a report of it
+    (`recorder explain --json`) has been read, CLOCK_MONOTONIC ns (complete, explained)."""
+    while not done.exists():
+        time.sleep(0.01)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+            try:
+                row = con.execute("SELECT status FROM session ORDER BY id DESC LIMIT 1").fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            row = None
+        if row and row[0] == "complete":
+            seen["complete"] = time.monotonic_ns()
+            break
+        time.sleep(0.02)
+    else:
+        return
+    res = subprocess.run(RECORDER + ["explain", "--db", str(db), "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    if res.returncode != 0:
+        seen["error"] = res.stderr.strip()[-2000:]
+        return
+    seen["explained"] = time.monotonic_ns()
+
+
 def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: float, label: str) -> dict:
     ready, out = workdir / f"ready-{label}", workdir / f"out-{label}.json"
     ready.unlink(missing_ok=True)
@@ -59,8 +89,14 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     cmd = RECORDER + ["record", "--db", str(db), "--"] + job if traced else job
+    readable: dict = {}
+    watcher = threading.Thread(target=_watch_readable, args=(db, out, readable), daemon=True)
+    if traced:
+        watcher.start()
     returncode, _, err, seen = run_watched(cmd, traced, ready, out)
     ended = time.monotonic_ns()
+    if traced:
+        watcher.join(timeout=600)
     if returncode != 0 or not out.exists():
         raise RuntimeError(f"{label} failed ({returncode}): {err.strip()[-2000:]}")
     job = json.loads(out.read_text())
@@ -73,15 +109,13 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
         return result
     if "bpf1" not in seen:
         raise RuntimeError(f"{label}: the recorder ended before the job did")
-    # the job's end (its out file) -> the recorder's exit (the recording complete, indexed) -> a
-    # report read from it
-    explain = subprocess.run(RECORDER + ["explain", "--db", str(db), "--json"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=600)
-    readable = time.monotonic_ns()
-    if explain.returncode != 0:
-        raise RuntimeError(f"{label}: explain failed: {explain.stderr.strip()[-2000:]}")
+    # the job's end (its out file) -> the session complete in the file -> a report read from it (while
+    # the recorder may still be detaching its probes); and -> the recorder's exit
+    if "error" in readable or "explained" not in readable:
+        raise RuntimeError(f"{label}: no report: {readable.get('error', 'the session never read complete')}")
+    result["complete_s"] = (readable["complete"] - seen["t1"]) / 1e9
+    result["ready_s"] = (readable["explained"] - seen["t1"]) / 1e9
     result["stop_s"] = (ended - seen["t1"]) / 1e9
-    result["ready_s"] = (readable - seen["t1"]) / 1e9
     wall = (seen["t1"] - seen["t0"]) / 1e9
     result["recorder_core_share"] = (seen["cpu1"] - seen["cpu0"]) / wall
     bpf_ns = runs = 0
@@ -158,6 +192,7 @@ def main() -> int:
         "added_us_per_launch": med((t["step_median_ms"] - u["step_median_ms"]) * 1000 / STEP_LAUNCHES
                                    for u, t in zip(untraced, traced, strict=True)),
         "bytes_per_launch": med(r["bytes_per_launch"] for r in traced),
+        "complete_s": med(r["complete_s"] for r in traced),
         "stop_s": med(r["stop_s"] for r in traced),
         "ready_s": med(r["ready_s"] for r in traced),
         "calls": sum(r["calls"] for r in traced), "rows": sum(r["rows"] for r in traced),
@@ -179,8 +214,8 @@ def main() -> int:
     print("| figure | value |")
     print("|---|---:|")
     for key in ("launch_rate_untraced", "launch_rate_traced", "median_step_ratio", "added_us_per_launch",
-                "recorder_core_share", "bpf_ns_per_call", "bytes_per_launch", "stop_s", "ready_s", "calls", "rows",
-                "cuda_dropped"):
+                "recorder_core_share", "bpf_ns_per_call", "bytes_per_launch", "complete_s", "ready_s", "stop_s",
+                "calls", "rows", "cuda_dropped"):
         v = summary[key]
         print(f"| {key} | {v:,.3f} |" if isinstance(v, float) else f"| {key} | {v:,} |")
     print(f"\nrows by API (last traced run): {summary['rows_by_api']}")

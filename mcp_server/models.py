@@ -67,7 +67,8 @@ class SessionInfo(Result):
     dur_ns: int | None
     cuda_calls: int
     kernel_launches: int = Field(0, description="kernel launches, exact: counted at their entries (then not in "
-                                                "cuda_calls) or one cuda_call row each (--launch-rows, older recordings)")
+                                                "cuda_calls) or one cuda_call row each (--launch-rows, older "
+                                                "recordings)")
     launches_counted: bool = Field(False, description="the launches were counted (no row, no duration each)")
     offcpu_intervals: int
     kernel_log_records: int
