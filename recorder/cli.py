@@ -309,7 +309,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 def _print_summary(summary: dict) -> None:
     rows = summary["rows"]
     print(f"session {summary['session_id']} {summary['status']}: {summary['duration_s']:.1f} s, "
-          f"{rows['cuda_call']} CUDA calls, {rows['offcpu_interval']} off-CPU intervals, "
+          f"{rows['cuda_call']} CUDA calls"
+          + (f" and {rows['kernel_launches_counted']:,} kernel launches counted" if rows.get("kernel_launches_counted")
+             else "")
+          + f", {rows['offcpu_interval']} off-CPU intervals, "
           f"{rows['thread']} threads, {summary['dropped']} events dropped; "
           f"{summary['db']} ({summary['db_bytes'] / 1e6:.1f} MB)")
     if summary.get("stop_reason"):

@@ -13,6 +13,7 @@
 -- launch the runtime's launch makes inside it is that runtime launch's. The interval lies inside one
 -- step of its thread (a step marker ends it).
 CREATE TABLE cuda_launch_count (
+    id INTEGER PRIMARY KEY,             -- (the rowid: the flight recorder keeps and cuts its window by it)
     session_id INTEGER NOT NULL REFERENCES session(id),
     ts INTEGER NOT NULL,                -- ns CLOCK_MONOTONIC of the interval's first launch
     dur INTEGER NOT NULL,               -- ns from the interval's first launch to its last (not time inside launches)
@@ -27,6 +28,7 @@ CREATE TABLE cuda_launch_count (
 -- One kernel launch in STALL_RECORDER_LAUNCH_STACK_SAMPLE (at random), with its stacks at its entry
 -- (no duration: a counted launch has no return probe). Each is also in cuda_launch_count.
 CREATE TABLE cuda_launch_sample (
+    id INTEGER PRIMARY KEY,
     session_id INTEGER NOT NULL REFERENCES session(id),
     ts INTEGER NOT NULL,                -- ns CLOCK_MONOTONIC of the launch's entry
     thread_id INTEGER NOT NULL REFERENCES thread(id),
