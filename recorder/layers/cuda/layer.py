@@ -318,8 +318,18 @@ class CudaLayer(BaseLayer):
     def _drain_counts(self, final: bool) -> None:
         """The launches counted and not sent yet (bpf/cuda_inflight.h cuda_tallies): at the stop, every
         thread's (taken from the map); at a dump none (they come with their thread's next send)."""
-        if not (self.counting and final):
-            return
+        if self.counting and final:
+            self._take_tallies(lambda pid, tid: True)
+
+    def tick(self, ts: int) -> None:
+        """Once a second: the launches counted by threads that have exited (no program of theirs
+        sends them any more) are written now, and their entries leave the map."""
+        if self.counting:
+            self._take_tallies(lambda pid, tid: not os.path.exists(f"/proc/{pid}/task/{tid}"))
+
+    def _take_tallies(self, gone: Callable[[int, int], bool]) -> None:
+        """Write and remove the tallies of the threads `gone(pid, tid)` names. A thread still running
+        may count a launch between the read and the removal: only the stop takes those."""
         try:
             table = self.context.probes.bpf.get_table("cuda_tallies")
         except Exception:  # no CUDA layer loaded
@@ -327,6 +337,8 @@ class CudaLayer(BaseLayer):
         records = []
         for key, t in list(table.items()):
             ev = t.ev
+            if not gone(ev.pid, key.value):
+                continue
             if ev.launches:
                 records.append(tuple(signed64(getattr(ev, name)) if COUNT.fields[i][1] == "u64"
                                      else getattr(ev, name) for i, name in enumerate(COUNT.names)))
@@ -334,7 +346,8 @@ class CudaLayer(BaseLayer):
                 del table[key]
             except KeyError:
                 pass
-        self._write_counts(records)
+        if records:
+            self._write_counts(records)
 
     def _packing(self) -> Callable | None:
         """recorder/_ingest.c's pack_cuda with cuda_call declared packed to the writer, or None
@@ -569,8 +582,11 @@ class LaunchRoute:
             lib.state = "detaching"
             probes.cap("cuda", "launch probes", "attached",
                        f"driver only: the first {total:,} runtime launches all went through the driver's launch "
-                       "probes, so the runtime's launch probes were detached (one probe pair a launch instead of "
-                       "two); launches are the driver's rows from then on", lib.path)
+                       "probes, so the runtime's launch probes were detached ("
+                       + ("one trap a launch instead of two); launches are counted at the driver from then on"
+                          if not self.context.settings.launch_rows else
+                          "one probe pair a launch instead of two); launches are the driver's rows from then on"),
+                       lib.path)
 
     def _detached(self, libraries: list[RuntimeRoute], now: int) -> None:
         """The second step of a switch: the returns go, and a launch of those libraries still in
