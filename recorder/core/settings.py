@@ -14,10 +14,11 @@ names the variable and says what to give instead.
     STALL_RECORDER_BLOCK_RING_PAGES=N    pages of the block requests' ring (a power of two, 1-65536, 256)
     STALL_RECORDER_INFLIGHT_MAX_AGE_S=N  an in-flight block request with no end after N s is dropped and
                                          counted in `loss` (5-86400, 120)
-    STALL_RECORDER_LAUNCH_STACK_MIN_US=N a kernel launch (or graph launch) that takes N us or more gets
+    STALL_RECORDER_LAUNCH_STACK_MIN_US=N with LAUNCH_ROWS=1: a kernel launch that takes N us or more gets
                                          its Python and native stacks, taken at its return (default 100;
                                          0: every launch)
-    STALL_RECORDER_LAUNCH_STACK_SAMPLE=N of the faster launches, one in N (at random) gets them too (a
+    STALL_RECORDER_LAUNCH_STACK_SAMPLE=N one launch in N (at random) is kept as a sample with its stacks;
+                                         with LAUNCH_ROWS=1, of the faster launches one in N gets them (a
                                          power of two, 1-65536, default 64; 1: every launch)
     STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keep probing the runtime's kernel launches even once they are
                                          all seen at the driver (off unless 1/on/yes/true)
