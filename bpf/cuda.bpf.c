@@ -470,8 +470,12 @@ static __always_inline int cuda_count_launch(struct pt_regs *ctx, struct cuda_in
         t->runtime_sp = sp;
     }
     u64 ts = e->ts;
-    if (t->ev.launches && ts - t->ev.ts >= CUDA_COUNT_FLUSH_NS)
+    u32 tgid = id >> 32;
+    u64 *epoch = cuda_step_epoch.lookup(&tgid);
+    u64 now_epoch = epoch ? *epoch : 0;
+    if (t->ev.launches && (ts - t->ev.ts >= CUDA_COUNT_FLUSH_NS || t->epoch != now_epoch))
         cuda_tally_send(t);
+    t->epoch = now_epoch;
     if (!t->ev.launches) {
         t->ev.ts = ts;
         t->ev.pid = id >> 32;

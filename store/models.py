@@ -517,7 +517,7 @@ class OnCpu(Part):
 class StepLaunches(Part):
     """The step's kernel launches, counted at their entries (recordings without --launch-rows)."""
 
-    launches: int = Field(description="kernel launches the step's thread made in the step: exact")
+    launches: int = Field(description="kernel launches the step's process made in the step (all its threads): exact")
     sampled: int = Field(description="of those, the launches kept as samples with their stacks (one in 64 at random)")
     kernels: int = Field(description="distinct kernels (function pointers) among them, as counted")
 

@@ -28,6 +28,7 @@ pytestmark = [needs_bpf, pytest.mark.bpf]
 JOB = ROOT / "tests" / "workloads" / "standin_gpu_job.py"
 RATE = 50_000
 SECONDS = 4  # with --launch-rows
+WORKER = 20  # launches a second thread makes per step (a backward pass's)
 DEPTH = 24
 
 
@@ -47,7 +48,8 @@ def rows_by_api(db: Path) -> dict[str, int]:
 def test_every_launch_counted_at_fifty_thousand_launches_a_second(tmp_path: Path, native) -> None:
     """The default: each launch one trap, counted in BPF; each step's count exact; one in 64 a sample
     with its Python line; the other calls rows as before."""
-    db, job = record_job(tmp_path, native, "--rate", str(RATE), "--seconds", "6", "--graphs", "50", "--markers")
+    db, job = record_job(tmp_path, native, "--rate", str(RATE), "--seconds", "6", "--graphs", "50", "--markers",
+                         "--worker-launches", str(WORKER))
     calls = job["calls"]
     assert job["launch_rate"] >= 0.8 * RATE, f"the job reached only {job['launch_rate']:,.0f} launches/s"
     assert losses_beyond_skips(db) == {}
@@ -56,7 +58,7 @@ def test_every_launch_counted_at_fifty_thousand_launches_a_second(tmp_path: Path
     # every launch counted once: the driver launch the runtime's makes inside it is that launch's
     counted = dict(q(db, "SELECT a.name, sum(k.launches) FROM cuda_launch_count k JOIN cuda_api a"
                          " ON a.id = k.api_id GROUP BY 1"))
-    assert q(db, "SELECT count(*) FROM cuda_launch_count WHERE api_id IS NULL") == [(0,)]  # 5 kernels: all named
+    assert q(db, "SELECT count(*) FROM cuda_launch_count WHERE api_id IS NULL") == [(0,)]  # 6 kernels: all named
     assert sum(counted.values()) == launches, (counted, calls)
     assert counted["cuLaunchKernelEx"] == calls["cuLaunchKernelEx"]
     assert counted["cudaLaunchKernel"] + counted["cuLaunchKernel"] == calls["cudaLaunchKernel"]
@@ -66,19 +68,20 @@ def test_every_launch_counted_at_fifty_thousand_launches_a_second(tmp_path: Path
     # ... and each kernel by its function pointer
     ops = {f"0x7f000000{i}000": n for i, n in
            q(db, "SELECT (function - 0x7f0000000000) / 0x1000, sum(launches) FROM cuda_launch_count GROUP BY 1")}
-    assert ops == {f"0x7f000000{i}000": calls["cudaLaunchKernel"] // 4 if i < 5 else calls["cuLaunchKernelEx"]
-                   for i in range(1, 6)}, ops
+    steps = job["steps"]
+    assert ops == {**{f"0x7f000000{i}000": calls["cudaLaunchKernel"] // 4 for i in range(1, 5)},
+                   "0x7f0000005000": 4 * steps, "0x7f0000006000": WORKER * steps}, ops
     # no launch is a cuda_call row; every other call is one
     rows = rows_by_api(db)
     assert not {api for api in rows if "LaunchKernel" in api}, rows
     for api in ("cudaMemcpyAsync", "cudaStreamSynchronize", "cudaGraphInstantiate", "cudaGraphLaunch"):
         assert rows.get(api) == calls[api], (api, rows.get(api), calls[api])
-    # each step's launches exact: its 500 launches and 4 of cuLaunchKernelEx, whatever the interval
-    # the counts were sent at
+    # each step's launches exact: its 500 launches, 4 of cuLaunchKernelEx and the other thread's, whatever
+    # the interval the counts were sent at (a step marker ends every thread's)
     per_step = q(db, "SELECT launches, how FROM step_launch")
     # (the first steps' markers come before the probes reach the marker library the job imports)
     assert len(per_step) >= job["steps"] - 10, (len(per_step), job["steps"])
-    assert set(per_step) == {(504, "counted")}, set(per_step)
+    assert set(per_step) == {(504 + WORKER, "counted")}, set(per_step)
     # samples: about one in 64, each at the line of the op that launched it, under the whole module tree
     samples = q(db, "SELECT python_lineno, python_file, python_status FROM cuda_launch_sample_python")
     share = len(samples) / launches
@@ -95,7 +98,7 @@ def test_every_launch_counted_at_fifty_thousand_launches_a_second(tmp_path: Path
         "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"}
     # the report says how many launches the step made
     res = run_recorder("explain", "--db", str(db), "--step", "20", "--json", check=True)
-    assert json.loads(res.stdout)["launches"]["launches"] == 504
+    assert json.loads(res.stdout)["launches"]["launches"] == 504 + WORKER
 
 
 def test_every_call_kept_at_fifty_thousand_launches_a_second(tmp_path: Path, native) -> None:

@@ -760,8 +760,8 @@ def step_launches(store: Store, step_mark_id: int) -> dict | None:
         return None
     kernels = store.row(
         "SELECT count(DISTINCT coalesce(k.api_id, -1) || ':' || coalesce(k.function, 0)) AS n"
-        " FROM cuda_launch_count k JOIN step st ON st.step_mark_id = ?"
-        " WHERE k.thread_id = st.thread_id AND k.ts >= st.ts AND k.ts < st.end_ts", (step_mark_id,))["n"]
+        " FROM cuda_launch_count k JOIN thread t ON t.id = k.thread_id JOIN step st ON st.step_mark_id = ?"
+        " WHERE t.process_id = st.process_id AND k.ts >= st.ts AND k.ts < st.end_ts", (step_mark_id,))["n"]
     return {"launches": row["launches"], "sampled": row["sampled"], "kernels": kernels}
 
 

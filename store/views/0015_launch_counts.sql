@@ -34,17 +34,20 @@ LEFT JOIN python_stack ps ON ps.id = s.python_stack_id
 LEFT JOIN python_call_site p ON p.stack_id = s.python_stack_id;
 
 -- view: step_launch
--- Kernel launches per step (the step's thread, its [ts, end_ts)): exact counts, how many of them
--- were kept as samples with their stacks, and whether they were counted or rows.
+-- Kernel launches per step: those of every thread of the step's process in the step's [ts, end_ts)
+-- (a step marker ends every thread's counted interval of that process, so the counts are exact),
+-- how many of them were kept as samples with their stacks, and whether they were counted or rows.
 CREATE VIEW step_launch AS
-SELECT st.step_mark_id, st.session_id, st.step, st.thread_id,
-       coalesce((SELECT sum(k.launches) FROM cuda_launch_count k
-                 WHERE k.thread_id = st.thread_id AND k.ts >= st.ts AND k.ts < st.end_ts), 0)
-       + (SELECT count(*) FROM cuda_call c JOIN cuda_api a ON a.id = c.api_id
-          WHERE c.thread_id = st.thread_id AND c.ts >= st.ts AND c.ts < st.end_ts
+SELECT st.step_mark_id, st.session_id, st.step, st.thread_id, st.process_id,
+       coalesce((SELECT sum(k.launches) FROM cuda_launch_count k JOIN thread t ON t.id = k.thread_id
+                 WHERE t.process_id = st.process_id AND k.session_id = st.session_id
+                   AND k.ts >= st.ts AND k.ts < st.end_ts), 0)
+       + (SELECT count(*) FROM cuda_call c JOIN thread t ON t.id = c.thread_id JOIN cuda_api a ON a.id = c.api_id
+          WHERE t.process_id = st.process_id AND c.session_id = st.session_id AND c.ts >= st.ts AND c.ts < st.end_ts
             AND a.arguments IN ('launch_rt', 'launch_drv', 'launch_drv_ex', 'launch_rt_ex')) AS launches,
-       (SELECT count(*) FROM cuda_launch_sample s
-        WHERE s.thread_id = st.thread_id AND s.ts >= st.ts AND s.ts < st.end_ts) AS sampled, -- launches kept with their stacks (counted recordings)
+       (SELECT count(*) FROM cuda_launch_sample s JOIN thread t ON t.id = s.thread_id
+        WHERE t.process_id = st.process_id AND s.session_id = st.session_id
+          AND s.ts >= st.ts AND s.ts < st.end_ts) AS sampled, -- launches kept with their stacks (counted recordings)
        CASE WHEN EXISTS (SELECT 1 FROM cuda_launch_count k WHERE k.session_id = st.session_id)
             THEN 'counted' ELSE 'row' END AS how
 FROM step st;
