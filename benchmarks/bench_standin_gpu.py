@@ -33,6 +33,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,8 +45,38 @@ from bench_training_job import run_watched  # noqa: E402
 
 JOB = ROOT / "tests" / "workloads" / "standin_gpu_job.py"
 RECORDER = [sys.executable, "-m", "recorder"]
-TARGETS = {"dropped": 0, "recorder_core_share": 0.15, "median_step_ratio": 1.02}
+STEP_LAUNCHES = 500
+TARGETS = {"dropped": 0, "bytes_per_launch": 4, "ready_s": 3, "recorder_core_share": 0.15, "median_step_ratio": 1.02}
 CUDA_PROGRAM_PREFIXES = ("cuda_", "pystack", "py_")
+
+
+def _watch_readable(db: Path, done: Path, seen: dict) -> None:
+    """Once the job has written `done`: when the recording reads complete, and when a report of it
+    (`recorder explain --json`) has been read, CLOCK_MONOTONIC ns (complete, explained)."""
+    while not done.exists():
+        time.sleep(0.01)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+            try:
+                row = con.execute("SELECT status FROM session ORDER BY id DESC LIMIT 1").fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            row = None
+        if row and row[0] == "complete":
+            seen["complete"] = time.monotonic_ns()
+            break
+        time.sleep(0.02)
+    else:
+        return
+    res = subprocess.run(RECORDER + ["explain", "--db", str(db), "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    if res.returncode != 0:
+        seen["error"] = res.stderr.strip()[-2000:]
+        return
+    seen["explained"] = time.monotonic_ns()
 
 
 def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: float, label: str) -> dict:
@@ -57,7 +89,14 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     cmd = RECORDER + ["record", "--db", str(db), "--"] + job if traced else job
+    readable: dict = {}
+    watcher = threading.Thread(target=_watch_readable, args=(db, out, readable), daemon=True)
+    if traced:
+        watcher.start()
     returncode, _, err, seen = run_watched(cmd, traced, ready, out)
+    ended = time.monotonic_ns()
+    if traced:
+        watcher.join(timeout=600)
     if returncode != 0 or not out.exists():
         raise RuntimeError(f"{label} failed ({returncode}): {err.strip()[-2000:]}")
     job = json.loads(out.read_text())
@@ -70,6 +109,13 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
         return result
     if "bpf1" not in seen:
         raise RuntimeError(f"{label}: the recorder ended before the job did")
+    # the job's end (its out file) -> the session complete in the file -> a report read from it (while
+    # the recorder may still be detaching its probes); and -> the recorder's exit
+    if "error" in readable or "explained" not in readable:
+        raise RuntimeError(f"{label}: no report: {readable.get('error', 'the session never read complete')}")
+    result["complete_s"] = (readable["complete"] - seen["t1"]) / 1e9
+    result["ready_s"] = (readable["explained"] - seen["t1"]) / 1e9
+    result["stop_s"] = (ended - seen["t1"]) / 1e9
     wall = (seen["t1"] - seen["t0"]) / 1e9
     result["recorder_core_share"] = (seen["cpu1"] - seen["cpu0"]) / wall
     bpf_ns = runs = 0
@@ -98,6 +144,8 @@ def run_job(traced: bool, libdir: Path, workdir: Path, rate: float, seconds: flo
         "bpf_programs": dict(sorted(per_program.items(), key=lambda kv: -kv[1]["runs"] * kv[1]["ns_per_run"])[:8]),
         "db_bytes": sum(Path(f"{db}{s}").stat().st_size for s in ("", "-wal") if Path(f"{db}{s}").exists()),
     })
+    launches = job["calls"]["cudaLaunchKernel"] + job["calls"].get("cuLaunchKernelEx", 0)
+    result["bytes_per_launch"] = result["db_bytes"] / max(1, launches)
     return result
 
 
@@ -124,7 +172,8 @@ def main() -> int:
                 if not args.json:
                     r = runs[-1]
                     extra = (f", recorder {r['recorder_core_share']:.1%} of a core, rows {r['rows']:,},"
-                             f" cuda dropped {r['cuda_dropped']:,}, BPF {r['bpf_ns_per_call']:.0f} ns/call"
+                             f" cuda dropped {r['cuda_dropped']:,}, BPF {r['bpf_ns_per_call']:.0f} ns/call,"
+                             f" {r['bytes_per_launch']:.1f} B/launch, ready {r['ready_s']:.1f} s after the job"
                              if traced else "")
                     print(f"{label}: {r['launch_rate']:,.0f} launches/s, step {r['step_median_ms']:.3f} ms,"
                           f" calls {r['calls']:,}{extra}", flush=True)
@@ -139,6 +188,13 @@ def main() -> int:
                                  for u, t in zip(untraced, traced, strict=True)),
         "recorder_core_share": med(r["recorder_core_share"] for r in traced),
         "bpf_ns_per_call": med(r["bpf_ns_per_call"] for r in traced),
+        # a step is STEP_LAUNCHES launches (and a copy and a synchronisation)
+        "added_us_per_launch": med((t["step_median_ms"] - u["step_median_ms"]) * 1000 / STEP_LAUNCHES
+                                   for u, t in zip(untraced, traced, strict=True)),
+        "bytes_per_launch": med(r["bytes_per_launch"] for r in traced),
+        "complete_s": med(r["complete_s"] for r in traced),
+        "stop_s": med(r["stop_s"] for r in traced),
+        "ready_s": med(r["ready_s"] for r in traced),
         "calls": sum(r["calls"] for r in traced), "rows": sum(r["rows"] for r in traced),
         "cuda_dropped": sum(r["cuda_dropped"] for r in traced),
         "rows_by_api": traced[-1]["rows_by_api"], "calls_by_api": traced[-1]["calls_by_api"],
@@ -148,6 +204,8 @@ def main() -> int:
         "dropped": summary["cuda_dropped"] <= TARGETS["dropped"],
         "recorder_core_share": summary["recorder_core_share"] <= TARGETS["recorder_core_share"],
         "median_step_ratio": summary["median_step_ratio"] <= TARGETS["median_step_ratio"],
+        "bytes_per_launch": summary["bytes_per_launch"] <= TARGETS["bytes_per_launch"],
+        "ready_s": summary["ready_s"] <= TARGETS["ready_s"],
     }
     if args.json:
         print(json.dumps({"runs": runs, "summary": summary}, indent=1))
@@ -155,8 +213,9 @@ def main() -> int:
     print()
     print("| figure | value |")
     print("|---|---:|")
-    for key in ("launch_rate_untraced", "launch_rate_traced", "median_step_ratio", "recorder_core_share",
-                "bpf_ns_per_call", "calls", "rows", "cuda_dropped"):
+    for key in ("launch_rate_untraced", "launch_rate_traced", "median_step_ratio", "added_us_per_launch",
+                "recorder_core_share", "bpf_ns_per_call", "bytes_per_launch", "complete_s", "ready_s", "stop_s",
+                "calls", "rows", "cuda_dropped"):
         v = summary[key]
         print(f"| {key} | {v:,.3f} |" if isinstance(v, float) else f"| {key} | {v:,} |")
     print(f"\nrows by API (last traced run): {summary['rows_by_api']}")

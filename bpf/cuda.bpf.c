@@ -23,6 +23,13 @@
  * CUDA_FLAG_NO_STACK. All launch APIs share one record slot per thread (CUDA_LAUNCH_SLOT: the API
  * is in the record) and one return program, cuda_launch_return.
  *
+ * That is with STALL_RECORDER_LAUNCH_ROWS=1 (--launch-rows). By default a launch has an entry probe
+ * only, one trap: its entry counts it in its thread's tally (bpf/cuda_inflight.h, cuda_count_launch
+ * below) and draws one in CUDA_STACK_SAMPLE_MASK + 1 as a sample, an event of its own (dur 0,
+ * CUDA_FLAG_SAMPLE) with its native and Python stacks taken at the entry (cuda_launch_sample).
+ * A driver launch inside a runtime launch is counted as that runtime launch: its stack pointer is
+ * below the runtime launch's entry's, and it is the first driver launch since.
+ *
  * Every runtime launch calls a driver launch, and each probe pair costs two traps on the launching
  * thread: once the first runtime launches all went through the driver's probes, user space detaches
  * the runtime's launch probes (recorder/layers/cuda/layer.py) and the driver's events are the
@@ -140,8 +147,9 @@ static __always_inline u64 native_walk(struct pt_regs *ctx, u64 ip, u64 ret)
  * checks its loop once per session, not once per API (inlined, it added ~12 ms to each, and a
  * runtime and a driver library export ~100 traced APIs between them). Installed by
  * recorder/core/loader.py. */
-BPF_PROG_ARRAY(cuda_progs, 1);
+BPF_PROG_ARRAY(cuda_progs, 2);
 #define CUDA_PROG_NATIVE 0
+#define CUDA_PROG_SAMPLE 1 /* cuda_launch_sample, below */
 
 int cuda_native(struct pt_regs *ctx)
 {
@@ -407,6 +415,127 @@ static __always_inline int cuda_launch_end(struct pt_regs *ctx, u32 first_driver
      * caller's: the entry's stack from the caller up, after the function's own address */
     in->native_digest = native_walk(ctx, in->entry_ip, PT_REGS_IP(ctx));
     cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_LATE_STACK);
+    in->ts = 0;
+    PYSTACK_CAPTURE(ctx, ts);
+}
+
+/* Per process, while a runtime library's launch probes are attached with counts (no return probe):
+ * as cuda_launch_route, counted when a runtime launch is known to have gone through a driver launch
+ * probe (through) or not (the thread's next runtime launch came first). */
+static __always_inline void cuda_route_count(u32 tgid, int through)
+{
+    struct cuda_route_count *n = cuda_launch_route.lookup(&tgid);
+    if (!n) {
+        struct cuda_route_count zero = {};
+        cuda_launch_route.update(&tgid, &zero);
+        n = cuda_launch_route.lookup(&tgid);
+    }
+    if (n) {
+        __sync_fetch_and_add(&n->launches, 1);
+        if (through)
+            __sync_fetch_and_add(&n->through, 1);
+    }
+}
+
+/* A launch's entry without a return probe (the default): counted in its thread's tally, and one in
+ * CUDA_STACK_SAMPLE_MASK + 1 kept as a sample with its stacks (cuda_launch_sample). `e` holds its
+ * arguments. */
+static __always_inline int cuda_count_launch(struct pt_regs *ctx, struct cuda_inflight *e, u32 api, int runtime)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct cuda_tally *t = cuda_tallies.lookup(&tid);
+    if (!t) {
+        u32 zero = 0;
+        struct cuda_tally *z = cuda_tally_zero.lookup(&zero);
+        if (!z)
+            return 0;
+        cuda_tallies.update(&tid, z);
+        t = cuda_tallies.lookup(&tid);
+        if (!t) {
+            count_drop(PROBE_CUDA_TALLY);
+            return 0;
+        }
+    }
+    u64 sp = PT_REGS_SP(ctx);
+    if (!runtime) {
+        if (t->runtime_sp && sp < t->runtime_sp && t->runtime_sp - sp < NATIVE_STACK_SPAN) {
+            t->runtime_sp = 0; /* the driver launch the runtime launch makes: that one is counted */
+            cuda_route_count(id >> 32, 1);
+            return 0;
+        }
+    } else {
+        if (t->runtime_sp) /* the thread's last runtime launch went through no driver launch probe */
+            cuda_route_count(id >> 32, 0);
+        t->runtime_sp = sp;
+    }
+    u64 ts = e->ts;
+    u32 tgid = id >> 32;
+    u64 *epoch = cuda_step_epoch.lookup(&tgid);
+    u64 now_epoch = epoch ? *epoch : 0;
+    if (t->ev.launches && (ts - t->ev.ts >= CUDA_COUNT_FLUSH_NS || t->epoch != now_epoch))
+        cuda_tally_send(t);
+    t->epoch = now_epoch;
+    if (!t->ev.launches) {
+        t->ev.ts = ts;
+        t->ev.pid = id >> 32;
+        t->ev.tid = tid;
+        t->ev.cgroup_id = e->cgroup_id;
+    }
+    t->ev.last_ts = ts;
+    t->ev.launches++;
+    u32 n = t->ev.kernels;
+    u64 *fn = &t->ev.function_0;
+    u32 *apis = &t->ev.api_0, *counts = &t->ev.count_0;
+    int found = 0;
+#pragma unroll
+    for (int i = 0; i < CUDA_COUNT_KERNELS; i++) {
+        if (i < n && fn[i] == e->function && apis[i] == api) {
+            counts[i]++;
+            found = 1;
+            break;
+        }
+    }
+    if (!found) {
+        if (n < CUDA_COUNT_KERNELS) {
+            n &= CUDA_COUNT_KERNELS - 1;
+            fn[n] = e->function;
+            apis[n] = api;
+            counts[n] = 1;
+            t->ev.kernels = n + 1;
+        } else {
+            t->ev.other++;
+        }
+    }
+    if (bpf_get_prandom_u32() & CUDA_STACK_SAMPLE_MASK)
+        return 0;
+    e->api = api;
+    e->entry_ip = PT_REGS_IP(ctx);
+    e->entry_sp = sp;
+    cuda_save(e, api, 1, 0);
+    cuda_progs.call(ctx, CUDA_PROG_SAMPLE);
+    /* the sample program is not installed: no sample */
+    u64 key = cuda_key(CUDA_LAUNCH_SLOT);
+    struct cuda_inflight *in = cuda_inflight.lookup(&key);
+    if (in)
+        in->ts = 0;
+    return 0;
+}
+
+/* A sampled launch (tail-called by its entry, cuda_count_launch): its native stack, one event
+ * (dur 0, CUDA_FLAG_SAMPLE), then its Python stack keyed by its (ts, pid, tid). */
+int cuda_launch_sample(struct pt_regs *ctx)
+{
+    u64 key = cuda_key(CUDA_LAUNCH_SLOT);
+    struct cuda_inflight *in = cuda_inflight.lookup(&key);
+    if (!in || !in->ts)
+        return 0;
+    u64 ret = 0;
+    in->native_digest = 0;
+    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)) == 0)
+        in->native_digest = native_walk(ctx, PT_REGS_IP(ctx), ret);
+    u64 ts = in->ts;
+    cuda_emit(ctx, in, in->api, 0, 0, CUDA_FLAG_SAMPLE);
     in->ts = 0;
     PYSTACK_CAPTURE(ctx, ts);
 }

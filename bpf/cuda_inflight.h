@@ -52,3 +52,60 @@ static __always_inline int cuda_digest_sink(u64 key, u64 ts, u64 digest)
     return 1;
 }
 #define PYSTACK_DIGEST_SINK cuda_digest_sink
+
+#ifdef CUDA_COUNT_KERNELS
+/* Kernel launches counted at their entry, one trap each (bpf/cuda.bpf.c cuda_count_launch): per
+ * thread, the launches since the counts were last sent, sent as one cuda_count_event when the
+ * thread makes a CUDA call that keeps its return probe (a synchronisation, a copy, an allocation,
+ * cuda_tally_flush() in its entry body), an NCCL call, a step marker, when the counts are
+ * CUDA_COUNT_FLUSH_NS old at a launch, and by user space at the stop (what is left in the map).
+ * Only the thread's own programs write its entry, one at a time, so sending and zeroing need no
+ * lock. Here, before the layers, so that the NCCL and marker programs can flush it too. */
+struct cuda_tally {
+    struct cuda_count_event ev; /* ev.launches 0: none since the last send */
+    u64 runtime_sp; /* a runtime launch's entry stack pointer until the driver launch it makes is seen */
+    u64 epoch;      /* its process's step epoch (cuda_step_epoch) when these launches were counted */
+};
+/* Per process: the steps marked so far (recorder.step on any of its threads). A launch of a thread
+ * whose counts are of an earlier epoch sends them first, so no interval of any thread of the
+ * process spans a step marker: a step's launches are exact on every thread, not only the marker's. */
+BPF_TABLE("hash", u32, u64, cuda_step_epoch, 4096);
+BPF_TABLE("hash", u32, struct cuda_tally, cuda_tallies, CUDA_TALLY_THREADS);
+BPF_PERCPU_ARRAY(cuda_tally_zero, struct cuda_tally, 1);
+#define CUDA_COUNT_RING_PAGES 64
+BPF_RINGBUF_OUTPUT(cuda_counts, CUDA_COUNT_RING_PAGES);
+
+static __always_inline void cuda_tally_send(struct cuda_tally *t)
+{
+    if (cuda_counts.ringbuf_output(&t->ev, sizeof(t->ev), 0))
+        count_drop(PROBE_CUDA_COUNTS);
+    t->ev.launches = 0;
+    t->ev.other = 0;
+    t->ev.kernels = 0;
+}
+
+/* The calling thread's launch counts go to the ring now (it is about to wait or to mark a step). */
+static __always_inline void cuda_tally_flush(void)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct cuda_tally *t = cuda_tallies.lookup(&tid);
+    if (t && t->ev.launches)
+        cuda_tally_send(t);
+}
+
+/* A step marker of the calling thread's process: every thread's counts so far end before it. */
+static __always_inline void cuda_step_mark(void)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u64 *e = cuda_step_epoch.lookup(&tgid);
+    if (e) {
+        __sync_fetch_and_add(e, 1);
+    } else {
+        u64 one = 1;
+        cuda_step_epoch.update(&tgid, &one);
+    }
+}
+#else
+static __always_inline void cuda_tally_flush(void) {}
+static __always_inline void cuda_step_mark(void) {}
+#endif

@@ -13,6 +13,11 @@ static __always_inline int marker_send(struct pt_regs *ctx, u32 kind, u64 value,
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
+    /* the thread's kernel launches so far end before the marker, and a step begins a new epoch for
+     * its process's other threads (bpf/cuda_inflight.h): a step's counts are its own */
+    cuda_tally_flush();
+    if (kind == MARKER_STEP)
+        cuda_step_mark();
     struct marker_event *e = marker_events.ringbuf_reserve(sizeof(struct marker_event));
     if (!e) {
         count_drop(PROBE_MARKER);

@@ -74,6 +74,7 @@ static __always_inline int nccl_begin(struct nccl_inflight *e)
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
+    cuda_tally_flush(); /* the thread's kernel launches so far (bpf/cuda_inflight.h) */
     e->ts = bpf_ktime_get_ns();
     e->cgroup_id = bpf_get_current_cgroup_id();
     e->peer = -1;

@@ -66,6 +66,10 @@ class SessionInfo(Result):
     start_utc: str
     dur_ns: int | None
     cuda_calls: int
+    kernel_launches: int = Field(0, description="kernel launches, exact: counted at their entries (then not in "
+                                                "cuda_calls) or one cuda_call row each (--launch-rows, older "
+                                                "recordings)")
+    launches_counted: bool = Field(False, description="the launches were counted (no row, no duration each)")
     offcpu_intervals: int
     kernel_log_records: int
     dropped_events: int
@@ -289,6 +293,8 @@ class CudaLine(Result):
     cuda_calls: int
     cuda_dur_ns: int
     max_cuda_dur_ns: int
+    sampled_launches: int = Field(0, description="counted launches kept as samples at this line (one in 64 at "
+                                                 "random: a sample, not a count; not in cuda_calls)")
 
 
 class PythonLines(Window, NotRecorded):

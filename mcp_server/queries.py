@@ -61,6 +61,8 @@ def sessions(store: Store) -> list[dict]:
     for s in store.query("SELECT * FROM session ORDER BY id"):
         counts = store.row(
             "SELECT (SELECT count(*) FROM cuda_call WHERE session_id = :s) AS cuda_calls,"
+            " (SELECT coalesce(sum(launches), 0) FROM kernel_launch_count WHERE session_id = :s) AS kernel_launches,"
+            " EXISTS (SELECT 1 FROM cuda_launch_count WHERE session_id = :s) AS launches_counted,"
             " (SELECT count(*) FROM offcpu_interval WHERE session_id = :s) AS offcpu_intervals,"
             " (SELECT count(*) FROM kernel_log WHERE session_id = :s) AS kernel_log_records,"
             " (SELECT coalesce(sum(dropped), 0) FROM loss WHERE session_id = :s) AS dropped_events",
@@ -334,6 +336,14 @@ GROUP BY p.filename, p.line, p.qualname
 ORDER BY dur DESC LIMIT :n"""
 
 
+# the counted launches' samples (cuda_launch_sample) by call site, in [:a, :b)
+_SAMPLED_LAUNCH_LINES = """
+SELECT python_file, python_lineno, python_function, python_line, count(*) AS sampled
+FROM cuda_launch_sample_python WHERE python_line IS NOT NULL AND session_id = :s AND ts >= :a AND ts < :b
+GROUP BY python_file, python_lineno, python_function, python_line
+ORDER BY sampled DESC LIMIT :n"""
+
+
 def python_lines(store: Store, session_id: int | None, window: str | None, limit: int = 20) -> dict:
     """Python call sites ranked two ways: by the time above baseline of the stalled steps whose
     primary cause the step report attributes to them (as `recorder top`), and by the time spent
@@ -360,7 +370,16 @@ def python_lines(store: Store, session_id: int | None, window: str | None, limit
     rows = store.query(_PYTHON_LINES_IN_WINDOW, {"s": sid, "a": start, "b": end, "n": _limit(limit)})
     lines = [{"python_line": r["python_line"], "python_file": r["python_file"], "python_lineno": r["python_lineno"],
               "python_function": r["python_function"], "cuda_calls": r["calls"], "cuda_dur_ns": r["dur"],
-              "max_cuda_dur_ns": r["max_dur"]} for r in rows]
+              "max_cuda_dur_ns": r["max_dur"], "sampled_launches": 0} for r in rows]
+    by_text = {line["python_line"]: line for line in lines}
+    for r in store.query(_SAMPLED_LAUNCH_LINES, {"s": sid, "a": start, "b": end, "n": _limit(limit)}):
+        line = by_text.get(r["python_line"])
+        if line is None:
+            line = by_text[r["python_line"]] = {
+                "python_line": r["python_line"], "python_file": r["python_file"], "python_lineno": r["python_lineno"],
+                "python_function": r["python_function"], "cuda_calls": 0, "cuda_dur_ns": 0, "max_cuda_dur_ns": 0}
+            lines.append(line)
+        line["sampled_launches"] = r["sampled"]
     out = {**_window_out(session, start, end),
            "stalled_steps_in_window": len(stalls),
            "stall_lines": stall_lines,

@@ -124,6 +124,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                        help="sample where the traced threads' CPU time goes N times a second on each CPU "
                             f"(the on-CPU profile, off by default; 99 is a modest rate; or STALL_RECORDER_PROFILE_HZ; "
                             f"1-{MAX_PROFILE_HZ}, 0: off)")
+        p.add_argument("--launch-rows", action="store_true",
+                       help="one cuda_call row per kernel launch, with its duration (a return probe on every "
+                            "launch: ~2x its cost; or STALL_RECORDER_LAUNCH_ROWS=1); by default launches are "
+                            "counted per thread between its blocking calls, one in 64 kept as a sample with its stacks")
         if name == "start":
             p.add_argument("-p", "--pid", type=pid_list, nargs="+", action="extend", default=[],
                            help="process to record, with its threads and the children it forks from now on "
@@ -316,7 +320,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 def _print_summary(summary: dict) -> None:
     rows = summary["rows"]
     print(f"session {summary['session_id']} {summary['status']}: {summary['duration_s']:.1f} s, "
-          f"{rows['cuda_call']} CUDA calls, {rows['offcpu_interval']} off-CPU intervals, "
+          f"{rows['cuda_call']} CUDA calls"
+          + (f" and {rows['kernel_launches_counted']:,} kernel launches counted" if rows.get("kernel_launches_counted")
+             else "")
+          + f", {rows['offcpu_interval']} off-CPU intervals, "
           f"{rows['thread']} threads, {summary['dropped']} events dropped; "
           f"{summary['db']} ({summary['db_bytes'] / 1e6:.1f} MB)")
     if summary.get("stop_reason"):
@@ -380,6 +387,12 @@ def _profile_hz(args) -> None:
     os.environ[Settings.variable("profile_hz")] = str(args.profile_hz)
 
 
+def _launch_rows(args) -> None:
+    """--launch-rows: handed to the session (and a background recorder) through its setting's variable."""
+    if args.launch_rows:
+        os.environ[Settings.variable("launch_rows")] = "1"
+
+
 def _metrics_file(args) -> Path | None:
     from recorder.metrics import check_metrics_path
 
@@ -417,6 +430,7 @@ def cmd_start(args) -> int:
     metrics = _metrics_file(args)
     listen = _metrics_listen(args)
     _profile_hz(args)
+    _launch_rows(args)
     check_privileges()
     # each word of -p/--tree is a list (-p 1,2 3: [[1, 2], [3]]); a PID given twice counts once
     pids = tuple(dict.fromkeys(pid for word in args.pid for pid in word))
@@ -484,6 +498,7 @@ def cmd_record(args) -> int:
     metrics = _metrics_file(args)
     listen = _metrics_listen(args)
     _profile_hz(args)
+    _launch_rows(args)
     check_privileges()
     code, summary = record_command(args.db.resolve(), argv, tuple(args.cuda_lib), shlex.join(sys.argv),
                                    flight=flight, metrics_file=metrics, metrics_listen=listen)

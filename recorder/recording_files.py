@@ -4,6 +4,7 @@ layers and BCC), so that a stop is not kept waiting for imports it does not use.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from recorder.errors import UserError
@@ -54,6 +55,11 @@ def session_summary(store: Store, session_id: int) -> dict:
         table: store.row(f"SELECT count(*) AS n FROM {table} WHERE session_id = ?", (session_id,))["n"]
         for table in ("offcpu_interval", "cuda_call", "thread", "process", "library")
     }
+    try:  # counted, not rows (a recording of an earlier version has no such table)
+        counts["kernel_launches_counted"] = store.row(
+            "SELECT coalesce(sum(launches), 0) AS n FROM cuda_launch_count WHERE session_id = ?", (session_id,))["n"]
+    except sqlite3.OperationalError:
+        counts["kernel_launches_counted"] = 0
     lost = store.row("SELECT coalesce(sum(dropped), 0) AS n FROM loss WHERE session_id = ?",
                      (session_id,))["n"]
     dur = ((s["stopped_ts"] or s["started_ts"]) - s["started_ts"]) / 1e9

@@ -535,7 +535,9 @@ class Session:
         if self.writer.stopped is not None:
             return self.finish_stopped()
         self.stacks.amend_capabilities()  # 'attached' only where a process's stacks were read
-        self.probes.cleanup()
+        # The recording is complete, indexed and readable before the probes go: closing each uprobe
+        # waits for the kernel (tens of ms each, seconds for a CUDA library's), and nothing written
+        # needs them gone. Until then the targets still trap, into programs whose records no one reads.
         try:
             self.store.conn.execute(
                 "UPDATE session SET status = 'complete', stopped_ts = ? WHERE id = ?",
@@ -554,6 +556,7 @@ class Session:
             self.store.conn.rollback()  # complete up to the stop; what a report would speed up is left out
             _say(f"recorder: the disk took no more at the stop ({e}): the recording is complete, without "
                  "its indexes and baselines (reports are slower)")
+        self.probes.cleanup()
         self.write_metrics(force=True, up=False)
         return self._release()
 

@@ -514,6 +514,14 @@ class OnCpu(Part):
     sites: list[CpuSite] = Field(description="the sites, the most above their usual time first")
 
 
+class StepLaunches(Part):
+    """The step's kernel launches, counted at their entries (recordings without --launch-rows)."""
+
+    launches: int = Field(description="kernel launches the step's process made in the step (all its threads): exact")
+    sampled: int = Field(description="of those, the launches kept as samples with their stacks (one in 64 at random)")
+    kernels: int = Field(description="distinct kernels (function pointers) among them, as counted")
+
+
 class StepReport(Part):
     """The report of a session whose threads mark steps: the stalled step and why."""
 
@@ -541,6 +549,8 @@ class StepReport(Part):
     hang: Hang | None = Field(None, description="calls in flight at the stop (left out when none)")
     on_cpu: OnCpu | None = Field(None, description="where the step's excess went on the CPU, from the on-CPU profile "
                                                   "(left out when a wait explains it or nothing was sampled)")
+    launches: StepLaunches | None = Field(None, description="the step's kernel launches, where they were counted "
+                                                           "(left out for recordings with a row per launch)")
 
 
 class StallReport(RootModel[Annotated[StepReport | CallReport, Field(discriminator="mode")]]):

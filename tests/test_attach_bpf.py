@@ -85,6 +85,10 @@ def _recorded_like_pid(db: Path, pid: int, found_by: str) -> None:
     # free): none was missed
     in_steps = q(db, "SELECT count(*) FROM cuda_call c JOIN thread t ON t.id = c.thread_id JOIN process p"
                      " ON p.id = t.process_id WHERE p.pid = ? AND c.ts >= ? AND c.ts < ?", (pid, first, last))[0][0]
+    # (the launches are counted, not rows: exactly 3 a step)
+    in_steps += q(db, "SELECT coalesce(sum(k.launches), 0) FROM cuda_launch_count k JOIN thread t"
+                      " ON t.id = k.thread_id JOIN process p ON p.id = t.process_id WHERE p.pid = ? AND k.ts >= ?"
+                      " AND k.ts < ?", (pid, first, last))[0][0]
     assert steps >= 30 and in_steps == 6 * (steps - 1), (in_steps, steps)
     lines = {line for line, in q(db, "SELECT python_line FROM python_lines")}
     assert any(line.startswith("main() at train_steps.py:") for line in lines), lines

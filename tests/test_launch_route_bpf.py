@@ -2,7 +2,8 @@
 in one recording of two processes run one after the other: the runtime's launch probes are given up
 per library, on the evidence of the processes that map it, so a runtime library found after
 another's switch still has its launches probed; and a launch return that is not the recorded
-launch's own, nor a driver launch's inside it, is a counted loss."""
+launch's own, nor a driver launch's inside it, is a counted loss. Recorded with --launch-rows (a row
+and a return probe per launch); the switch with launches counted is tests/test_standin_gpu_bpf.py's."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def recording(native, tmp_path_factory):
     a = (f"{sys.executable} {WORK} --libdir {native['dir']} --driver {native['libcuda.so.1']} --launches 3000"
          " --abandon --copies 5 --after 3")
     b = f"{sys.executable} {WORK} --libdir {other} --launches 300"
-    res = run_recorder("record", "--db", str(db), "--", "sh", "-c", f"{a} && {b}", timeout=300)
+    res = run_recorder("record", "--db", str(db), "--launch-rows", "--", "sh", "-c", f"{a} && {b}", timeout=300)
     assert res.returncode == 0, res.stderr
     runs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert [r["launches"] for r in runs] == [3000, 300], res.stdout

@@ -141,8 +141,9 @@ def _api_lines(path: Path) -> dict[str, int]:
 def test_train_steps_calls_carry_their_line(tmp_path: Path, native) -> None:
     """The stand-in training loop: every call's innermost frame is main() at the line that makes
     that call, called from the module at main()'s call, and the explain report's JSON agrees.
-    Every launch is drawn for its stacks here (STALL_RECORDER_LAUNCH_STACK_SAMPLE=1), so the stacks
-    taken at a launch's return are checked against the line that made it, as the entries' are."""
+    Every launch is drawn for its stacks here (STALL_RECORDER_LAUNCH_STACK_SAMPLE=1), with a row per
+    launch (--launch-rows), so the stacks taken at a launch's return are checked against the line that
+    made it, as the entries' are."""
     db = tmp_path / "r.db"
     steps = 15
     wrapper = (f"import runpy, sys, time; time.sleep({SETTLE_S}); "
@@ -150,7 +151,7 @@ def test_train_steps_calls_carry_their_line(tmp_path: Path, native) -> None:
                f" runpy.run_path(sys.argv[0], run_name='__main__')")
     res = run_recorder("record", "--db", str(db), "--cuda-lib", str(native["libcudart.so.12"]), "--",
                        sys.executable, "-c", wrapper, timeout=300,
-                       env={**os.environ, "STALL_RECORDER_LAUNCH_STACK_SAMPLE": "1"})
+                       env={**os.environ, "STALL_RECORDER_LAUNCH_STACK_SAMPLE": "1", "STALL_RECORDER_LAUNCH_ROWS": "1"})
     assert res.returncode == 0, res.stderr
     assert workload_output(res.stdout)["steps"] == steps
     lines = _api_lines(TRAIN_STEPS)

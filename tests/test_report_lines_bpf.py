@@ -34,12 +34,15 @@ LONG_LAUNCH = "long_launch() at train_steps.py"
 def hogged(tmp_path_factory, native):
     """A marked training loop on one CPU whose step 30 starts a helper (busy_loop, nice -15, on that
     CPU), sleeps 20 ms, runs 3 ms of Python and then makes a 150 ms (CPU time) launch: the hog's
-    first preemptions land on the Python work after the sleep, most of them inside the launch."""
+    first preemptions land on the Python work after the sleep, most of them inside the launch. With a
+    row per launch (--launch-rows): a preemption is put on the launch that it is inside by the launch's
+    interval, which a counted launch does not have."""
     db = tmp_path_factory.mktemp("hog") / "h.db"
     cpu = max(os.sched_getaffinity(0))
     others = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if c != cpu) or str(cpu)
     res = subprocess.run(
-        ["taskset", "-c", others, *RECORDER, "record", "--db", str(db), "--cuda-lib", str(native["libcudart.so.12"]),
+        ["taskset", "-c", others, *RECORDER, "record", "--db", str(db), "--launch-rows",
+         "--cuda-lib", str(native["libcudart.so.12"]),
          "--", sys.executable, str(ROOT / "tests" / "workloads" / "train_steps.py"), "--libdir", str(native["dir"]),
          "--steps", "60", "--cpu", str(cpu), "--markers", "--hog-step", "30",
          "--hog", f"nice -n -15 {native['busy_loop']} 0.6", "--long-launch-ms", "150"],

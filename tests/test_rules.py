@@ -186,7 +186,8 @@ def test_a_v9_recording_gets_the_rules_when_migrated(tmp_path: Path, monkeypatch
     for table in ("stall_rule", "slow_call_rule", "device_event_cause", "cause_kind", "cause_rule",
                   "thread_name", "incident", "user_code_rule", "wait_chain_rule", "python_gil", "flight_window",
                   "causal_link_stored", "causal_link_session", "step_cause_stored", "layer_vocabulary",
-                  "device_activity", "host_op", "collective_record", "trace_import", "cpu_sample"):
+                  "device_activity", "host_op", "collective_record", "trace_import", "cpu_sample",
+                  "cuda_launch_count", "cuda_launch_sample"):
         conn.execute(f"DROP TABLE {table}")  # and what later versions added
     store_db._drop_views(conn)
     for table, column in (("offcpu_interval", "waker_context"), ("offcpu_interval", "futex_addr"),

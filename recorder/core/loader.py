@@ -224,6 +224,8 @@ class Probes:
             f"#define DLOPEN_HOLD {int(self.settings.dlopen_hold)}",
             f"#define CUDA_LATE_STACK_NS {self.settings.launch_stack_min_us * 1000}ull",
             f"#define CUDA_STACK_SAMPLE_MASK {self.settings.launch_stack_sample - 1}u",
+            "#define CUDA_COUNT_FLUSH_NS 1000000000ull",  # a thread's launch counts are sent at least once a second
+            "#define CUDA_TALLY_THREADS 65536",
             # the reader's wake-ups owed by programs that run with interrupts on are sent from
             # sched_switch when the scheduler layer is loaded (bpf/common.h)
             "#define RING_WAKE_AT_SWITCH 1" if self._loads("sched") else "",

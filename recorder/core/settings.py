@@ -14,13 +14,18 @@ names the variable and says what to give instead.
     STALL_RECORDER_BLOCK_RING_PAGES=N    pages of the block requests' ring (a power of two, 1-65536, 256)
     STALL_RECORDER_INFLIGHT_MAX_AGE_S=N  an in-flight block request with no end after N s is dropped and
                                          counted in `loss` (5-86400, 120)
-    STALL_RECORDER_LAUNCH_STACK_MIN_US=N a kernel launch (or graph launch) that takes N us or more gets
+    STALL_RECORDER_LAUNCH_STACK_MIN_US=N with LAUNCH_ROWS=1: a kernel launch that takes N us or more gets
                                          its Python and native stacks, taken at its return (default 100;
                                          0: every launch)
-    STALL_RECORDER_LAUNCH_STACK_SAMPLE=N of the faster launches, one in N (at random) gets them too (a
+    STALL_RECORDER_LAUNCH_STACK_SAMPLE=N one launch in N (at random) is kept as a sample with its stacks;
+                                         with LAUNCH_ROWS=1, of the faster launches one in N gets them (a
                                          power of two, 1-65536, default 64; 1: every launch)
     STALL_RECORDER_KEEP_RUNTIME_LAUNCHES=1 keep probing the runtime's kernel launches even once they are
                                          all seen at the driver (off unless 1/on/yes/true)
+    STALL_RECORDER_LAUNCH_ROWS=1         one cuda_call row per kernel launch, with its duration (an entry and a
+                                         return probe on each); by default launches are counted per thread at
+                                         their entry, one trap each, and sampled (off unless 1/on/yes/true;
+                                         `record`/`start` --launch-rows set it)
     STALL_RECORDER_PROFILE_HZ=N          sample the traced threads' on-CPU stacks N times a second on each
                                          CPU (1-1000; default 0, off: opt in with 99, a modest rate;
                                          `record`/`start` --profile-hz sets it)
@@ -97,6 +102,7 @@ class Settings(BaseModel):
     launch_stack_min_us: int = DEFAULT_LAUNCH_STACK_MIN_US
     launch_stack_sample: int = DEFAULT_LAUNCH_STACK_SAMPLE
     keep_runtime_launches: bool = False
+    launch_rows: bool = False
     profile_hz: int = DEFAULT_PROFILE_HZ
 
     @staticmethod
@@ -150,7 +156,7 @@ class Settings(BaseModel):
             return value.strip().lower() not in _OFF
         return value
 
-    @field_validator("keep_runtime_launches", mode="before")
+    @field_validator("keep_runtime_launches", "launch_rows", mode="before")
     @classmethod
     def _keep_runtime_launches(cls, value: object) -> object:
         if isinstance(value, str):  # only an explicit "on" keeps them

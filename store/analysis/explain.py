@@ -748,7 +748,21 @@ def explain_steps(store: Store, session: dict, state: str, start: int, end: int,
         negatives=_step_negatives(store, sid, a, b, observed - lossy, p["kind"] if p else None, chosen["breakdown"]),
         gpu=gpu,
         next_actions=next_actions,
-        **({"on_cpu": chosen["on_cpu"]} if "on_cpu" in chosen else {}))
+        **({"on_cpu": chosen["on_cpu"]} if "on_cpu" in chosen else {}),
+        **({"launches": launches} if (launches := step_launches(store, chosen["step_mark_id"])) else {}))
+
+
+def step_launches(store: Store, step_mark_id: int) -> dict | None:
+    """The step's kernel launches where they were counted (step_launch), None for a recording with
+    a row per launch."""
+    row = store.one("SELECT launches, sampled, how FROM step_launch WHERE step_mark_id = ?", (step_mark_id,))
+    if row is None or row["how"] != "counted":
+        return None
+    kernels = store.row(
+        "SELECT count(DISTINCT coalesce(k.api_id, -1) || ':' || coalesce(k.function, 0)) AS n"
+        " FROM cuda_launch_count k JOIN thread t ON t.id = k.thread_id JOIN step st ON st.step_mark_id = ?"
+        " WHERE t.process_id = st.process_id AND k.ts >= st.ts AND k.ts < st.end_ts", (step_mark_id,))["n"]
+    return {"launches": row["launches"], "sampled": row["sampled"], "kernels": kernels}
 
 
 def _window(a: int, b: int, off: int) -> dict:

@@ -212,6 +212,10 @@ def render_step_text(report: Report, stack: bool = False) -> str:
         parts = [f"{b.cause}{f' {b.detail}' if b.detail else ''} {ms(b.dur_ns)} (usually {ms(b.usual_dur_ns)})"
                  for b in r.breakdown[:6]]
         lines.append("Breakdown: " + "; ".join(parts))
+    if r.launches:
+        n = r.launches
+        lines.append(f"Kernel launches: {n.launches:,} in the step, {n.kernels} kernels (counted exactly at their "
+                     f"entries; {n.sampled} kept as samples with their stacks, durations not recorded)")
     lines += _device_lines(r)
     if r.findings:
         lines.append(f"Slow CUDA calls in the step ({len(r.findings)}):")

@@ -1,7 +1,7 @@
 """A CPU stand-in of a real GPU training job's CUDA traffic, for tests and benchmarks without a GPU.
 
     python standin_gpu_job.py --libdir build/native [--rate 50000] [--seconds 10] [--depth 24]
-                              [--launches-per-step 500] [--graphs 0] [--markers]
+                              [--launches-per-step 500] [--graphs 0] [--markers] [--worker-launches 0]
                               [--ready-file F] [--wait-file F] [--out F]
 
 The shape is the one a PyTorch job has on a real GPU: kernel launches called from deep in a Python
@@ -148,6 +148,9 @@ def main() -> None:
     ap.add_argument("--graph-every-step", action="store_true", help="replay a CUDA graph in every step")
     ap.add_argument("--slow-graph-step", type=int, default=-1, help="this step's replay takes 300 ms of CPU")
     ap.add_argument("--markers", action="store_true", help="mark steps with recorder.step()")
+    ap.add_argument("--worker-launches", type=int, default=0,
+                    help="per step, a second thread makes this many cuLaunchKernelEx launches (as a backward "
+                         "pass's thread does) while the step's thread waits for it")
     ap.add_argument("--slow-sync-step", type=int, default=-1, help="this step's synchronisation waits 300 ms")
     ap.add_argument("--slow-launch-step", type=int, default=-1,
                     help="this step's launches each take 400 us of CPU (a launch queue full, a lock)")
@@ -171,6 +174,17 @@ def main() -> None:
         time.sleep(0.01)
 
     per_step = args.launches_per_step
+    go, done = threading.Semaphore(0), threading.Semaphore(0)
+
+    def worker() -> None:
+        while True:
+            go.acquire()
+            for _ in range(args.worker_launches):
+                cuda.drv.cuLaunchKernelEx(ctypes.byref(config), 0x7f0000006000, None, None)
+            done.release()
+
+    if args.worker_launches:
+        threading.Thread(target=worker, name="backward", daemon=True).start()
     graph_exec = capture_graph(cuda) if args.graph_every_step or args.graphs else None
     start = time.monotonic_ns()
     until = start + int(args.seconds * 1e9)
@@ -186,6 +200,9 @@ def main() -> None:
         t0 = time.monotonic_ns()
         if marker:
             marker(steps)
+        if args.worker_launches:
+            go.release()
+            done.acquire()
         step(cuda, net, per_step, host, config, graph_exec if args.graph_every_step else None)
         if steps == args.slow_graph_step:
             cuda.configure("cudaGraphLaunch")

@@ -197,20 +197,29 @@ def body_programs(names: list[str] | None = None) -> list[str]:
     return [f"cuda_body_{slot}" for slot in range(len(slots))] + ["cuda_return_body_0", "cuda_return_body_1"]
 
 
-def bpf_programs(names: list[str] | None = None) -> str:
+def bpf_programs(names: list[str] | None = None, counts: bool = False) -> str:
     """C text with an entry program per API symbol and a return program per API that is no launch
     (all known ones by default), each a note of its API and its argument layout and a tail call, and
     the bodies they call: an entry body per kind of API (launch or not, runtime or driver) and a
     return body per library. A driver API's entry body first checks whether its thread is inside a
-    runtime call (which then makes the one event); a runtime API's marks its thread as inside it."""
+    runtime call (which then makes the one event); a runtime API's marks its thread as inside it.
+    `counts`: a launch's entry counts it in its thread's tally and keeps one in N as a sample
+    (bpf/cuda.bpf.c cuda_count_launch), no return program is attached to it, and every other call's
+    entry sends the thread's counts first (cuda_tally_flush)."""
     chosen = APIS if names is None else tuple(APIS[API_INDEX[n]] for n in names)
     slots = _bodies(chosen)
     returns = len(slots)
     parts = [f"#if CUDA_BODY_SLOTS != {CUDA_BODY_SLOTS}\n#error \"cuda_bodies' size differs from apis.py\"\n#endif\n"]
     for (launch, runtime), slot in slots.items():
-        nested = "" if runtime else f"    if (cuda_nested(ctx, api, {launch}, {FIRST_DRIVER_API})) return 0;\n"
-        entry_ip = "    e.entry_ip = PT_REGS_IP(ctx); e.entry_sp = PT_REGS_SP(ctx);\n" if launch else ""
+        # with counts a driver launch inside a runtime launch is found by the tally (cuda_count_launch)
+        nested = "" if runtime else (f"    if (cuda_nested(ctx, api, {0 if counts else launch}, {FIRST_DRIVER_API}))"
+                                      " return 0;\n")
+        entry_ip = "    e.entry_ip = PT_REGS_IP(ctx); e.entry_sp = PT_REGS_SP(ctx);\n" if launch and not counts else ""
         end = "return 0;" if launch else "return cuda_capture(ctx, e.ts, api);"
+        save = f"    cuda_save(&e, api, {launch}, {runtime});\n"
+        if launch and counts:
+            save, end = "", f"return cuda_count_launch(ctx, &e, api, {runtime});"
+        flush = "    cuda_tally_flush();\n" if counts and not launch else ""
         layouts = dict.fromkeys(api.layout for api in chosen if _kind(api) == (launch, runtime))
         cases = "".join(f"    case {LAYOUT_INDEX[layout]}: {{ {ARG_LAYOUTS[layout]} break; }}\n" for layout in layouts)
         parts.append(
@@ -222,11 +231,12 @@ def bpf_programs(names: list[str] | None = None) -> str:
             f"{nested}"
             "    struct cuda_inflight e = {};\n"
             "    if (!cuda_begin(&e, api)) return 0;\n"
+            f"{flush}"
             "    switch (layout) {\n"
             f"{cases}"
             "    }\n"
             f"{entry_ip}"
-            f"    cuda_save(&e, api, {launch}, {runtime});\n"
+            f"{save}"
             f"    {end}\n"
             "}\n"
         )

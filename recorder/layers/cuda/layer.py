@@ -34,7 +34,7 @@ from recorder.layers.cuda.apis import (
     is_launch,
     return_program,
 )
-from recorder.layers.cuda.records import CUDA, RECORDS
+from recorder.layers.cuda.records import COUNT, COUNT_KERNELS, CUDA, RECORDS
 
 SOURCES = (BpfSource("cuda", "cuda.bpf.c"),)
 
@@ -85,6 +85,13 @@ _CUDA_SIGNED = struct.Struct("=8x" + CUDA.fmt[1:].replace("Q", "q"))
 _CUDA_PID, _CUDA_TID, _CUDA_DIGEST, _CUDA_FLAGS = (CUDA.names.index(n)
                                                    for n in ("pid", "tid", "py_digest", "flags"))
 _NO_STACK = RECORDS.constants["CUDA_FLAG_NO_STACK"]
+_SAMPLE = RECORDS.constants["CUDA_FLAG_SAMPLE"]
+_FLAGS_AT = 8 + CUDA.offsets()["flags"]  # a framed record's flags
+LAUNCH_COUNT_COLUMNS = ("session_id", "ts", "dur", "thread_id", "api_id", "function", "launches", "cgroup_id")
+LAUNCH_SAMPLE_COLUMNS = ("session_id", "ts", "thread_id", "api_id", "function", "stream", "grid", "block",
+                         "python_stack_id", "native_stack_id")
+_COUNT_SIGNED = struct.Struct("=8x" + COUNT.fmt[1:].replace("Q", "q"))
+_COUNT_AT = {name: i for i, name in enumerate(COUNT.names)}
 _NO_API = RECORDS.constants["CUDA_NO_API"]
 
 
@@ -125,7 +132,7 @@ class CudaLayer(BaseLayer):
 
     name = "cuda"
     sources = SOURCES
-    tables = ("cuda_api", "cuda_call", "library")
+    tables = ("cuda_api", "cuda_call", "cuda_launch_count", "cuda_launch_sample", "library")
     records = RECORDS
     losses = (*RECORDS.losses(), _OPEN_LOST, _ROUTE_LOST)
     observes = (Observation("cuda", "CUDA runtime/driver calls"),)
@@ -134,6 +141,9 @@ class CudaLayer(BaseLayer):
     def __init__(self, context: Context) -> None:
         super().__init__(context)
         self.raw: list[bytes] = []
+        self.counts_raw: list[bytes] = []
+        # kernel launches counted at their entry (bpf/cuda.bpf.c cuda_count_launch), not a row each
+        self.counting = not context.settings.launch_rows
         self._pack_cuda: Callable | None = None
         self.route = LaunchRoute(context)
 
@@ -144,10 +154,12 @@ class CudaLayer(BaseLayer):
             [(i, a.name, a.family, a.library, a.layout) for i, a in enumerate(APIS)])
         ctx.store.conn.commit()
         ctx.writer.table("cuda_call", CUDA_COLUMNS)
+        ctx.writer.table("cuda_launch_count", LAUNCH_COUNT_COLUMNS)
+        ctx.writer.table("cuda_launch_sample", LAUNCH_SAMPLE_COLUMNS)
         self._pack_cuda = self._packing()
 
     def bpf_text(self) -> str:
-        return bpf_programs()
+        return bpf_programs(counts=self.counting)
 
     def attach(self) -> None:
         probes = self.context.probes
@@ -156,6 +168,12 @@ class CudaLayer(BaseLayer):
             probes.bpf.get_table("cuda_progs")[ctypes.c_int(0)] = ctypes.c_int(walk.fd)
         except Exception as e:  # the calls are recorded without their native stack
             probes.cap("cuda", "native stacks", "failed", failure(e))
+        if self.counting:
+            try:  # the sampled launches' stacks (bpf/cuda.bpf.c cuda_launch_sample)
+                sample = probes.bpf.load_func("cuda_launch_sample", probes.BPF.KPROBE)
+                probes.bpf.get_table("cuda_progs")[ctypes.c_int(1)] = ctypes.c_int(sample.fd)
+            except Exception as e:  # launches are counted, none is kept as a sample
+                probes.cap("cuda", "launch samples", "failed", failure(e))
         try:  # the bodies the per-API programs tail-call (bpf/cuda.bpf.c cuda_dispatch)
             bodies = probes.bpf.get_table("cuda_bodies")
             for slot, name in enumerate(body_programs()):
@@ -184,7 +202,9 @@ class CudaLayer(BaseLayer):
                 continue
             site = sites.get(api.name)
             try:
-                attach_pair(probes.bpf, real, api.name, site, f"cuda_entry_{i}", return_program(api))
+                # a counted launch: its entry only
+                returns = None if self.counting and is_launch(api) else return_program(api)
+                attach_pair(probes.bpf, real, api.name, site, f"cuda_entry_{i}", returns)
                 probes.cap("cuda", api.name, "attached", site_detail(site), path)
                 self.route.attached(real, api)
                 count += 1
@@ -218,21 +238,119 @@ class CudaLayer(BaseLayer):
                 self.route.mapped(pid, os.path.realpath(found))
 
     def sinks(self) -> dict[str, Sink]:
-        return {"cuda_events": self.raw.append}
+        return {"cuda_events": self.raw.append, "cuda_counts": self.counts_raw.append}
 
     def blocks(self) -> dict[str, int]:
-        return {"cuda_events": CUDA.size}
+        return {"cuda_events": CUDA.size, "cuda_counts": COUNT.size}
 
     def flush(self) -> None:
         ctx = self.context
         self.route.check()
         joined_cuda = b"".join(self.raw)  # blocks of framed records (Probes.open_rings)
         ctx.events["cuda"] += len(joined_cuda) // CUDA.framed_size
+        if self.counting:
+            joined_cuda = self._launch_samples(joined_cuda)
+            if self.counts_raw:
+                joined = b"".join(self.counts_raw)
+                self.counts_raw.clear()
+                self._write_counts(_COUNT_SIGNED.iter_unpack(joined))
         if self.raw or ctx.stacks.held("cuda"):
             if self._pack_cuda and joined_cuda:
                 joined_cuda = self._pack_cuda_rows(joined_cuda)
             ctx.writer.extend("cuda_call", self._cuda_rows(joined_cuda))
             self.raw.clear()
+
+    def _launch_samples(self, joined: bytes) -> bytes:
+        """Write the sampled launches among framed cuda_event records into cuda_launch_sample; returns
+        the other records (the calls with a return probe)."""
+        framed = CUDA.framed_size
+        view = memoryview(joined)
+        keep, samples = [], []
+        flags_at = _FLAGS_AT
+        for at in range(0, len(joined), framed):
+            if int.from_bytes(view[at + flags_at:at + flags_at + 4], "little") & _SAMPLE:
+                samples.append(view[at:at + framed])
+            else:
+                keep.append(view[at:at + framed])
+        if not samples and not self.context.stacks.held("cuda_sample"):
+            return joined
+        ctx = self.context
+        stacks = ctx.stacks
+        threads, ident = ctx.identity.threads, ctx.identity
+        natives = stacks.native_cache()
+        rows = []
+        records = _CUDA_SIGNED.iter_unpack(b"".join(samples))
+        for rec, py_stack in stacks.join("cuda_sample", records, cuda_stack_key):
+            (ts, _dur, _cg, _ret, _size, stream, function, _pointer, _handle, _digest, pid, tid, api, _kind,
+             gx, gy, gz, bx, by, bz, _shmem, _flags, _driver_api, _reserved, native_stack) = rec
+            th = threads.get(tid) or ident.thread(tid, pid, None, ts)
+            native = natives.get((pid, native_stack))
+            if native is None:
+                native = stacks.native_id(pid, native_stack)
+            rows.append((ctx.session_id, ts, th, api, function, stream, f"{gx},{gy},{gz}", f"{bx},{by},{bz}",
+                         py_stack, native))
+        ctx.writer.extend("cuda_launch_sample", rows)
+        return b"".join(keep) if len(keep) * framed != len(joined) else joined
+
+    def _write_counts(self, records: Iterable[tuple]) -> int:
+        """cuda_launch_count rows of cuda_count_event records (unpacked, 64-bit fields signed): one per
+        kernel named, one for the others. Returns the launches."""
+        ctx = self.context
+        sid = ctx.session_id
+        threads, ident = ctx.identity.threads, ctx.identity
+        at = _COUNT_AT
+        f0, c0, a0 = at["function_0"], at["count_0"], at["api_0"]
+        rows: list[tuple] = []
+        launches = 0
+        for r in records:
+            n = r[at["launches"]]
+            if n <= 0:
+                continue
+            ts, last, pid, tid = r[at["ts"]], r[at["last_ts"]], r[at["pid"]], r[at["tid"]]
+            th = threads.get(tid) or ident.thread(tid, pid, None, ts)
+            cg = r[at["cgroup_id"]]
+            for i in range(min(r[at["kernels"]], COUNT_KERNELS)):
+                rows.append((sid, ts, last - ts, th, r[a0 + i], r[f0 + i], r[c0 + i], cg))
+            if r[at["other"]]:
+                rows.append((sid, ts, last - ts, th, None, None, r[at["other"]], cg))
+            launches += n
+        ctx.events["cuda"] += launches
+        ctx.writer.extend("cuda_launch_count", rows)
+        return launches
+
+    def _drain_counts(self, final: bool) -> None:
+        """The launches counted and not sent yet (bpf/cuda_inflight.h cuda_tallies): at the stop, every
+        thread's (taken from the map); at a dump none (they come with their thread's next send)."""
+        if self.counting and final:
+            self._take_tallies(lambda pid, tid: True)
+
+    def tick(self, ts: int) -> None:
+        """Once a second: the launches counted by threads that have exited (no program of theirs
+        sends them any more) are written now, and their entries leave the map."""
+        if self.counting:
+            self._take_tallies(lambda pid, tid: not os.path.exists(f"/proc/{pid}/task/{tid}"))
+
+    def _take_tallies(self, gone: Callable[[int, int], bool]) -> None:
+        """Write and remove the tallies of the threads `gone(pid, tid)` names. A thread still running
+        may count a launch between the read and the removal: only the stop takes those."""
+        try:
+            table = self.context.probes.bpf.get_table("cuda_tallies")
+        except Exception:  # no CUDA layer loaded
+            return
+        records = []
+        for key, t in list(table.items()):
+            ev = t.ev
+            if not gone(ev.pid, key.value):
+                continue
+            if ev.launches:
+                records.append(tuple(signed64(getattr(ev, name)) if COUNT.fields[i][1] == "u64"
+                                     else getattr(ev, name) for i, name in enumerate(COUNT.names)))
+            try:
+                del table[key]
+            except KeyError:
+                pass
+        if records:
+            self._write_counts(records)
 
     def _packing(self) -> Callable | None:
         """recorder/_ingest.c's pack_cuda with cuda_call declared packed to the writer, or None
@@ -277,6 +395,7 @@ class CudaLayer(BaseLayer):
         `loss`. Returns the rows written."""
         ctx = self.context
         stacks = ctx.stacks
+        self._drain_counts(final)
         records, lost = [], 0
         for call in in_flight(ctx.probes.bpf, "cuda_inflight", delete=final):
             r = call.record
@@ -467,8 +586,11 @@ class LaunchRoute:
             lib.state = "detaching"
             probes.cap("cuda", "launch probes", "attached",
                        f"driver only: the first {total:,} runtime launches all went through the driver's launch "
-                       "probes, so the runtime's launch probes were detached (one probe pair a launch instead of "
-                       "two); launches are the driver's rows from then on", lib.path)
+                       "probes, so the runtime's launch probes were detached ("
+                       + ("one trap a launch instead of two); launches are counted at the driver from then on"
+                          if not self.context.settings.launch_rows else
+                          "one probe pair a launch instead of two); launches are the driver's rows from then on"),
+                       lib.path)
 
     def _detached(self, libraries: list[RuntimeRoute], now: int) -> None:
         """The second step of a switch: the returns go, and a launch of those libraries still in

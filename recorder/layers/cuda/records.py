@@ -41,14 +41,42 @@ CUDA = Layout(
     "one CUDA runtime or driver call, sent at return",
 )
 
-RECORDS = Records((CUDA,), {
+COUNT_KERNELS = 8  # the distinct kernels a thread's counts name one by one (the others: `other`)
+COUNT = Layout(
+    "cuda_count_event",
+    (
+        ("ts", "u64"),  # the first of these launches, ns CLOCK_MONOTONIC
+        ("last_ts", "u64"),  # the last of them
+        ("cgroup_id", "u64"),
+        ("launches", "u64"),  # kernel launches of the thread since its counts were last sent
+        ("other", "u64"),  # of those, the launches of kernels beyond the first COUNT_KERNELS
+        *((f"function_{i}", "u64") for i in range(COUNT_KERNELS)),  # kernel function pointer / CUfunction
+        *((f"count_{i}", "u32") for i in range(COUNT_KERNELS)),  # its launches
+        *((f"api_{i}", "u32") for i in range(COUNT_KERNELS)),  # the launch API's index (APIS)
+        ("pid", "u32"),
+        ("tid", "u32"),
+        ("kernels", "u32"),  # the function_/count_/api_ slots used
+        ("pad", "u32"),
+    ),
+    "a thread's kernel launches counted at their entries, sent at its next blocking call, step marker, "
+    "after CUDA_COUNT_FLUSH_NS, or read at the stop",
+)
+
+RECORDS = Records((CUDA, COUNT), {
     "CUDA_FLAG_POINTER_UNREAD": 1,  # the allocated pointer could not be read at return
     # a kernel launch fast enough, and not sampled, to be kept without stacks (bpf/cuda.bpf.c)
     "CUDA_FLAG_NO_STACK": 2,
     "CUDA_FLAG_LATE_STACK": 4,  # its stacks were taken at its return (a launch: slow or sampled)
     "CUDA_NO_API": 0xFFFFFFFF,
+    # a launch drawn as a sample by its entry, which has no return probe (dur 0; its stacks are the entry's)
+    "CUDA_FLAG_SAMPLE": 8,
+    "CUDA_COUNT_KERNELS": COUNT_KERNELS,
 }, (
     ("PROBE_CUDA", Loss("cuda ring buffer", "cuda", "CUDA calls", "ring buffer full")),
+    ("PROBE_CUDA_COUNTS", Loss("cuda launch counts ring buffer", "cuda", "counts of CUDA kernel launches",
+                               "ring buffer full")),
+    ("PROBE_CUDA_TALLY", Loss("cuda launch counts map full", "cuda", "CUDA kernel launches",
+                              "the per-thread counts map was full")),
     ("PROBE_CUDA_MAP", Loss("cuda in-flight map full", "cuda", "CUDA calls", "in-flight map full")),
     # a CUDA call whose API the per-API program noted was overwritten before its body read it (another
     # thread's call on the same CPU in between; bpf/cuda.bpf.c cuda_dispatch): the call is not recorded
