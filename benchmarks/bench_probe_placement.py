@@ -156,6 +156,9 @@ def measure(n: int, reps: int, python: bool) -> dict:
     try:
         driver.calls("cuLaunchKernel", n)  # warm the caches and the page tables
         kheaders.locate()
+        # each launch a row, through its probe pair (the mode that keeps durations), so that every
+        # call made under it can be checked as stored; by default a launch has its entry probe only
+        os.environ["STALL_RECORDER_LAUNCH_ROWS"] = "1"
         session = Session(Path(tmp.name) / "bench.db", TargetSpec(pids=(driver.pid,)), (), "bench_probe_placement")
         session.begin()
         probes = session.probes

@@ -17,9 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.stdio import stdio_server
 from mcp.types import ToolAnnotations
 
 from mcp_server import untrusted
@@ -149,6 +151,60 @@ End with the cause, the evidence (ids and durations), what was ruled out, and th
     return server
 
 
+# how long the stdio server goes on after the end of its input, answering the requests it read
+DRAIN_S = 120.0
+
+
+def _message(item: object) -> object:
+    message = getattr(item, "message", None)
+    return getattr(message, "root", message)
+
+
+async def _serve_stdio(server: MCPServer) -> None:
+    """The stdio transport, answering every request read before the end of the input.
+
+    The SDK's stdio server ends with its input and drops the requests still in flight, so a client
+    that writes its requests and closes its end (`printf ... | recorder mcp`, a batch job) lost the
+    answers a busy machine had not sent yet. Here the messages pass through a relay that notes the
+    ids of the requests read and of the answers written; at the end of the input the server goes
+    on until each has its answer (or was cancelled), DRAIN_S at most, and then ends."""
+    pending: set[object] = set()
+    async with stdio_server() as (client_in, client_out):
+        to_server, server_in = anyio.create_memory_object_stream[Any](0)
+        server_out, to_client = anyio.create_memory_object_stream[Any](0)
+
+        async def inbound() -> None:
+            async with to_server:
+                async for item in client_in:
+                    message = _message(item)
+                    method, rid = getattr(message, "method", None), getattr(message, "id", None)
+                    if method is not None and rid is not None:
+                        pending.add(rid)
+                    elif method == "notifications/cancelled":
+                        params = getattr(message, "params", None)
+                        pending.discard(params.get("requestId") if isinstance(params, dict)
+                                        else getattr(params, "request_id", None))
+                    await to_server.send(item)
+                with anyio.move_on_after(DRAIN_S):
+                    while pending:
+                        await anyio.sleep(0.02)
+
+        async def outbound() -> None:
+            async with client_out:
+                async for item in to_client:
+                    message = _message(item)
+                    if getattr(message, "method", None) is None:
+                        pending.discard(getattr(message, "id", None))
+                    await client_out.send(item)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(inbound)
+            tg.start_soon(outbound)
+            low = server._lowlevel_server
+            async with server_out:
+                await low.run(server_in, server_out, low.create_initialization_options())
+
+
 def serve_stdio(db: str | Path) -> None:
     logging.basicConfig(level=logging.WARNING, format="recorder mcp: %(message)s")
-    build_server(db).run()
+    anyio.run(_serve_stdio, build_server(db))

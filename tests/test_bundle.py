@@ -223,6 +223,7 @@ def test_explain_and_mcp_over_stdio(recorded):
                     timeout=60)
     replies = {m["id"]: m for m in map(json.loads, mcp.stdout.splitlines()) if "id" in m}
     assert replies[1]["result"]["serverInfo"]["name"], mcp.stderr
+    assert 2 in replies, (mcp.stdout, mcp.stderr)  # answered before the server ended with its input
     tools = {t["name"] for t in replies[2]["result"]["tools"]}
     assert {"explain_stall", "run_sql"} <= tools, tools
 

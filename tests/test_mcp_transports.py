@@ -71,6 +71,27 @@ def test_stdio_subprocess_lists_tools_and_matches_recorder_explain(db):
     assert untrusted.unmark(report) == cli_explain(db)
 
 
+def test_stdio_answers_every_request_written_before_the_input_ends(db):
+    """A client that writes its requests and closes its end (`printf ... | recorder mcp`): every
+    request read gets its answer before the server exits, however long its queries take."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "pipe", "version": "1"}}}
+    slow = ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r LIMIT 300000) "
+            "SELECT count(*) AS n FROM r")
+    requests = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                *({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                   "params": {"name": "run_sql", "arguments": {"sql": slow}}} for i in range(2, 8)),
+                {"jsonrpc": "2.0", "id": 8, "method": "tools/list"}]
+    res = subprocess.run([*RECORDER, "mcp", "--db", str(db)], input="".join(json.dumps(r) + "\n" for r in requests),
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    replies = {m["id"]: m for m in map(json.loads, res.stdout.splitlines()) if "id" in m}
+    assert sorted(replies) == list(range(1, 9)), (sorted(replies), res.stderr[-2000:])
+    for i in range(2, 8):
+        rows = replies[i]["result"]["structuredContent"]["rows"]
+        assert rows == [[300000]], rows
+    assert len(replies[8]["result"]["tools"]) == TOOL_COUNT
+
+
 def test_stdio_on_a_demo_recording_every_tool_and_the_step_report(tmp_path):
     """A synthetic recording of an NVMe timeout (recorder demo): every tool answers over real stdio,
     and explain_stall(step=...) is `recorder explain --step ... --json`."""

@@ -23,8 +23,9 @@ LAUNCHES = 200
 def recording(tmp_path_factory):
     driver = native_libs.build_trap_library()
     db = tmp_path_factory.mktemp("placement") / "placement.db"
-    res = run_recorder("record", "--db", str(db), "--", sys.executable, str(WORK), "--driver", str(driver),
-                       "--launches", str(LAUNCHES), timeout=180)
+    # per-launch rows: each launch's arguments and return code are what a moved probe must still read
+    res = run_recorder("record", "--db", str(db), "--launch-rows", "--", sys.executable, str(WORK),
+                       "--driver", str(driver), "--launches", str(LAUNCHES), timeout=180)
     assert res.returncode == 0, res.stderr
     out = workload_output(res.stdout)
     assert set(out["calls"].values()) == {LAUNCHES}, out

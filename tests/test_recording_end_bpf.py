@@ -28,10 +28,10 @@ PIPE_PAIRS = str(ROOT / "tests" / "workloads" / "pipe_pairs.py")  # tens of thou
 
 @pytest.fixture()
 def small_fs(tmp_path):
-    """A 12 MiB tmpfs (2 MiB of it the recorder's reserve): filled in seconds by the load above."""
+    """A 24 MiB tmpfs (2 MiB of it the recorder's reserve): filled in seconds by the load above."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True, text=True)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}): needs root")
     yield mnt
