@@ -370,6 +370,24 @@ struct cuda_route_count {
 };
 BPF_TABLE("lru_hash", u32, struct cuda_route_count, cuda_launch_route, 4096);
 
+/* Per process, a runtime launch in cuda_launch_route: through a driver launch probe (through) or
+ * not. At its return with per-launch rows; with counts (no return probe), once the thread's driver
+ * launch or next runtime launch says which. */
+static __always_inline void cuda_route_count(u32 tgid, int through)
+{
+    struct cuda_route_count *n = cuda_launch_route.lookup(&tgid);
+    if (!n) {
+        struct cuda_route_count zero = {};
+        cuda_launch_route.update(&tgid, &zero);
+        n = cuda_launch_route.lookup(&tgid);
+    }
+    if (n) {
+        __sync_fetch_and_add(&n->launches, 1);
+        if (through)
+            __sync_fetch_and_add(&n->through, 1);
+    }
+}
+
 /* The return of every launch API (cuda_launch_return, generated with `first_driver`): one event;
  * the stacks of a slow or sampled launch, walked here (the native one inline, then the Python one
  * keyed by the call's entry ts, as an entry's). */
@@ -392,20 +410,8 @@ static __always_inline int cuda_launch_end(struct pt_regs *ctx, u32 first_driver
     u64 ts = in->ts, dur = bpf_ktime_get_ns() - ts;
     u32 api = in->api;
     s64 ret = (s64)(s32)PT_REGS_RC(ctx);
-    if (api < first_driver) {
-        u32 tgid = bpf_get_current_pid_tgid() >> 32;
-        struct cuda_route_count *n = cuda_launch_route.lookup(&tgid);
-        if (!n) {
-            struct cuda_route_count zero = {};
-            cuda_launch_route.update(&tgid, &zero);
-            n = cuda_launch_route.lookup(&tgid);
-        }
-        if (n) {
-            __sync_fetch_and_add(&n->launches, 1);
-            if (in->driver_api != CUDA_NO_API)
-                __sync_fetch_and_add(&n->through, 1);
-        }
-    }
+    if (api < first_driver)
+        cuda_route_count(bpf_get_current_pid_tgid() >> 32, in->driver_api != CUDA_NO_API);
     if (dur < CUDA_LATE_STACK_NS && (bpf_get_prandom_u32() & CUDA_STACK_SAMPLE_MASK)) {
         cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_NO_STACK);
         in->ts = 0;
@@ -417,24 +423,6 @@ static __always_inline int cuda_launch_end(struct pt_regs *ctx, u32 first_driver
     cuda_emit(ctx, in, api, ret, dur, CUDA_FLAG_LATE_STACK);
     in->ts = 0;
     PYSTACK_CAPTURE(ctx, ts);
-}
-
-/* Per process, while a runtime library's launch probes are attached with counts (no return probe):
- * as cuda_launch_route, counted when a runtime launch is known to have gone through a driver launch
- * probe (through) or not (the thread's next runtime launch came first). */
-static __always_inline void cuda_route_count(u32 tgid, int through)
-{
-    struct cuda_route_count *n = cuda_launch_route.lookup(&tgid);
-    if (!n) {
-        struct cuda_route_count zero = {};
-        cuda_launch_route.update(&tgid, &zero);
-        n = cuda_launch_route.lookup(&tgid);
-    }
-    if (n) {
-        __sync_fetch_and_add(&n->launches, 1);
-        if (through)
-            __sync_fetch_and_add(&n->through, 1);
-    }
 }
 
 /* A launch's entry without a return probe (the default): counted in its thread's tally, and one in
