@@ -72,12 +72,13 @@ def _child_phases() -> dict:
     timed(loader.Probes, "open_rings", "ring buffers: open")
     timed(session_mod.Session, "_attach_process", "target: first scan")
     timed(session_mod.Session, "_rescan_members", "target: first scan")
-    for name in ("SchedLayer", "TaskLayer", "CudaLayer", "IoLayer", "CheckpointLayer", "WorkloadLayer", "KernelLog",
-                 "GpuLayer"):
-        cls = getattr(session_mod, name)
+    from recorder.layers import LAYERS
+    from recorder.layers.gpu import GpuLayer
+
+    for cls in LAYERS:
         timed(cls, "attach", f"layer attach: {cls.name}")
         timed(cls, "prepare", "layers: prepare")
-    timed(session_mod.GpuLayer, "start", "gpu: NVML")
+    timed(GpuLayer, "start", "gpu: NVML")
     work = subprocess.Popen([sys.executable, "-c", SLEEPER])
     db = Path(tempfile.mkdtemp()) / "startup.db"
     try:

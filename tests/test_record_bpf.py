@@ -229,6 +229,54 @@ def test_tracepoint_missing_from_the_kernel_is_recorded_as_absent(tmp_path):
         p.cleanup()
 
 
+def test_the_stop_hands_its_probes_to_a_helper_whose_exit_detaches_them(tmp_path):
+    """The kernel detaches perf events one at a time at their last close (seconds for a session's):
+    the stop hands them to a helper process, which holds them and no file of the recording, and
+    detaches them in its exit; once it is gone, the programs no longer run."""
+    from recorder.core import loader as probes
+    from recorder.layers import bpf_sources, cuda, definitions
+
+    stats = "/proc/sys/kernel/bpf_stats_enabled"
+    was = open(stats).read().strip()
+    open(stats, "w").write("1")  # the programs' run counts in their fdinfo
+    p = probes.Probes(probes.TargetSpec(pids=(os.getpid(),)), bpf_sources(), [cuda.bpf_programs()],
+                      definitions=definitions())
+    try:
+        recording = open(tmp_path / "r.db", "wb")  # a file of this process: the helper must not hold it
+        held = sorted(p.bpf.tracepoint_fds.values())
+        helper = probes._detacher(held)
+        assert helper is not None
+        fds = {int(fd): os.readlink(f"/proc/{helper.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{helper.pid}/fd")}
+        assert sorted(fd for fd in fds if fd > 2) == held, fds
+        assert {fds[fd] for fd in held} == {"anon_inode:[perf_event]"}
+        assert not any(str(tmp_path) in target for target in fds.values()), fds
+        helper.stdin.close()
+        helper.wait(timeout=60)
+        recording.close()
+
+        # the whole stop's way: this process closes its copies at once, the helper's exit detaches
+        switch = p.bpf.funcs[b"tracepoint__sched__sched_switch"].fd
+
+        def runs() -> int:
+            return int(re.search(r"^run_cnt:\s*(\d+)", open(f"/proc/self/fdinfo/{switch}").read(), re.M).group(1))
+
+        def switches() -> int:
+            before = runs()
+            for _ in range(50):
+                time.sleep(0.002)  # a context switch each
+            return runs() - before
+
+        assert switches() >= 50  # attached, and counted
+        probes.detach_all(p.bpf)
+        assert perf_event_fds() == [] and not p.bpf.tracepoint_fds and not p.bpf.uprobe_fds
+        assert probes._DETACHERS[-1] is not helper
+        probes._DETACHERS[-1].wait(timeout=60)
+        assert switches() == 0
+    finally:
+        p.cleanup()
+        open(stats, "w").write(was)
+
+
 def perf_event_fds() -> list[str]:
     """This process's open perf events (each attached tracepoint or uprobe holds one)."""
     out = []

@@ -394,11 +394,13 @@ class Probes:
         return out
 
     def cleanup(self) -> None:
-        """Detach every probe, then free the programs and maps. The kernel waits for a grace
-        period at each perf event's close (tens of ms): BCC's cleanup closes them one after the
-        other, which made a stop take seconds; closed from several threads at once the waits
-        overlap (the closes release the GIL). A process that exits without this closes them in
-        its exit, one after the other, in the D state."""
+        """Detach every probe, then free the programs and maps. The kernel detaches a perf event at
+        its last close, one at a time and tens of ms each (it waits for a grace period under a
+        lock the closes share): closing 80 tracepoints and a few uprobes took 3-4 s whichever
+        thread closed them. So the closes are handed to a helper process (`detach_all`): this
+        process is done with its probes at once, and the helper's exit detaches them after. A
+        process that exits without this closes them in its own exit, one after the other, in the
+        D state."""
         if self.rings is not None:
             self.rings.close()
             self.rings = None
@@ -407,12 +409,35 @@ class Probes:
 
 
 DETACH_THREADS = 32
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe/type")
+_DETACHERS: list[subprocess.Popen] = []  # helpers still detaching (reaped by subprocess, or by init)
 
 
-def detach_all(bpf_object: Any) -> None:
-    """Close the perf events of a BCC object's tracepoints, uprobes and kprobes at once, and forget
-    them (its cleanup() then finds nothing of them to detach). A close that fails is left to
-    cleanup(), which says why."""
+def _detacher(fds: list[int]) -> subprocess.Popen | None:
+    """A helper process that holds `fds` (perf events) until its input closes, then exits, and
+    so detaches them in its exit: the last close of each is its own. None where it cannot start
+    (the caller then closes them itself)."""
+    import sys
+
+    try:
+        helper = subprocess.Popen([sys.executable, "-S", "-E", "-c", "import os\nos.read(0, 1)"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  pass_fds=fds, start_new_session=True, cwd="/")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    _DETACHERS[:] = [p for p in _DETACHERS if p.poll() is None]
+    _DETACHERS.append(helper)
+    return helper
+
+
+def detach_all(bpf_object: Any, hand_off: bool = True) -> None:
+    """Close the perf events of a BCC object's tracepoints, uprobes and kprobes, and forget them
+    (its cleanup() then finds nothing of them to detach). With `hand_off` a helper process holds
+    them first, so this process's closes are not their last and cost nothing; the helper detaches
+    them in its exit (seconds, see `Probes.cleanup`), with no file of the recording open. Without
+    one (or where a uprobe was made through tracefs, whose event this process removes after the
+    close) they are closed here, from several threads, whose waits overlap where the kernel lets
+    them. A close that fails is left to cleanup(), which says why."""
     from concurrent.futures import ThreadPoolExecutor
 
     from bcc import lib
@@ -437,6 +462,19 @@ def detach_all(bpf_object: Any) -> None:
     ]
     if not jobs:
         return
+    if hand_off:
+        held = list(bpf_object.tracepoint_fds.values())
+        if UPROBE_PMU.exists():  # uprobes made by perf_event_open: nothing in tracefs to remove
+            held += [fd for fd in bpf_object.uprobe_fds.values() if isinstance(fd, int)]
+        helper = _detacher(held) if held else None
+        if helper is not None:
+            try:
+                for fn, name in jobs:  # not the last close of any held: no wait
+                    fn(name)
+            finally:
+                assert helper.stdin is not None
+                helper.stdin.close()  # the helper exits, and its exit detaches them
+            return
     with ThreadPoolExecutor(max_workers=min(DETACH_THREADS, len(jobs)), thread_name_prefix="detach") as pool:
         for job in [pool.submit(fn, name) for fn, name in jobs]:
             job.result()
