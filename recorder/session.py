@@ -52,7 +52,7 @@ from recorder.recording_files import (
 from recorder.steps_infer import infer_steps
 from recorder.workload_metrics import WorkloadWatch
 from store.db import Store, Writer, cannot_write, lock_path, open_store, sqlite_uri
-from store.db.rules import stall_rule
+from store.db.rules import slow_call_rule, stall_rule
 from store.flight import file_bytes
 
 VERSION = "0.1.0"
@@ -219,8 +219,9 @@ class Session:
             return [(c.pid, c.record.ts) for c in in_flight(self.probes.bpf, "nccl_inflight", delete=False)
                     if c.pid is not None]
 
-        self.rank_metrics = WorkloadWatch(conn, self.session_id, stall_rule(Store(self.db_path, conn, True)),
-                                      socket.gethostname(), wall, nccl_in_flight)
+        reading = Store(self.db_path, conn, True)
+        self.rank_metrics = WorkloadWatch(conn, self.session_id, stall_rule(reading), socket.gethostname(), wall,
+                                          nccl_in_flight, slow_call_rule(reading))
 
     def _close_rank_metrics(self) -> None:
         if self._rank_metrics_db is not None:

@@ -42,7 +42,7 @@ never synchronise, or whose synchronising calls repeat fewer than MIN_STEPS time
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from statistics import median
@@ -178,14 +178,19 @@ _SYNC_CALLS = (
 
 
 def sync_call_rows(conn, session_id: int, cuda_ids: tuple[int, int] | None = None,
-                   nccl_ids: tuple[int, int] | None = None) -> list[tuple[int, int, int, str]]:
+                   nccl_ids: tuple[int, int] | None = None,
+                   skip_threads: Iterable[int] = ()) -> list[tuple[int, int, int, str]]:
     """(thread_id, ts, dur, key) of the session's synchronising calls, by thread and time; with
     cuda_ids / nccl_ids (lo, hi) only the calls whose row id is in (lo, hi] of that table, and no
-    call still open (a call in flight is written as an open row only for an incident's copy)."""
+    call still open (a call in flight is written as an open row only for an incident's copy);
+    none of the threads in skip_threads (row ids)."""
+    skip = ",".join(str(int(t)) for t in skip_threads)
     sql = _SYNC_CALLS.format(
         families=",".join("?" * len(SYNC_FAMILIES)), kinds=",".join("?" * len(MEMCPY_TO_HOST)),
-        cuda_range=" AND c.id > ? AND c.id <= ? AND c.open = 0" if cuda_ids else "",
-        nccl_range=" AND n.id > ? AND n.id <= ? AND n.open = 0" if nccl_ids else "")
+        cuda_range=(" AND c.id > ? AND c.id <= ? AND c.open = 0" if cuda_ids else "")
+        + (f" AND c.thread_id NOT IN ({skip})" if skip else ""),
+        nccl_range=(" AND n.id > ? AND n.id <= ? AND n.open = 0" if nccl_ids else "")
+        + (f" AND n.thread_id NOT IN ({skip})" if skip else ""))
     params = (session_id, *SYNC_FAMILIES, *MEMCPY_TO_HOST, *(cuda_ids or ()), session_id, *(nccl_ids or ()))
     return conn.execute(sql, params).fetchall()
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import sqlite3
 import statistics
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from recorder.steps_infer import Pattern, SyncCall, find_pattern, sync_call_rows
@@ -59,8 +59,11 @@ class InferredStepWatch:
     """Infers the steps of threads that mark none from the calls written since its last look, and
     says which step just ended as a stall."""
 
-    def __init__(self, monitor: sqlite3.Connection, session_id: int, rule: StallRule, wall_offset_ns: int) -> None:
+    def __init__(self, monitor: sqlite3.Connection, session_id: int, rule: StallRule, wall_offset_ns: int,
+                 on_step: Callable[[int, int, int, bool], None] | None = None) -> None:
         self.monitor = monitor
+        # (thread id, start ts, duration, stalled) of each step that ended, once, on the judged thread
+        self.on_step = on_step
         self.session_id = session_id
         self.rule = rule
         self.wall_offset_ns = wall_offset_ns
@@ -82,7 +85,7 @@ class InferredStepWatch:
         out: list[tuple[int, str]] = []
         if any(tops[t] > self.last_ids[t] for t in tops):
             rows = sync_call_rows(self.monitor, self.session_id, (self.last_ids["cuda_call"], tops["cuda_call"]),
-                                  (self.last_ids["nccl_call"], tops["nccl_call"]))
+                                  (self.last_ids["nccl_call"], tops["nccl_call"]), self.skipped)
             self.last_ids = tops
             self._learn({r[0] for r in rows} - self.threads.keys() - self.skipped)
             for thread_id, ts, dur, key in rows:
@@ -126,10 +129,15 @@ class InferredStepWatch:
             dur = ts - t.start
             if ts > t.judged:
                 t.judged = ts
-                if len(t.durs) >= self.baseline_steps and self._judged_thread(thread_id, t):
+                judged = self._judged_thread(thread_id, t)
+                stalled = False
+                if len(t.durs) >= self.baseline_steps and judged:
                     median = statistics.median(t.durs)
                     if self.rule.stalled(dur, median) and t.pattern is not None:  # a step begins under a pattern
+                        stalled = True
                         out.append((ts, self._detail(t, t.pattern, t.start, dur, median)))
+                if judged and self.on_step is not None:
+                    self.on_step(thread_id, t.start, dur, stalled)
             t.durs.append(dur)
         t.start = ts
         t.steps += 1

@@ -13,6 +13,9 @@ index on ts while recording; SQLite filters and sums, few rows reach Python):
 
 - step marks (recorder.step): each thread's step times (a histogram), its steps and the stalled
   ones, judged as the flight recorder judges them (the report's stall rule over the steps before);
+  a process that marks no steps has them inferred live from the period of its synchronising calls,
+  as the flight recorder infers them (recorder/steps_live.py), and judged the same way
+  (`workload_steps_inferred` says which a rank's are);
 - NCCL collectives and the stream synchronisation that follows each on its thread and stream;
 - the off-CPU intervals (view offcpu; a wait for a CPU after a sleep or a sched_yield is left out: a
   polling loop, such as a collective waiting for its peers, makes many, each of a wakeup's usual
@@ -20,6 +23,13 @@ index on ts while recording; SQLite filters and sums, few rows reach Python):
   steps or call NCCL (a rank's critical path; its DataLoader workers' idle sleeps are not lost
   time), as seconds lost by cause kind (store/analysis/kinds: the kinds whose `lost_time` is that
   breakdown);
+- the CUDA calls (not launches, which are counted, not timed) slow against the calls before them
+  of their family and size, by the report's slow-call rule (slow_call_rule), their time past that
+  baseline as lost to slow_cuda_call (live, the baseline is the median of the last
+  SLOW_BASELINE_S looks' mean durations, which one slow call among many barely moves); a call of
+  a family and size with no baseline yet counts whole once it takes ONCE_NS (the first
+  allocation that eats a step); a stream synchronisation after a collective is the collective's
+  wait, not a slow call;
 - the NCCL calls in flight now (the BPF map of calls entered and not returned): the oldest one's
   age, per rank (a hang).
 
@@ -41,9 +51,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from recorder.metrics import Metric
+from recorder.steps_live import InferredStepWatch
 from store.analysis.kinds import KINDS
 from store.analysis.kinds.family import IO_REASONS
-from store.db.rules import StallRule
+from store.db.rules import SlowCallRule, StallRule
 
 NS = 1_000_000_000
 MAX_RANKS = 64            # identities (ranks) one recorder exports: a node runs 8 or 16
@@ -53,6 +64,8 @@ PAIR_WAIT_NS = 3 * NS     # a collective's synchronisation is looked for this lo
 PENDING_COLLECTIVES = 8192  # collectives per (thread, stream) waiting for their synchronisation
 STALL_QUERIES_PER_TICK = 8  # stalled steps whose cause kind is looked up each second (the rest: 'unexplained')
 HISTORY_S = 120           # how far back a stalled step's rows are looked for
+SLOW_BASELINE_S = 30      # per-second medians a call family's live baseline is taken over
+ONCE_NS = 50_000_000      # a call with no baseline of its family and size yet counts whole from this long
 IDENTITY = ("job_id", "rank", "local_rank", "world_size", "node", "pod")
 OTHER = "other"
 
@@ -78,6 +91,22 @@ LOST_KINDS = {
     ("dirty_throttle", None): _lost_kind("dirty_throttle"),
     ("nccl_wait", None): _lost_kind("nccl_wait"),
 }
+SLOW_CALL = "slow_cuda_call"
+assert SLOW_CALL in KINDS  # its lost time is the excess over the baseline, computed here
+
+# per API and size class of the calls since the last look: their count and mean (SQLite groups them,
+# no sort, no join: a job writes thousands a second), for the family's baseline
+_CUDA_MEANS = """
+SELECT api_id, coalesce(size_class, -1), count(*), avg(dur) FROM cuda_call
+WHERE id > ? AND id <= ? AND session_id = ? AND open = 0 GROUP BY 1, 2
+"""
+# the calls long enough to be slow against any baseline, of the watched threads
+_CUDA_LONG = """
+SELECT c.thread_id, c.ts, c.dur, a.family, coalesce(c.size_class, -1), c.api_id FROM cuda_call c
+JOIN cuda_api a ON a.id = c.api_id
+WHERE c.id > ? AND c.id <= ? AND c.session_id = ? AND c.open = 0 AND c.dur >= ? AND c.thread_id IN ({threads})
+ORDER BY c.id
+"""
 
 _OFFCPU = """
 SELECT thread_id, reason, sum(CASE WHEN reason IN ('sleep', 'yield') THEN 0 ELSE runq_dur END),
@@ -100,7 +129,8 @@ class Rank:
     collectives: dict[tuple[str, str], int] = field(default_factory=dict)
     lost: dict[str, float] = field(default_factory=dict)                # cause kind -> seconds
     in_flight_s: float = 0.0
-    last_stall: tuple[int, str, float] | None = None  # (step, cause kind, unix time)
+    last_stall: tuple[int | None, str, float] | None = None  # (step, None: inferred; cause kind, unix time)
+    inferred: bool = False  # its steps are inferred (it marks none)
 
     def step(self, seconds: float) -> None:
         self.steps += 1
@@ -112,17 +142,20 @@ class Rank:
 
 @dataclass
 class _Thread:
+    thread_id: int
     rank: Rank
     last: tuple[int, int] | None = None          # (ts, step) of its last mark
     durs: deque[int] = field(default_factory=deque)
     collectives: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))  # (ts, wait ns)
+    slow: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))  # (ts, excess ns) of slow calls
 
 
 class WorkloadWatch:
     """Reads what was written since its last look; keeps each rank's series (metrics())."""
 
     def __init__(self, monitor: sqlite3.Connection, session_id: int, rule: StallRule, node: str,
-                 wall_offset_ns: int, in_flight: Callable[[], list[tuple[int, int]]] | None = None) -> None:
+                 wall_offset_ns: int, in_flight: Callable[[], list[tuple[int, int]]] | None = None,
+                 slow_rule: SlowCallRule | None = None) -> None:
         self.monitor = monitor
         self.session_id = session_id
         self.rule = rule
@@ -148,6 +181,15 @@ class WorkloadWatch:
         self._collective_ids = self._ids("SELECT id FROM nccl_api WHERE kind IN ('collective', 'p2p')")
         self._ops = dict(monitor.execute("SELECT id, name FROM nccl_api").fetchall())
         self._comms: dict[tuple[int, int], str] = {}  # (process id, handle) -> comm hash
+        self.slow_rule = slow_rule or SlowCallRule(2.0, 1_000_000, 5)
+        self.slow_floor = max(self.slow_rule.min_excess_dur, rule.min_excess_dur)
+        # (family, size) -> (mean, calls) of each look: the baseline is the median of the last looks' means
+        self.call_history: dict[tuple[str, int], deque[tuple[int, int]]] = {}
+        self._families: dict[int, str] = {}  # cuda_api id -> family
+        self.collective_threads: set[int] = set()  # their synchronisations are their collectives' waits
+        self.marked: set[int] = set()  # threads that mark steps: the others' steps may be inferred
+        self._stalls: list[tuple[_Thread, int | None, int, int]] = []  # stalled steps this look: (thread, step, span)
+        self.inferred = InferredStepWatch(monitor, session_id, rule, wall_offset_ns, on_step=self._inferred_step)
 
     # -- reading ----------------------------------------------------------------------------------
     def _ids(self, sql: str) -> str:
@@ -167,6 +209,11 @@ class WorkloadWatch:
         self.unknown.clear()
         self._marks(tops["step_mark"])
         self._collectives(tops["nccl_call"], tops["cuda_call"], now)
+        self.inferred.check(now, self.marked)  # the steps of processes that mark none (_inferred_step)
+        self._slow_calls(tops["cuda_call"])
+        for t, step, start, end in self._stalls:  # judged once this look's waits and slow calls are in
+            t.rank.last_stall = (step, self._stall_kind(t.thread_id, t, start, end), (end + self.wall_offset_ns) / NS)
+        self._stalls.clear()
         self._lost(tops)
         self.offcpu_tops.append((now, tops["offcpu_interval"]))
         while self.offcpu_tops and now - self.offcpu_tops[0][0] > HISTORY_S * NS:
@@ -186,7 +233,7 @@ class WorkloadWatch:
         if rank is None:
             self.unknown.add(thread_id)  # its process's identity is not written yet: the next look
             return None
-        t = self.threads[thread_id] = _Thread(rank, durs=deque(maxlen=self.baseline_steps))
+        t = self.threads[thread_id] = _Thread(thread_id, rank, durs=deque(maxlen=self.baseline_steps))
         return t
 
     def _rank(self, process_id: int) -> Rank | None:
@@ -222,6 +269,7 @@ class WorkloadWatch:
                                     (self.last["step_mark"], top, self.session_id)).fetchall()
         rule = self.rule
         for thread_id, ts, step in rows:
+            self.marked.add(thread_id)
             t = self._thread(thread_id)
             if t is None:
                 continue
@@ -233,10 +281,63 @@ class WorkloadWatch:
                     median = statistics.median(t.durs)
                     if rule.stalled(dur, median):
                         t.rank.stalled += 1
-                        kind = self._stall_kind(thread_id, t, prev_ts, ts)
-                        t.rank.last_stall = (prev_step, kind, (ts + self.wall_offset_ns) / NS)
+                        self._stalls.append((t, prev_step, prev_ts, ts))
                 t.durs.append(dur)
             t.last = (ts, step)
+
+    def _inferred_step(self, thread_id: int, start: int, dur: int, stalled: bool) -> None:
+        """A step of a process that marks none ended (InferredStepWatch, as the flight recorder
+        infers them): counted and judged as a marked one; its number is the report's to give."""
+        t = self._thread(thread_id)
+        if t is None:
+            return
+        r = t.rank
+        r.inferred = True
+        r.step(dur / NS)
+        if stalled:
+            r.stalled += 1
+            self._stalls.append((t, None, start, start + dur))
+
+    def _slow_calls(self, top: int) -> None:
+        """Time lost in CUDA calls slow against the calls of their family and size before them."""
+        last = self.last["cuda_call"]
+        if top <= last:
+            return
+        rule = self.slow_rule
+        long = []
+        if self.threads:
+            threads = ",".join(str(t) for t in self.threads)
+            long = self.monitor.execute(_CUDA_LONG.format(threads=threads),
+                                        (last, top, self.session_id, self.slow_floor)).fetchall()
+        sync_ids = {int(i) for i in self._sync_ids.split(",")}
+        for thread_id, ts, dur, family, size_class, api_id in long:
+            if api_id in sync_ids and thread_id in self.collective_threads:
+                continue  # a collective's wait (nccl_wait)
+            past = self.call_history.get((family, size_class))
+            calls = sum(n for _, n in past) if past else 0
+            if calls >= rule.min_baseline_calls:
+                base = int(statistics.median(m for m, _ in past or ()))
+                if dur < rule.ratio * base or dur - base < self.slow_floor:
+                    continue
+                excess = dur - base
+            elif dur >= ONCE_NS:
+                excess = dur  # no baseline of its own: the first allocation, a checkpoint's sync
+            else:
+                continue
+            t = self.threads[thread_id]
+            t.rank.lost[SLOW_CALL] = t.rank.lost.get(SLOW_CALL, 0.0) + excess / NS
+            t.slow.append((ts, excess))
+        seconds: dict[tuple[str, int], list[float]] = {}  # (family, size) -> [calls, their time]
+        for api_id, size_class, n, mean in self.monitor.execute(_CUDA_MEANS, (last, top, self.session_id)):
+            family = self._families.get(api_id)
+            if family is None:
+                self._families = dict(self.monitor.execute("SELECT id, family FROM cuda_api").fetchall())
+                family = self._families.get(api_id, "?")
+            acc = seconds.setdefault((family, size_class), [0, 0.0])
+            acc[0] += n
+            acc[1] += n * mean
+        for key, (n, total) in seconds.items():
+            self.call_history.setdefault(key, deque(maxlen=SLOW_BASELINE_S)).append((int(total / n), int(n)))
 
     def _collectives(self, top_nccl: int, top_cuda: int, now: int) -> None:
         """Each collective's wait: the call, and the first stream synchronisation after it on its
@@ -249,6 +350,7 @@ class WorkloadWatch:
         for thread_id, ts, dur, api_id, handle, stream, process_id in calls:
             if self._thread(thread_id) is None:
                 continue
+            self.collective_threads.add(thread_id)
             comm = self._comm(process_id, handle)
             waiting = self.pending.setdefault((thread_id, stream or 0), deque())
             if len(waiting) >= PENDING_COLLECTIVES:  # never synchronised: the oldest counts as its call alone
@@ -332,6 +434,9 @@ class WorkloadWatch:
         nccl = sum(w for ts, w in t.collectives if start <= ts < end)
         if nccl:
             lost[LOST_KINDS[("nccl_wait", None)]] = nccl
+        slow = sum(x for ts, x in t.slow if start <= ts < end)
+        if slow:
+            lost[SLOW_CALL] = slow
         if self.stall_queries < STALL_QUERIES_PER_TICK:
             self.stall_queries += 1
             # the rows of intervals that began in the step were written after the last look before it
@@ -376,7 +481,12 @@ class WorkloadWatch:
         lost = Metric("workload_lost_seconds_total", "counter",
                       "seconds the rank's step and NCCL threads lost, by cause kind (store/analysis/kinds): "
                       "waiting for a CPU (cpu_contention), blocked on I/O (blocked_io), on a futex (gil_wait), "
-                      "in reclaim (memory_reclaim), dirty throttling, inside collectives (nccl_wait)")
+                      "in reclaim (memory_reclaim), dirty throttling, inside collectives (nccl_wait), in CUDA "
+                      "calls past their family's baseline (slow_cuda_call)")
+        inferred = Metric("workload_steps_inferred", "gauge",
+                          "1 where the rank marks no steps and its steps are inferred from the period of its "
+                          "synchronising calls (their numbers are the report's: explain --window at the time), "
+                          "0 where it marks them (recorder.step)")
         last_step = Metric("workload_last_stall_step", "gauge", "the step number of the rank's last stalled step")
         last_info = Metric("workload_last_stall_info", "gauge",
                            "the cause kind that lost the rank's last stalled step the most time (value 1)")
@@ -399,9 +509,12 @@ class WorkloadWatch:
             oldest.add(round(r.in_flight_s, 3), **labels)
             for kind, seconds in sorted(r.lost.items()):
                 lost.add(round(seconds, 6), cause_kind=kind, **labels)
+            if r.steps:
+                inferred.add(int(r.inferred), **labels)
             if r.last_stall:
                 step, kind, unix = r.last_stall
-                last_step.add(step, **labels)
+                if step is not None:
+                    last_step.add(step, **labels)
                 last_info.add(1, cause_kind=kind, **labels)
                 last_when.add(round(unix, 3), **labels)
         folded = Metric("workload_series_folded_total", "counter",
@@ -409,6 +522,6 @@ class WorkloadWatch:
                         f"pairs past {MAX_COLLECTIVES} a rank (what='collective'), counted into series 'other'")
         for what, n in sorted(self.folded.items()):
             folded.add(n, what=what)
-        return [hist, steps, stalled, wait, count, oldest, lost, last_step, last_info, last_when, folded,
+        return [hist, steps, stalled, inferred, wait, count, oldest, lost, last_step, last_info, last_when, folded,
                 Metric("workload_watch_cpu_seconds_total", "counter",
                        "CPU time the recorder spent computing these workload metrics").add(round(self.cost_s, 4))]

@@ -74,6 +74,71 @@ def test_steps_waits_lost_time_and_the_last_stall(tmp_path):
         assert all(not {"pid", "step", "tid"} & s.labels.keys() for s in samples)
 
 
+def _api(rec, name: str) -> int:
+    rec.conn.execute("INSERT OR IGNORE INTO cuda_api (name, family, library, arguments) VALUES (?, ?, 'runtime', '')",
+                     (name, name))
+    return rec.conn.execute("SELECT id FROM cuda_api WHERE name = ?", (name,)).fetchone()[0]
+
+
+def _cuda(rec, ts: int, dur: int, api: int, stream: int = 9) -> None:
+    rec.conn.execute("INSERT INTO cuda_call (session_id, ts, dur, thread_id, api_id, ret, stream, cgroup_id) "
+                     "VALUES (?, ?, ?, ?, ?, 0, ?, 0)", (rec.session_id, ts, dur, rec.thread_id, api, stream))
+
+
+def test_a_rank_that_marks_no_steps_has_them_inferred_and_a_once_only_call_names_its_stall(tmp_path):
+    """No recorder.step: the steps come from the period of the synchronising calls (one each 10 ms),
+    as the flight recorder infers them; step 30 lasts 70 ms, 60 of them in the session's first
+    cudaMalloc, which has no baseline of its own: it is the stall's cause and lost time."""
+    rec = synthetic_rank(tmp_path / "r.db", rank=2, world=4, run_id="job-3")
+    malloc = _api(rec, "cudaMalloc")
+    w = _watch(rec)
+    ts = 0
+    for step in range(40):
+        dur = 70 * MS if step == 30 else 10 * MS
+        _cuda(rec, ts, 1 * MS, rec.sync)
+        if step == 30:
+            _cuda(rec, ts + 2 * MS, 60 * MS, malloc)
+        ts += dur
+    _cuda(rec, ts, 1 * MS, rec.sync)  # the last step's end
+    rec.conn.commit()
+    w.tick(ts + 10_000 * MS)
+    fams = _families(render(w.metrics()))
+    assert fams["stall_recorder_workload_steps"][0].value == 40
+    assert fams["stall_recorder_workload_steps_inferred"][0].value == 1
+    assert fams["stall_recorder_workload_stalled_steps"][0].value == 1
+    count, total = (next(s.value for s in fams["stall_recorder_workload_step_seconds"] if s.name.endswith(end))
+                    for end in ("_count", "_sum"))
+    assert count == 40 and total == pytest.approx(39 * 0.01 + 0.07)
+    lost = {s.labels["cause_kind"]: s.value for s in fams["stall_recorder_workload_lost_seconds"]}
+    assert lost == pytest.approx({"slow_cuda_call": 0.06})
+    assert fams["stall_recorder_workload_last_stall_info"][0].labels["cause_kind"] == "slow_cuda_call"
+    assert fams["stall_recorder_workload_last_stall_timestamp_seconds"][0].value == pytest.approx(
+        (30 * 10 + 70) * MS / 1e9)
+    assert not fams.get("stall_recorder_workload_last_stall_step")  # an inferred step's number is the report's
+
+
+def test_calls_slow_against_their_family_are_lost_time_and_a_collectives_sync_is_not(tmp_path):
+    rec = synthetic_rank(tmp_path / "r.db")
+    malloc = _api(rec, "cudaMalloc")
+    w = _watch(rec)
+    c, sid, th = rec.conn, rec.session_id, rec.thread_id
+    c.execute("INSERT INTO step_mark (session_id, ts, thread_id, step) VALUES (?, 0, ?, 0)", (sid, th))
+    for i in range(10):  # the family's baseline: 1 ms
+        _cuda(rec, (1 + i) * MS, 1 * MS, malloc)
+    c.commit()
+    w.tick(1_000 * MS)
+    _cuda(rec, 2_000 * MS, 30 * MS, malloc)    # slow: 29 ms past the baseline
+    _cuda(rec, 2_100 * MS, 1_500_000, malloc)  # not twice the baseline: not slow
+    c.execute("INSERT INTO nccl_call (session_id, ts, dur, thread_id, api_id, ret, handle, stream, cgroup_id) "
+              "VALUES (?, ?, ?, ?, ?, 0, 77, 9, 0)", (sid, 2_200 * MS, 1 * MS, th, rec.allreduce))
+    _cuda(rec, 2_202 * MS, 500 * MS, rec.sync)  # the collective's wait: nccl_wait, not a slow call
+    c.commit()
+    w.tick(10_000 * MS)
+    samples = _families(render(w.metrics()))["stall_recorder_workload_lost_seconds"]
+    lost = {s.labels["cause_kind"]: s.value for s in samples}
+    assert lost == pytest.approx({"slow_cuda_call": 0.029, "nccl_wait": 0.501})
+
+
 def test_communicators_past_the_bound_are_folded_and_counted(tmp_path):
     rec = synthetic_rank(tmp_path / "r.db")
     w = _watch(rec)
