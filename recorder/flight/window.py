@@ -43,9 +43,9 @@ class Window:
         self.keep_now = options.keep_ns  # shrinks while the database is above --max-size
         self.bound = SizeBound(options.max_bytes, options.keep_ns) if options.max_bytes else None
         # a burst (the rings' backlog) in transactions the log's share holds (~100 bytes a row)
-        self.limits = (WriterLimits(txn_rows=max(self.bound.wal_bytes // 4 // ROW_BYTES, 500),
-                                    wal_limit=self.bound.wal_bytes, make_room=self._make_room)
-                       if self.bound else WriterLimits())
+        self._limits = (WriterLimits(txn_rows=max(self.bound.wal_bytes // 4 // ROW_BYTES, 500),
+                                     wal_limit=self.bound.wal_bytes, make_room=self._make_room)
+                        if self.bound else WriterLimits())
         self._last_keep = 0
         self._cut: int | None = None  # the cutoff the writer's backstop last applied (ns), until keep() reads it
         self._pages: tuple[int, int] | None = None  # (bytes in use, bytes free) as the writer last saw them
@@ -61,7 +61,7 @@ class Window:
 
     def writer_limits(self) -> WriterLimits:
         """The limits the session's writer is made with."""
-        return self.limits
+        return self._limits
 
     def start(self, session: SessionHandle, monitor: sqlite3.Connection) -> None:
         """Once the session is written: the retention's marks from here on, the size bound's pragmas,
@@ -78,8 +78,8 @@ class Window:
             page = self._page_size = monitor.execute("PRAGMA page_size").fetchone()[0]
             for sql in self.bound.pragmas(page):
                 writer.execute(sql)
-            assert self.limits.txn_rows is not None  # set with the bound
-            self.retention.chunk_rows = self.limits.txn_rows  # a deletion's pages go to the log too
+            assert self._limits.txn_rows is not None  # set with the bound
+            self.retention.chunk_rows = self._limits.txn_rows  # a deletion's pages go to the log too
         else:
             writer.execute("PRAGMA journal_size_limit = 67108864")  # the log shrinks after a burst
             writer.execute(SECURE_DELETE_FAST)  # pruning writes no freed page to the log
