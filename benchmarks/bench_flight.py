@@ -115,7 +115,7 @@ def live(args) -> dict:
             "final_db_mb": round(main / 1e6, 1), "loadavg": os.getloadavg()}
 
 
-def _recording(db: Path, started: int) -> tuple:
+def _recording(db: Path, started: int, limits=None) -> tuple:
     """A new recording with one thread and one CUDA API, and a background Writer of off-CPU
     intervals and CUDA calls: (store, session id, writer)."""
     from store.db import Writer, open_store
@@ -129,7 +129,7 @@ def _recording(db: Path, started: int) -> tuple:
     store.conn.execute("INSERT INTO cuda_api (id, name, family, library, arguments) VALUES "
                        "(0, 'cudaLaunchKernel', 'cudaLaunchKernel', 'runtime', 'launch_rt')")
     store.conn.commit()
-    writer = Writer(store, background=True)
+    writer = Writer(store, background=True, limits=limits)
     writer.table("offcpu_interval", ("session_id", "ts", "dur", "thread_id", "cpu", "state", "cgroup_id"))
     writer.table("cuda_call", ("session_id", "ts", "dur", "thread_id", "api_id", "ret", "stream", "cgroup_id"))
     return store, sid, writer
@@ -181,20 +181,20 @@ def synthetic(args) -> dict:
 
 
 def sized(args) -> dict:
-    from types import SimpleNamespace
-
     from recorder.core.clock import now_ns
-    from recorder.flight import FlightOptions, FlightRecorder, parse_size
+    from recorder.core.participant import SessionHandle
+    from recorder.flight import FlightOptions, FlightRecorder, Window, parse_size
     from store.db.session import parse_duration
 
     folder = Path(tempfile.mkdtemp(prefix="bench-flight-"))
     db = folder / "flight.db"
     started = now_ns()
-    store, sid, writer = _recording(db, started)
     max_bytes = parse_size(args.max_size)
     options = FlightOptions(keep_ns=parse_duration(args.keep), max_bytes=max_bytes, before_ns=S, after_ns=S)
-    session = SimpleNamespace(db_path=db, writer=writer, session_id=sid, started_ts=started)
-    flight = FlightRecorder(session, options)
+    window = Window(options)  # made before the writer, as in a session: its limits are the writer's
+    store, sid, writer = _recording(db, started, window.writer_limits())
+    handle = SessionHandle(db, sid, started, writer)
+    flight = FlightRecorder(handle, options, window)
     flight.start()
     per_batch = args.rate // 10
     calls = per_batch // 5
@@ -218,19 +218,20 @@ def sized(args) -> dict:
         peak = max(peak, main + wal)
         if batch % (args.sample * 10) == 0:
             row = {"s": batch // 10, "db_mb": round(main / 1e6, 2), "wal_mb": round(wal / 1e6, 2),
-                   "kept_s": round(flight.keep_now / S, 2), "peak_mb": round(peak / 1e6, 2)}
+                   "kept_s": round(window.keep_now / S, 2), "peak_mb": round(peak / 1e6, 2)}
             samples.append(row)
             if not args.json:
                 print(json.dumps(row), flush=True)
     writer.sync()
-    rows = sum(flight._monitor.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-               for t in ("offcpu_interval", "cuda_call"))
+    reader = handle.connect()
+    rows = sum(reader.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("offcpu_interval", "cuda_call"))
+    reader.close()
     flight.finish(now_ns())
     writer.close()
     store.close()
     return {"mode": "sized", "rate": args.rate, "max_size": args.max_size, "max_bytes": max_bytes,
             "seconds": args.seconds, "peak_bytes": peak, "peak_of_bound": round(peak / max_bytes, 3),
-            "kept_s_at_end": round(flight.keep_now / S, 2), "shortest_kept_s": round((flight.shortest or 0) / S, 2),
+            "kept_s_at_end": round(window.keep_now / S, 2), "shortest_kept_s": round((window.shortest or 0) / S, 2),
             "rows_kept_at_end": rows, "late_batches": late,
             "cpu_s_per_s": round((time.process_time() - cpu0) / args.seconds, 2), "samples": samples,
             "loadavg": os.getloadavg()}

@@ -26,6 +26,7 @@ from recorder.core.clock import now_ns
 from recorder.core.identity import Identity
 from recorder.core.layer import Context, Layer, Phase, ProcessHooks
 from recorder.core.loader import Probes, TargetSpec
+from recorder.core.participant import SessionHandle
 from recorder.core.processes import (
     all_processes,
     cgroup_members,
@@ -38,7 +39,7 @@ from recorder.core.settings import Settings
 from recorder.core.stacks import OBSERVES as PYTHON_OBSERVES
 from recorder.core.stacks import StackRecorder
 from recorder.errors import TargetError, UserError
-from recorder.flight import FlightOptions, FlightRecorder
+from recorder.flight import FlightOptions, FlightRecorder, Window
 from recorder.layers import LAYERS, definitions
 from recorder.metrics import MetricsFile, Snapshot, collect, loss_layer, render
 from recorder.metrics_http import ListenOptions, MetricsListener
@@ -51,7 +52,7 @@ from recorder.recording_files import (
 )
 from recorder.steps_infer import infer_steps
 from recorder.workload_metrics import WorkloadWatch
-from store.db import Store, Writer, cannot_write, lock_path, open_store, sqlite_uri
+from store.db import Store, Writer, WriterLimits, cannot_write, lock_path, open_store
 from store.db.rules import slow_call_rule, stall_rule
 from store.flight import file_bytes
 
@@ -145,7 +146,9 @@ class Session:
         }).last_pk  # type: ignore[assignment]  # the row's id: an insert of one row always has it
         self.store.conn.commit()
         self.started_ts = started
-        self.writer = Writer(self.store, background=True)
+        # a flight recording's window bounds the writer (its limits are set where it is made)
+        window = Window(self.flight_options) if self.flight_options else None
+        self.writer = Writer(self.store, background=True, limits=window.writer_limits() if window else WriterLimits())
         self.writer.table("capability", CAPABILITY_COLUMNS)
         self.writer.table("loss", ("session_id", "ts", "probe", "dropped"))
         self.writer.table("library", ("session_id", "path", "kind", "first_ts", "found_by"))
@@ -196,8 +199,10 @@ class Session:
             raise
         self._store_capabilities()
         self.writer.flush()
-        if self.flight_options:
-            self.flight = FlightRecorder(self, self.flight_options)
+        # what the participants that are not layers get of the session (recorder/core/participant.py)
+        self.handle = SessionHandle(self.db_path, self.session_id, started, self.writer, self.layers)
+        if self.flight_options and window:
+            self.flight = FlightRecorder(self.handle, self.flight_options, window)
             self.flight.start()
         self.started_unix = time.time()
         if self.metrics or self.listener:
@@ -207,21 +212,13 @@ class Session:
 
     def _start_rank_metrics(self) -> None:
         """The workload's metrics (recorder/workload_metrics.py), read from a connection of their own."""
-        from recorder.core.inflight import in_flight
-
         self.writer.sync()
-        conn = self._rank_metrics_db = sqlite3.connect(sqlite_uri(self.db_path, mode="ro"), uri=True,
-                                                   check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 2000")
+        conn = self._rank_metrics_db = self.handle.connect()
         wall = conn.execute("SELECT wall_offset_ns FROM session WHERE id = ?", (self.session_id,)).fetchone()[0]
-
-        def nccl_in_flight() -> list[tuple[int, int]]:
-            return [(c.pid, c.record.ts) for c in in_flight(self.probes.bpf, "nccl_inflight", delete=False)
-                    if c.pid is not None]
-
+        handle = self.handle
         reading = Store(self.db_path, conn, True)
         self.rank_metrics = WorkloadWatch(conn, self.session_id, stall_rule(reading), socket.gethostname(), wall,
-                                          nccl_in_flight, slow_call_rule(reading))
+                                          lambda: handle.in_flight("nccl_call"), slow_call_rule(reading))
 
     def _close_rank_metrics(self) -> None:
         if self._rank_metrics_db is not None:
@@ -394,16 +391,13 @@ class Session:
                     layer.flush()
         self._store_capabilities()
         self._flush_exits()
-        self._keep_window()  # a flight recording's deletions go in the batch's transaction
+        if self.flight:  # a flight recording's deletions go in the batch's transaction
+            self.flight.keep(now_ns())
         self.writer.flush()
 
     def _add_stacks(self) -> None:
         self.stacks.add(self.pystacks)
         self.pystacks.clear()
-
-    def _keep_window(self) -> None:
-        if self.flight:
-            self.flight.keep(now_ns())
 
     def _flush_exits(self) -> None:
         if self.identity.exited:

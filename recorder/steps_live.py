@@ -13,7 +13,7 @@ writes tens of thousands of rows a second, of which a few are synchronising call
   (a job may change its rhythm); between searches each new call of the pattern's key extends it by
   one step, so a second's work is a loop over that second's new calls;
 - each step is judged as it ends (at the next step's start) against the median of the steps before
-  it, as for a marked step (FlightRecorder._step): stall_rule's ratio and excess over at least
+  it, as for a marked step (Triggers._step): stall_rule's ratio and excess over at least
   `neighbours` steps. Of the threads of a process, the one with the most steps is judged, as the
   report keeps that one's steps.
 

@@ -30,8 +30,8 @@ index on ts while recording; SQLite filters and sums, few rows reach Python):
   a family and size with no baseline yet counts whole once it takes ONCE_NS (the first
   allocation that eats a step); a stream synchronisation after a collective is the collective's
   wait, not a slow call;
-- the NCCL calls in flight now (the BPF map of calls entered and not returned): the oldest one's
-  age, per rank (a hang).
+- the NCCL calls in flight now (entered and not returned, as the session's layers answer them through
+  its handle, recorder/core/participant.py): the oldest one's age, per rank (a hang).
 
 Labels: the job identity the recorder read from each process's environment (recorder/core/job.py:
 job id, rank, local rank, world size, pod) and the node. Never a step number or a PID. Processes of
@@ -47,9 +47,10 @@ import sqlite3
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from recorder.core.inflight import CallInFlight
 from recorder.metrics import Metric
 from recorder.steps_live import InferredStepWatch
 from store.analysis.kinds import KINDS
@@ -154,14 +155,15 @@ class WorkloadWatch:
     """Reads what was written since its last look; keeps each rank's series (metrics())."""
 
     def __init__(self, monitor: sqlite3.Connection, session_id: int, rule: StallRule, node: str,
-                 wall_offset_ns: int, in_flight: Callable[[], list[tuple[int, int]]] | None = None,
+                 wall_offset_ns: int, in_flight: Callable[[], Iterable[CallInFlight]] | None = None,
                  slow_rule: SlowCallRule | None = None) -> None:
         self.monitor = monitor
         self.session_id = session_id
         self.rule = rule
         self.node = node
         self.wall_offset_ns = wall_offset_ns
-        self.in_flight = in_flight  # () -> (pid, entry ts) of every NCCL call in flight now
+        # () -> every NCCL call in flight now (SessionHandle.in_flight('nccl_call'): the layers' answer)
+        self.in_flight = in_flight
         self.baseline_steps = max(rule.neighbours, rule.min_baseline_steps)
         self.tables = ("step_mark", "nccl_call", "cuda_call", "offcpu_interval", "reclaim_interval", "dirty_throttle")
         self.last = {t: self._top(t) for t in self.tables}
@@ -455,7 +457,8 @@ class WorkloadWatch:
             r.in_flight_s = 0.0
         if self.in_flight is None:
             return
-        for pid, ts in self.in_flight():
+        for call in self.in_flight():
+            pid, ts = call.pid, call.ts
             rank = self.by_pid.get(pid)
             if rank is None:  # a rank with no step nor collective returned yet (a hang in its first call)
                 row = self.monitor.execute("SELECT id FROM process WHERE pid = ? AND session_id = ? "

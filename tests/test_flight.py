@@ -12,7 +12,7 @@ from conftest import q, run_recorder
 
 from recorder.demo import write_scenario
 from recorder.flight import vacuum_statements
-from store.db import Writer, open_store
+from store.db import Writer, WriterLimits, open_store
 from store.flight import Retention, SizeBound, event_tables, save_window
 
 S = 1_000_000_000
@@ -169,11 +169,12 @@ def test_the_writer_makes_room_before_a_burst_it_cannot_hold(tmp_path):
     writer.flush()
     assert retention.make_room(store.conn, room, 0) is not None and used() <= room
     assert store.conn.execute("SELECT max(ts) FROM offcpu_interval").fetchone()[0] == 11 * S + 99_999
-    # through the writer, before each piece it inserts
-    writer.make_room = lambda conn, rows: retention.make_room(conn, room, rows * 160)
-    writer.txn_rows = 2000
-    writer.extend("offcpu_interval", [(sid, 12 * S + i, 1000, 1, 0, 1, 7) for i in range(100_000)])
-    writer.flush()
+    # through a writer made with the backstop, before each piece it inserts
+    bounded = Writer(store, limits=WriterLimits(txn_rows=2000, make_room=lambda conn, rows: retention.make_room(
+        conn, room, rows * 160)))
+    bounded.table("offcpu_interval", OFFCPU)
+    bounded.extend("offcpu_interval", [(sid, 12 * S + i, 1000, 1, 0, 1, 7) for i in range(100_000)])
+    bounded.flush()
     assert used() <= room
     store.close()
 
@@ -184,7 +185,7 @@ def _largest_log_appended(path: Path, chunk_rows: int | None) -> int:
     store, writer, retention, sid = _recording(path)
     for t in range(1, 11):
         _second(writer, retention, sid, t, keep=100 * S, per_second=10_000)
-    writer.wal_limit = 1 << 20
+    writer = Writer(store, limits=WriterLimits(wal_limit=1 << 20))  # the cut, through a writer made with the limit
     if chunk_rows:
         retention.chunk_rows = chunk_rows
     store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

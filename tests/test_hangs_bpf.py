@@ -29,13 +29,14 @@ def _hung_job(tmp_path, native, kill_hung: bool = False, hang_step: int = HANG_S
     pids and the hung rank's line. `kill_hung`: rank 1 is killed inside its call before the stop."""
     db = tmp_path / "r.db"
     go = tmp_path / "go"
+    metrics = tmp_path / "r.prom"  # the workload metrics: the NCCL calls in flight, as the layers answer them
     job = subprocess.Popen([sys.executable, str(WORKLOAD), "--libdir", str(native["dir"]), "--steps", "20",
                             "--slow-steps", "", "--hang-rank", "1", "--hang-step", str(hang_step),
                             "--wait-file", str(go)],
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         run_recorder("start", "-p", str(job.pid), "--db", str(db), "--cuda-lib", str(native["dir"] / "libnccl.so.2"),
-                     "--cuda-lib", str(native["libcudart.so.12"]), check=True)
+                     "--cuda-lib", str(native["libcudart.so.12"]), "--metrics-file", str(metrics), check=True)
         go.touch()
         deadline = time.monotonic() + 60
         hung = None
@@ -56,7 +57,7 @@ def _hung_job(tmp_path, native, kill_hung: bool = False, hang_step: int = HANG_S
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
-    return {"db": db, "ranks": ranks, "stopped": stop}, hung
+    return {"db": db, "ranks": ranks, "stopped": stop, "metrics": metrics}, hung
 
 
 def test_calls_in_flight_at_stop_are_stored_open_and_the_report_names_the_hang(tmp_path, native):
@@ -103,6 +104,14 @@ def test_calls_in_flight_at_stop_are_stored_open_and_the_report_names_the_hang(t
     assert f"rank 0 (pid {ranks[0]}" in text and "inside ncclAllReduce since" in text
     assert "ranks not inside it: 1" in text, text
     assert f"nccl_ranks.py:{line_of['assert nccl.ncclAllReduce(']}" in text
+    # the live metrics asked the layers what was in flight (SessionHandle.in_flight('nccl_call')): rank 0's
+    # collective, read from the NCCL layer's map; rank 1's synchronisation, in the CUDA layer's, is no collective
+    oldest = {}
+    for line in rec["metrics"].read_text().splitlines():
+        if line.startswith("stall_recorder_workload_collective_in_flight_oldest_seconds{"):
+            labels, value = line.rsplit(" ", 1)
+            oldest[next(int(x.split('"')[1]) for x in labels.split(",") if x.startswith("rank="))] = float(value)
+    assert set(oldest) == {0, 1} and oldest[0] > 0 and oldest[1] == 0, oldest
 
 
 def test_a_call_whose_process_died_inside_it_is_counted_as_lost(tmp_path, native):

@@ -15,6 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_harness import free_port, synthetic_rank
 
+from recorder.core.inflight import CallInFlight
+from recorder.core.layer import BaseLayer
+from recorder.core.participant import SessionHandle
 from recorder.metrics import render
 from recorder.metrics_http import ListenOptions, MetricsListener
 from recorder.workload_metrics import MAX_COLLECTIVES, WorkloadWatch
@@ -29,10 +32,32 @@ def _families(text: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
+class _Collectives(BaseLayer):
+    """A layer holding one NCCL call in flight, as the workload layer answers it from its map."""
+
+    name = "workload"
+    tables = ("nccl_call",)
+
+    def in_flight(self) -> tuple[CallInFlight, ...]:
+        return (CallInFlight("nccl_call", "ncclAllReduce", 4242, 4243, 1_000 * MS),)
+
+
+class _Kernels(BaseLayer):
+    """A layer of another table: the NCCL calls' reader never asks it."""
+
+    name = "cuda"
+    tables = ("cuda_call",)
+
+    def in_flight(self) -> tuple[CallInFlight, ...]:
+        raise AssertionError("the CUDA calls in flight were read for the NCCL ones")
+
+
 def _watch(rec) -> WorkloadWatch:
     ro = sqlite3.connect(f"file:{rec.db}?mode=ro", uri=True)
+    layers = [_Kernels(None), _Collectives(None)]  # type: ignore[arg-type]  # neither uses its context
+    handle = SessionHandle(rec.db, rec.session_id, 0, None, layers)  # type: ignore[arg-type]  # writes nothing
     return WorkloadWatch(ro, rec.session_id, stall_rule(Store(rec.db, ro, True)), "node-07", 0,
-                         in_flight=lambda: [(4242, 1_000 * MS)])
+                         in_flight=lambda: handle.in_flight("nccl_call"))
 
 
 def test_steps_waits_lost_time_and_the_last_stall(tmp_path):

@@ -4,7 +4,9 @@ CUDA and NCCL calls are written when they return (bpf/cuda.bpf.c, bpf/nccl.bpf.c
 program keeps the call's arguments in an in-flight map keyed by (thread id << 32 | API index) and
 the return program turns them into one event. A call that never returns (a hung collective) stays
 in the map. `in_flight()` reads those entries, for the session's stop and for a dump of a recording
-in progress; the layers turn them into rows with open = 1 (store/migrations/0013_open_calls_user_code.sql).
+in progress; the layers turn them into rows with open = 1 (store/migrations/0013_open_calls_user_code.sql),
+and answer what is in flight now as `CallInFlight` records (their `Layer.in_flight()`), for the
+flight recorder's hung-call trigger and the live workload metrics, which read no layer's map.
 """
 
 from __future__ import annotations
@@ -23,6 +25,18 @@ class OpenCall:
     pid: int | None
     api: int
     record: Any
+
+
+@dataclass(frozen=True)
+class CallInFlight:
+    """A call entered and not yet returned, as a layer answers it (`Layer.in_flight()`): plain
+    values, no map record."""
+
+    table: str  # the table its row goes to at its return ('cuda_call', 'nccl_call')
+    api: str  # the API's name ('cudaStreamSynchronize', 'ncclAllReduce')
+    pid: int  # its process (a call of a thread gone is none)
+    tid: int
+    ts: int  # its entry, ns CLOCK_MONOTONIC
 
 
 def in_flight(bpf: Any, map_name: str, delete: bool) -> list[OpenCall]:

@@ -31,6 +31,10 @@ Recording:
 - `tick(ts)`: once a second, after the drop counters were read.
 - `drain_in_flight(ts, final)`: calls a layer holds in a BPF map until they return (CUDA, NCCL) are
   written as open rows: at the stop (`final`, taken out of the map) and for a dump while recording.
+- `in_flight()`: those calls now, as plain records (`CallInFlight`), read without changing the map;
+  `drop_open_rows()`: the open rows a dump's drain wrote are deleted again (while recording, a call
+  in flight is in the map, not in the table). The flight recorder and the workload metrics ask the
+  layers through the session's handle (recorder/core/participant.py), naming none.
 - `counted()`: records read that the status file does not count, for the metrics file.
 - `summary()`: capability rows that are not the loader's, for the attach summary.
 
@@ -65,6 +69,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from recorder.core.capability import Observation  # where the layers import it from
 from recorder.core.events import Loss, Records
+from recorder.core.inflight import CallInFlight
 from recorder.core.settings import Settings
 from recorder.core.sources import BpfSource  # where the layers import it from
 
@@ -177,6 +182,10 @@ class Layer(Protocol):
 
     def drain_in_flight(self, ts: int, final: bool) -> int: ...
 
+    def in_flight(self) -> tuple[CallInFlight, ...]: ...
+
+    def drop_open_rows(self) -> None: ...
+
     def counted(self) -> dict[str, int]: ...
 
     def summary(self) -> tuple[tuple[str, str, str, str], ...]: ...
@@ -247,6 +256,12 @@ class BaseLayer:
 
     def drain_in_flight(self, ts: int, final: bool) -> int:
         return 0
+
+    def in_flight(self) -> tuple[CallInFlight, ...]:
+        return ()
+
+    def drop_open_rows(self) -> None:
+        pass
 
     def counted(self) -> dict[str, int]:
         return {}

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 from urllib.parse import quote
 
 import sqlite_utils
@@ -490,6 +491,21 @@ def cannot_write(e: sqlite3.Error) -> bool:
     return code is not None and (code & 0xFF) in (SQLITE_FULL, SQLITE_IOERR)
 
 
+@dataclass(frozen=True)
+class WriterLimits:
+    """How a Writer bounds what it writes, given where it is made (a size bound's, store/flight/__init__.py;
+    none by default)."""
+
+    # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
+    txn_rows: int | None = None
+    # the write-ahead log's size past which a commit checkpoints it and truncates it at once
+    # (a reader that held it back from the automatic checkpoints lets it grow), None: never
+    wal_limit: int | None = None
+    # called (with the writer's connection and the piece's row count) before each piece of a
+    # batch is inserted: where a size bound deletes old rows to make room
+    make_room: Callable[[sqlite3.Connection, int], None] | None = None
+
+
 class Writer:
     """Batches rows per table and writes them with executemany, one transaction per flush.
 
@@ -501,8 +517,10 @@ class Writer:
     write to the database during a session goes through here, rows and statements in order.
     """
 
-    def __init__(self, store: Store, background: bool = False, max_batches: int = 8) -> None:
+    def __init__(self, store: Store, background: bool = False, max_batches: int = 8,
+                 limits: WriterLimits | None = None) -> None:
         self.store = store
+        limits = limits or WriterLimits()
         self._sql: dict[str, str] = {}
         self._multi_sql: dict[str, str] = {}
         self._pending: dict[str, list[Sequence]] = {}
@@ -512,14 +530,10 @@ class Writer:
         self._insert_packed = packed_inserter(store)
         self._statements: list[tuple[str, Sequence]] = []
         self._first: list[tuple[str, Sequence, bool]] = []
-        # at most this many rows per transaction (None: a batch is one): a bounded write-ahead log
-        self.txn_rows: int | None = None
-        # called (with the writer's connection and the piece's row count) before each piece of a
-        # batch is inserted: where a size bound deletes old rows to make room (store/flight/__init__.py)
-        self.make_room: Callable[[sqlite3.Connection, int], None] | None = None
-        # the write-ahead log's size past which a commit checkpoints it and truncates it at once
-        # (a reader that held it back from the automatic checkpoints lets it grow), None: never
-        self.wal_limit: int | None = None
+        # the limits (WriterLimits) hold for the writer's life: set here, never afterwards
+        self.txn_rows: Final = limits.txn_rows
+        self.make_room: Final = limits.make_room
+        self.wal_limit: Final = limits.wal_limit
         # why the writer stopped writing (the disk was full, or would not take a write), and when
         # (CLOCK_MONOTONIC ns) it last committed: later batches are counted in rows_not_written
         self.stopped: str | None = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from recorder.core.capability import failure
 from recorder.core.clock import now_ns
 from recorder.core.events import Loss
-from recorder.core.inflight import in_flight
+from recorder.core.inflight import CallInFlight, in_flight
 from recorder.core.int64 import signed64
 from recorder.core.layer import BaseLayer, BpfSource, Context, Observation, Phase, Sink
 from recorder.core.libraries import (
@@ -422,12 +422,25 @@ class CudaLayer(BaseLayer):
 
         rows = self._rows((rec, stack_of(rec)) for rec in records)
         # the calls in flight at an earlier drain (a dump) are replaced: open rows are those of the last
-        ctx.writer.execute("DELETE FROM cuda_call WHERE session_id = ? AND open = 1", (ctx.session_id,))
+        self.drop_open_rows()
         for row in rows:
             ctx.writer.execute(_OPEN_INSERT, row[:_RET] + (None,) + row[_RET + 1:])
         if lost:
             ctx.writer.add("loss", (ctx.session_id, ts, OPEN_LOST, lost))
         return len(rows)
+
+    def in_flight(self) -> tuple[CallInFlight, ...]:
+        """The CUDA calls in flight now, oldest first, left in the map for their return (a thread's
+        launch record between launches and a call of a thread gone are none)."""
+        if self.context.probes is None:
+            return ()
+        return tuple(CallInFlight("cuda_call", APIS[r.api].name, call.pid, call.tid, r.ts)
+                     for call in in_flight(self.context.probes.bpf, "cuda_inflight", delete=False)
+                     if call.pid is not None and (r := call.record).ts != 0 and r.api < len(APIS))
+
+    def drop_open_rows(self) -> None:
+        ctx = self.context
+        ctx.writer.execute("DELETE FROM cuda_call WHERE session_id = ? AND open = 1", (ctx.session_id,))
 
     def _cuda_rows(self, joined: bytes) -> list[tuple]:
         """cuda_call rows from framed cuda_event records (ring header, then the record)."""

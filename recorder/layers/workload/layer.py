@@ -17,7 +17,7 @@ import bpf
 from recorder.core.capability import failure
 from recorder.core.clock import now_ns
 from recorder.core.events import Loss
-from recorder.core.inflight import in_flight
+from recorder.core.inflight import CallInFlight, in_flight
 from recorder.core.int64 import signed64
 from recorder.core.layer import BaseLayer, Context, Observation, Phase, Sink
 from recorder.core.libraries import exported_functions, mapped_files, resolve, workload_library_kind
@@ -203,12 +203,25 @@ class WorkloadLayer(BaseLayer):
                                            signed64(r.comm_hash), r.rank, r.nranks, r.ts))
         rows = self._nccl_rows(joined, open_calls=True)
         # the calls in flight at an earlier drain (a dump) are replaced: open rows are those of the last
-        s.writer.execute("DELETE FROM nccl_call WHERE session_id = ? AND open = 1", (s.session_id,))
+        self.drop_open_rows()
         for row in rows:
             s.writer.execute(_OPEN_INSERT, row)
         if lost:
             s.writer.add("loss", (s.session_id, ts, OPEN_LOST, lost))
         return len(rows)
+
+    def in_flight(self) -> tuple[CallInFlight, ...]:
+        """The NCCL calls in flight now, oldest first, left in the map for their return (a call of a
+        thread gone is none)."""
+        if self.context.probes is None:
+            return ()
+        return tuple(CallInFlight("nccl_call", nccl.APIS[call.api].name, call.pid, call.tid, call.record.ts)
+                     for call in in_flight(self.context.probes.bpf, "nccl_inflight", delete=False)
+                     if call.pid is not None and call.record.ts != 0 and call.api < len(nccl.APIS))
+
+    def drop_open_rows(self) -> None:
+        s = self.context
+        s.writer.execute("DELETE FROM nccl_call WHERE session_id = ? AND open = 1", (s.session_id,))
 
 
 def _marker_stack_key(rec: tuple) -> tuple[int, int, int]:
