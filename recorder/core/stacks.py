@@ -69,6 +69,8 @@ except ImportError:  # not built: every record goes through add()'s loop
     _join_known_stacks = None
 _RECORD_KEY = struct.Struct("=QII")  # the (ts, pid, tid) that opens a pystacks record
 _PYTHON_NAME = re.compile(r"python\d|libpython")
+PENDING_RETRY_S = 1.0  # a pending process is detected again at least this often
+PENDING_S = 10.0       # and for this long, after which its answer is final
 
 
 # the event tables whose rows carry the Python stack captured for them
@@ -300,7 +302,8 @@ class StackRecorder:
         self._reresolve: set[int] = set()
         self._rereads: dict[int, int] = {}
         self._reported: set[int] = set()  # pids whose capability row is written
-        self._maps_seen: dict[int, int] = {}  # pending pid -> mapped files when last detected
+        self._maps_seen: dict[int, tuple[int, float]] = {}  # pending pid -> (mapped files, when) at its last detection
+        self._pending_since: dict[int, float] = {}  # pending pid -> when it became pending (monotonic s)
         self.losses: dict[str, int] = {}  # stack records lost, written to `loss` once a second
         # calls without a native stack, by reason (not event losses: the call itself is recorded);
         # unresolved Python frames are counted on the stack itself (python_stack.status)
@@ -313,6 +316,7 @@ class StackRecorder:
         if how == "exec" or pid in self.walker.targets:
             self.walker.forget(pid)  # the old image's recipe must not walk the new one meanwhile
             self._drop(pid)
+            self._settled(pid)  # a new image is pending from its own start
         self._configure(pid)
 
     def _configure(self, pid: int) -> None:
@@ -322,8 +326,9 @@ class StackRecorder:
             self.walker.targets[pid] = target = Unsupported(pid, f"walker not configured: {e}")
         if isinstance(target, Unsupported) and self._may_become_python(pid):
             self.pending.add(pid)
+            self._pending_since.setdefault(pid, time.monotonic())
         else:
-            self.pending.discard(pid)
+            self._settled(pid)
         if isinstance(target, PythonTarget) and target.runtime_size and (pid, target.runtime) not in self._gils:
             # where its GIL is: a futex wait in this range is a wait for the interpreter lock
             if any(p == pid for p, _ in self._gils):  # an exec: the old image's lock is gone
@@ -344,20 +349,32 @@ class StackRecorder:
 
     def retry_pending(self) -> None:
         """Detect again the processes whose interpreter was not mapped yet, once it is (checked at
-        every flush, after a dlopen and once a second: a cheap read of /proc/PID/maps)."""
+        every flush, after a dlopen and once a second: a cheap read of /proc/PID/maps). A process
+        is detected again when its mappings changed, and at least once a second while it stays
+        pending, for up to PENDING_S: an answer read in a moment of its start-up (its exec's
+        loader still mapping libpython, an event of its image before read after) is never final
+        while it could still change."""
+        now = time.monotonic()
         for pid in list(self.pending):
             try:
                 with open(f"/proc/{pid}/maps", "rb") as f:
                     maps = f.read()
             except OSError:  # exited
-                self.pending.discard(pid)
+                self._settled(pid)
                 continue
-            if maps.count(b"/") == self._maps_seen.get(pid):
+            count = maps.count(b"/")
+            last = self._maps_seen.get(pid)
+            if last is not None and last[0] == count and now - last[1] < PENDING_RETRY_S:
                 continue
-            self._maps_seen[pid] = maps.count(b"/")
+            self._maps_seen[pid] = (count, now)
             self._configure(pid)
-            if b"libpython" in maps:  # the interpreter is there: the answer is final
-                self.pending.discard(pid)
+            if pid in self.pending and now - self._pending_since.get(pid, now) >= PENDING_S:
+                self._settled(pid)  # not Python after all (a stripped build, an unsupported one): final
+
+    def _settled(self, pid: int) -> None:
+        self.pending.discard(pid)
+        self._maps_seen.pop(pid, None)
+        self._pending_since.pop(pid, None)
 
     def _drop(self, pid: int) -> None:
         self._rereads.pop(pid, None)  # a new image (or none) starts over
@@ -375,7 +392,7 @@ class StackRecorder:
 
     def exited(self, pid: int) -> None:
         self._report(pid)
-        self.pending.discard(pid)
+        self._settled(pid)
         self._drop(pid)
         self.walker.forget(pid)
 
