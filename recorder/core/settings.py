@@ -59,7 +59,7 @@ DEFAULT_LAUNCH_STACK_SAMPLE = 64
 # stacks, a few us) is ~0.05% of a busy CPU.
 # Off by default for now: with samples on, the walker's per-thread state is shared with the event
 # stacks' reads, and a job attached while running lost its calls' Python lines on a busy machine
-DEFAULT_PROFILE_HZ = 0
+DEFAULT_PROFILE_HZ = 99
 MAX_PROFILE_HZ = 1000
 
 # Shorter waits inside a syscall get no Python stack: they are a busy job's many small ones
