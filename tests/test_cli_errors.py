@@ -41,6 +41,7 @@ def test_not_root_doctor_says_what_is_missing():
     result = as_nobody(["doctor"])
     assert result.returncode == 1
     assert "FAIL privileges" in result.stdout and "FAIL bpf syscall" in result.stdout
+    assert "warn on-CPU profile: needs privileges -> run as root or grant CAP_PERFMON" in result.stdout
     assert result.stdout.strip().endswith("recording cannot work until the FAIL lines are fixed")
 
 
@@ -53,6 +54,9 @@ def test_doctor_as_root_can_record():
     assert result.returncode == 0 and report["can_record"] is True
     names = {c["name"] for c in report["checks"]}
     assert "tracepoint sched:sched_switch" in names and "uprobes" in names
+    # the on-CPU profile is on by default, at 99 samples a second, where perf events can be opened
+    profile = next(c for c in report["checks"] if c["name"] == "on-CPU profile")
+    assert profile["ok"] and "99 samples a second on each CPU" in profile["detail"], profile
 
 
 @needs_bpf

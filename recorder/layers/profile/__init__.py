@@ -163,7 +163,7 @@ class ProfileLayer(BaseLayer):
     def _ready(self) -> None:
         """Attach the samples once their programs are compiled (checked at every flush)."""
         c = self.compile
-        if c is None or self.on or c.error is not None:
+        if c is None:
             return
         fds = c.poll()
         if fds is None:
@@ -171,8 +171,9 @@ class ProfileLayer(BaseLayer):
                 self.compile = None
                 self.probes.cap("profile", WHAT, "failed", f"its programs did not compile: {c.error}")
             return
-        self.fds = fds
+        self.fds, self.compile = fds, None
         probes = self.probes
+        probes.adopt(list(fds.values()))  # closed with the session's maps, after its rings
         try:
             self._open_perf_events(fds[PROGRAM])
         except OSError as e:  # no perf events here (a container without CAP_PERFMON, perf_event_paranoid)
@@ -257,13 +258,14 @@ class ProfileLayer(BaseLayer):
         if self.on:
             self._close_perf_events()
             return
-        c = self.compile
+        c, self.compile = self.compile, None
         if c is None or c.error is not None:
             return
         fds = c.poll()  # compiled since the last flush: never attached
         if fds is None:
             c.cancel()
-        self.fds = fds or {}
+        else:
+            self.probes.adopt(list(fds.values()))
         if c.error is None or c.error == "cancelled":
             self.probes.cap("profile", WHAT, "absent", f"the recording ended {time.monotonic() - c.started:.1f} s"
                             " after it began, before the profile's programs were ready (they are compiled once"
@@ -278,10 +280,6 @@ class ProfileLayer(BaseLayer):
             self.probes.cap("profile", "native stacks", "attached",
                                     f"{total:,} samples stored without one ({reasons})")
 
-    def close(self, ts: int) -> None:
-        self._close_perf_events()
-        self.probes.adopt(list(self.fds.values()))  # closed with the session's maps, after its rings
-        self.fds = {}
 
 
 def _addresses(values: ctypes.Array) -> list[int]:
