@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, needs_bpf, q, realtime, run_recorder, workload_output
+from conftest import RECORDER, ROOT, needs_bpf, q, realtime, run_recorder, workload_output
 from test_waits_bpf import _mcp_explain, _plain
 
 from recorder.core.settings import DEFAULT_PROFILE_HZ
@@ -93,7 +94,7 @@ def test_the_profile_is_on_by_default_and_each_sample_stands_for_its_period(reco
     (detail,), = q(db, "SELECT detail FROM capability WHERE layer = 'profile' AND probe = 'cpu-clock samples'")
     assert re.fullmatch(rf"every {period / 1e6:.1f} ms of CPU time \({HZ} a second\) on each CPU, the targets'"
                         r" threads only; \d+\.\d s after the recording began \(its programs are compiled once it"
-                        r" records\): no samples before", detail), detail
+                        r" records, \d+\.\d CPU-s\): no samples before", detail), detail
     assert q(db, "SELECT DISTINCT dur FROM cpu_sample") == [(period,)]
     # only the traced job's threads are sampled, and each sample has its Python stack
     assert q(db, "SELECT DISTINCT p.pid FROM cpu_sample c JOIN thread t ON t.id = c.thread_id"
@@ -118,10 +119,24 @@ def test_a_default_recording_samples_a_python_loop_at_its_line(recording) -> Non
     assert [line for line, _ in lines] == [truth["BURN_LINE"]], lines
 
 
-def test_profile_hz_0_turns_it_off(tmp_path) -> None:
-    db = tmp_path / "off.db"
-    run_recorder("record", "--db", str(db), "--profile-hz", "0", "--", sys.executable, "-c",
-                 "import time\nend = time.thread_time() + 0.3\nwhile time.thread_time() < end: pass", check=True)
-    assert q(db, "SELECT status, detail FROM capability WHERE layer = 'profile'") == [
+def test_profile_hz_0_turns_it_off_and_a_recording_that_ends_first_says_it_has_no_samples(tmp_path) -> None:
+    """Two recordings at once (each is mostly its start's compile, one CPU each): a CPU-bound loop
+    with --profile-hz 0 has no sample and says it was turned off; a default recording of /bin/true
+    ends before the profile attached, complete, and says it has no samples."""
+    off, short = tmp_path / "off.db", tmp_path / "short.db"
+    loop = "import time\nend = time.thread_time() + 0.3\nwhile time.thread_time() < end: pass"
+    runs = [subprocess.Popen([*RECORDER, "record", "--db", str(off), "--profile-hz", "0", "--", sys.executable, "-c",
+                              loop], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+            subprocess.Popen([*RECORDER, "record", "--db", str(short), "--", "/bin/true"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
+    for run in runs:
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+    assert q(off, "SELECT status, detail FROM capability WHERE layer = 'profile'") == [
         ("absent", "turned off (--profile-hz 0)")]
-    assert q(db, "SELECT count(*) FROM cpu_sample") == [(0,)]
+    assert q(off, "SELECT count(*) FROM cpu_sample") == [(0,)]
+    assert q(short, "SELECT status FROM session") == [("complete",)]
+    (status, detail), = q(short, "SELECT status, detail FROM capability WHERE layer = 'profile'")
+    assert status == "absent" and re.fullmatch(
+        r"the recording ended \d+\.\d s after it began, before the profile's programs were ready \(they are"
+        r" compiled once it records\): no samples", detail), detail

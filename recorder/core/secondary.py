@@ -64,6 +64,7 @@ class Secondary:
         self.started = 0.0
         self.elapsed: float | None = None  # seconds from start() to the programs' return
         self.error: str | None = None
+        self.cpu_s: float | None = None  # the compile's CPU seconds (the child's), once it ended
         self.fds: dict[str, int] | None = None
         self._sock: socket.socket | None = None
 
@@ -159,7 +160,8 @@ class Secondary:
             self._sock = None
         if self.pid is not None:
             try:
-                os.waitpid(self.pid, 0)  # it has sent its answer, or was killed: it is ending
+                _pid, _status, usage = os.wait4(self.pid, 0)  # it has sent its answer, or was killed: it is ending
+                self.cpu_s = usage.ru_utime + usage.ru_stime
             except ChildProcessError:
                 pass
             self.pid = None

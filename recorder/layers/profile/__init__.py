@@ -184,7 +184,8 @@ class ProfileLayer(BaseLayer):
         self.on = True
         probes.cap("profile", WHAT, "attached", f"every {self.period / 1e6:.1f} ms of CPU time ({self.hz} a second)"
                    f" on each CPU, the targets' threads only; {time.monotonic() - c.started:.1f} s after the"
-                   " recording began (its programs are compiled once it records): no samples before")
+                   f" recording began (its programs are compiled once it records, {c.cpu_s or 0:.1f} CPU-s):"
+                   " no samples before")
 
     def _open_perf_events(self, prog_fd: int) -> None:
         from bcc import PerfSWConfig, PerfType, lib
