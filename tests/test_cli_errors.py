@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RECORDER, ROOT, damage_pages, needs_bpf, run_recorder
+from conftest import RECORDER, ROOT, damage_pages, needs_bpf, profile_default_env, run_recorder
 
 from store import open_store
 
@@ -30,7 +30,7 @@ def as_nobody(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            "--inh-caps=-all", *RECORDER, *args],
                           capture_output=True, text=True, cwd="/tmp",
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": "/tmp"})
+                          env={**profile_default_env(), "PYTHONPATH": str(ROOT), "HOME": "/tmp"})
 
 
 def test_not_root_start_is_refused():
@@ -47,7 +47,7 @@ def test_not_root_doctor_says_what_is_missing():
 
 @needs_bpf
 def test_doctor_as_root_can_record():
-    result = run_recorder("doctor", "--json")
+    result = run_recorder("doctor", "--json", env=profile_default_env())
     import json
 
     report = json.loads(result.stdout)

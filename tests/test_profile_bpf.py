@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import RECORDER, ROOT, needs_bpf, q, realtime, run_recorder, workload_output
+from conftest import RECORDER, ROOT, needs_bpf, profile_default_env, q, realtime, run_recorder, workload_output
 from test_waits_bpf import _mcp_explain, _plain
 
 from recorder.core.settings import DEFAULT_PROFILE_HZ
@@ -35,7 +35,7 @@ def recording(tmp_path_factory, native) -> tuple:
     res = run_recorder("record", "--db", str(db), "--", *realtime(), sys.executable,
                        WORKLOAD, "--steps", "14", "--until-sampled", str(status_path(db)),
                        "--burn-step", "6", "--spin-step", "10", "--burn-ms", str(BURN_MS),
-                       "--libdir", str(native["libcuda.so.1"].parent), timeout=300)
+                       "--libdir", str(native["libcuda.so.1"].parent), timeout=300, env=profile_default_env())
     assert res.returncode == 0, res.stderr
     return db, workload_output(res.stdout)
 
@@ -128,7 +128,7 @@ def test_profile_hz_0_turns_it_off_and_a_recording_that_ends_first_says_it_has_n
     runs = [subprocess.Popen([*RECORDER, "record", "--db", str(off), "--profile-hz", "0", "--", sys.executable, "-c",
                               loop], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
             subprocess.Popen([*RECORDER, "record", "--db", str(short), "--", "/bin/true"], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=profile_default_env())]
     for run in runs:
         _, err = run.communicate(timeout=300)
         assert run.returncode == 0, err
