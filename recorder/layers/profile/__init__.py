@@ -63,6 +63,7 @@ WHAT = "cpu-clock samples"
 _KERNEL = RECORDS.constants["PROFILE_FLAG_KERNEL"]
 # the kernel walk's errors: -EFAULT, -EEXIST (its slot holds another stack), -ENOMEM
 _ERRORS = {-14: "user stack not readable", -17: "stack map slot taken", -12: "stack map full"}
+NATIVE_IDS = 1 << 16  # distinct native stacks remembered (all of them forgotten past that)
 _STACK_DEPTH = 127  # a BPF_STACK_TRACE value: the kernel's perf_event_max_stack default
 
 
@@ -120,6 +121,10 @@ class ProfileLayer(BaseLayer):
         self.fds: dict[str, int] = {}
         self.perf_fds: list[int] = []
         self.missing: Counter[str] = Counter()  # samples stored without their native stack, by reason
+        # (pid, addresses) -> stored native stack, across flushes: a job's samples repeat a few
+        # hundred stacks, each symbolised once, not at every flush it appears in (the kernel's
+        # stack ids are not kept: each flush deletes them, so the map never fills)
+        self.natives: dict[tuple[int, tuple[int, ...]], int] = {}
 
     @property
     def probes(self) -> Probes:
@@ -219,8 +224,13 @@ class ProfileLayer(BaseLayer):
             sid = ctypes.c_uint32(stack)
             found = lib.bpf_lookup_elem(self.fds["profile_stacks"], ctypes.byref(sid), ctypes.byref(value)) == 0
             # deleted by the last flush as this sample took its id (rare): no addresses
-            addresses = _addresses(value) if found else []
-            cache[key] = self.stacks.native_stack(pid, addresses, symbolised) if addresses else None
+            addresses = _addresses(value) if found else ()
+            known = (pid, addresses)
+            if addresses and known not in self.natives:
+                if len(self.natives) >= NATIVE_IDS:
+                    self.natives.clear()
+                self.natives[known] = self.stacks.native_stack(pid, addresses, symbolised)
+            cache[key] = self.natives.get(known) if addresses else None
         if cache[key] is None:
             self.missing["stack gone from the map"] += 1
         return cache[key]
@@ -254,6 +264,17 @@ class ProfileLayer(BaseLayer):
             rows.append((sid, ts, thread, cpu, dur, flags & _KERNEL, native, py_stack))
         ctx.writer.extend("cpu_sample", rows)
 
+    def scan(self, pid: int, found_by: str) -> None:
+        if found_by in ("exec", "dlopen"):  # another image, or code mapped where other code was
+            self._forget(pid)
+
+    def process_exited(self, pid: int, ts: int) -> None:
+        self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        if any(k[0] == pid for k in self.natives):
+            self.natives = {k: v for k, v in self.natives.items() if k[0] != pid}
+
     def stop(self) -> None:
         """No sample after this; a compile still running ends, and the row says the samples never began."""
         if self.on:
@@ -283,11 +304,11 @@ class ProfileLayer(BaseLayer):
 
 
 
-def _addresses(values: ctypes.Array) -> list[int]:
+def _addresses(values: ctypes.Array) -> tuple[int, ...]:
     """A stack map value's addresses: innermost first, up to the first empty slot."""
     out = []
     for v in values:
         if not v:
             break
         out.append(v)
-    return out
+    return tuple(out)
