@@ -9,7 +9,9 @@
  * the probe. A program array holds programs of one type only, so the walker is loaded once per
  * program type that captures: as kprobe programs (pystack_progs, for uprobes), as tracepoint
  * programs (pystack_tp_progs) and, for the on-CPU profile's samples, as perf event programs
- * (pystack_pe_progs, PYSTACK_CAPTURE_PE): the same inline bodies, sharing every other map.
+ * (pystack_pe_progs, PYSTACK_CAPTURE_PE): the same inline bodies. The perf event copy is in the
+ * profile's own BPF object (BPF_SECONDARY, compiled after the start), with a ring, a scratch and
+ * counts of its own and every other map the session's (see the maps below).
  *
  * The walker finds the thread's PyThreadState by matching tstate->thread_id (pthread_self(), the fs
  * base on x86-64) against the current task's fs base, without looking at the GIL (ctypes and
