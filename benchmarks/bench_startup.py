@@ -43,6 +43,7 @@ def _child_phases() -> dict:
     sys.path.insert(0, src)
     import bcc
 
+    from recorder import layers as layers_mod
     from recorder import session as session_mod
     from recorder.core import btf, loader, pyframes
 
@@ -72,13 +73,12 @@ def _child_phases() -> dict:
     timed(loader.Probes, "open_rings", "ring buffers: open")
     timed(session_mod.Session, "_attach_process", "target: first scan")
     timed(session_mod.Session, "_rescan_members", "target: first scan")
-    from recorder.layers import LAYERS
-    from recorder.layers.gpu import GpuLayer
-
-    for cls in LAYERS:
+    for cls in layers_mod.LAYERS:  # the registry (recorder/layers/__init__.py)
         timed(cls, "attach", f"layer attach: {cls.name}")
         timed(cls, "prepare", "layers: prepare")
-    timed(GpuLayer, "start", "gpu: NVML")
+    timed(layers_mod.GpuLayer, "start", "gpu: NVML")
+    # the on-CPU profile's start: where it is compiled after the start, the fork of the child that does it
+    timed(layers_mod.ProfileLayer, "start", "profile: start (its compile begins)")
     work = subprocess.Popen([sys.executable, "-c", SLEEPER])
     db = Path(tempfile.mkdtemp()) / "startup.db"
     try:

@@ -21,10 +21,19 @@ static int (*recorder_read_user_str)(void *dst, __u32 size, const void *unsafe_p
 #define bpf_probe_read_user recorder_read_user
 #define bpf_probe_read_user_str recorder_read_user_str
 
+/* The session's maps a later BPF object of the same session uses (the on-CPU profile's, compiled
+ * after the start: recorder/core/secondary.py): shared here, where they are made, and "extern" in
+ * that object's compile (BPF_SECONDARY defined), which then refers to these very maps. */
+#ifdef BPF_SECONDARY
+#define SESSION_TABLE(_type, _key, _leaf, _name, _size) BPF_TABLE("extern", _key, _leaf, _name, _size)
+#else
+#define SESSION_TABLE(_type, _key, _leaf, _name, _size) BPF_TABLE_SHARED(_type, _key, _leaf, _name, _size)
+#endif
+
 /* tgids being recorded (MODE_PIDS); forks of a traced process are added by task.bpf.c */
-BPF_HASH(targets, u32, u8, 16384);
+SESSION_TABLE("hash", u32, u8, targets, 16384);
 /* events lost per probe (index PROBE_*), read by user space every second into the loss table */
-BPF_PERCPU_ARRAY(drops, u64, PROBE_COUNT);
+SESSION_TABLE("percpu_array", int, u64, drops, PROBE_COUNT);
 
 /* the syscall each traced thread is in, filled by raw_syscalls in sched.bpf.c: off-CPU intervals
  * name it, and its entry time tells the stack captures of one syscall apart (bpf/pystack.h). A
@@ -36,7 +45,7 @@ struct syscall_t {
     s32 nr;
     u32 blocked; /* one of its off-CPU intervals opened in this syscall (bpf/sched.bpf.c) */
 };
-BPF_TABLE("lru_hash", u32, struct syscall_t, in_syscall, 65536);
+SESSION_TABLE("lru_hash", u32, struct syscall_t, in_syscall, 65536);
 
 /* entry time of the current thread's syscall, 0 outside one (or without the sched layer) */
 static __always_inline u64 syscall_epoch(u32 tid)
@@ -83,7 +92,7 @@ static __always_inline void count_drop(u32 probe)
 #define RING_WAKE_GAP_NS 20000000ull
 #define RING_OWED RING_COUNT
 #define RING_WOKEN (RING_COUNT + 1) /* when this CPU's sched_switch last sent an owed wake-up */
-BPF_PERCPU_ARRAY(ring_quiet, u64, RING_COUNT + 2);
+SESSION_TABLE("percpu_array", int, u64, ring_quiet, RING_COUNT + 2);
 
 static __always_inline u64 ring_wakeup_flags_at(u32 ring, u64 quiet_max, int irqs_off)
 {
@@ -131,8 +140,13 @@ static __always_inline u64 ring_wake_deferred_as(u64 flags, u64 urgency)
 /* a record user space must act on at once (a process stopped until it has): the next switch on
  * the CPU wakes the reader, however soon after the last wake-up */
 #define ring_wake_urgent() ring_wake_deferred_as(0, 2)
-/* the stack walker (bpf/pystack.h) submits with these flags */
+/* the stack walker (bpf/pystack.h) submits with these flags (a later object's walker has a ring of
+ * its own, read at the session's polls without a wake-up) */
+#ifdef BPF_SECONDARY
+#define PYSTACK_RB_FLAGS BPF_RB_NO_WAKEUP
+#else
 #define PYSTACK_RB_FLAGS ring_wakeup_flags(RING_PYSTACK, RING_QUIET(PYSTACK_RINGBUF_PAGES, sizeof(struct pystack_event)))
+#endif
 
 static __always_inline int is_target(u32 tgid)
 {

@@ -9,7 +9,9 @@
  * the probe. A program array holds programs of one type only, so the walker is loaded once per
  * program type that captures: as kprobe programs (pystack_progs, for uprobes), as tracepoint
  * programs (pystack_tp_progs) and, for the on-CPU profile's samples, as perf event programs
- * (pystack_pe_progs, PYSTACK_CAPTURE_PE): the same inline bodies, sharing every other map.
+ * (pystack_pe_progs, PYSTACK_CAPTURE_PE): the same inline bodies. The perf event copy is in the
+ * profile's own BPF object (BPF_SECONDARY, compiled after the start), with a ring, a scratch and
+ * counts of its own and every other map the session's (see the maps below).
  *
  * The walker finds the thread's PyThreadState by matching tstate->thread_id (pthread_self(), the fs
  * base on x86-64) against the current task's fs base, without looking at the GIL (ctypes and
@@ -198,10 +200,20 @@ struct pystack_scratch {
 };
 
 #ifndef PYSTACK_LAYOUT_ONLY
+#ifndef SESSION_TABLE /* compiled without bpf/common.h (tests, benchmarks): every map the object's own */
+#define SESSION_TABLE(_type, _key, _leaf, _name, _size) BPF_TABLE(_type, _key, _leaf, _name, _size)
+#endif
+/* The records, the per-CPU scratch and the counts are each BPF object's own: a later object of the
+ * session (the on-CPU profile's, BPF_SECONDARY: bpf/common.h) interrupts this one's walks on the
+ * same CPU (a perf event's interrupt in the middle of a uprobe's walk, which only disables
+ * migration), so it must not build its records in the scratch a walk of the session's is using,
+ * and the records it sends are read from a ring of its own (a sample's loss is no event's, and
+ * PYSTACK_RING_FULL() counts it as the object's). Everything it reads (the recipes, the thread
+ * states, the code objects' checksums) is the session's, shared. */
 BPF_RINGBUF_OUTPUT(pystacks, PYSTACK_RINGBUF_PAGES);
-BPF_HASH(pystack_procs, u32, struct pystack_proc, 4096);
+SESSION_TABLE("hash", u32, struct pystack_proc, pystack_procs, 4096);
 /* tid -> PyThreadState, re-validated on use */
-BPF_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
+SESSION_TABLE("lru_hash", u32, u64, pystack_tstates, 16384);
 /* Threads found to have no PyThreadState (a native library's workers: OpenMP, BLAS, a CUDA
  * runtime's): their walk ends after two reads, instead of scanning every thread state of the
  * process at each capture, while the interpreter's list of thread states has the same head (a new
@@ -216,14 +228,16 @@ struct pystack_no_tstate {
     u32 generation; /* the process's recipe then: an exec starts over */
 };
 #define PYSTACK_NO_TSTATE_NS 1000000000ull
-BPF_TABLE("lru_hash", u32, struct pystack_no_tstate, pystack_no_tstates, 16384);
+SESSION_TABLE("lru_hash", u32, struct pystack_no_tstate, pystack_no_tstates, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack_scratch, 1);
 BPF_PERCPU_ARRAY(pystack_counts, u64, PYSTACK_COUNT_SLOTS);
-BPF_ARRAY(pystack_code_cache, struct pystack_code_slot, PYSTACK_CODE_SLOTS);
-BPF_TABLE("lru_hash", u64, u32, pystack_known, 65536);  /* digests user space has confirmed */
-BPF_PROG_ARRAY(pystack_progs, 3);    /* the walker as kprobe programs: uprobes tail-call these */
-BPF_PROG_ARRAY(pystack_tp_progs, 3); /* the same walker as tracepoint programs */
-BPF_PROG_ARRAY(pystack_pe_progs, 3); /* ... and as perf event programs (the on-CPU profile) */
+SESSION_TABLE("array", int, struct pystack_code_slot, pystack_code_cache, PYSTACK_CODE_SLOTS);
+SESSION_TABLE("lru_hash", u64, u32, pystack_known, 65536);  /* digests user space has confirmed */
+SESSION_TABLE("prog", u32, u32, pystack_progs, 3);    /* the walker as kprobe programs: uprobes tail-call these */
+SESSION_TABLE("prog", u32, u32, pystack_tp_progs, 3); /* the same walker as tracepoint programs */
+#ifdef BPF_SECONDARY
+BPF_PROG_ARRAY(pystack_pe_progs, 3); /* ... and as perf event programs (the on-CPU profile's object) */
+#endif
 
 /* Per thread: the key (capture ts) of its latest tracepoint capture and the syscall it was made in.
  * Inside one syscall no Python code runs, so the stack cannot change: the events of a syscall (its
@@ -232,7 +246,7 @@ struct pystack_last {
     u64 epoch;  /* entry time of the syscall the capture was made in */
     u64 key;    /* the capture's ts: pystack_event.ts of its record */
 };
-BPF_TABLE("lru_hash", u32, struct pystack_last, pystack_last, 16384);
+SESSION_TABLE("lru_hash", u32, struct pystack_last, pystack_last, 16384);
 
 static __always_inline void pystack_count(u32 slot)
 {
@@ -276,8 +290,13 @@ static __always_inline void pystack_submit(struct pystack_scratch *st, u32 statu
 #endif
     /* only the frames filled in: a 5-frame stack costs 144 bytes, not the whole array */
     u64 size = sizeof(struct pystack_event) - sizeof(st->ev.frames) + n * sizeof(struct pystack_frame);
-    if (pystacks.ringbuf_output(&st->ev, size, PYSTACK_RB_FLAGS) != 0)
+    if (pystacks.ringbuf_output(&st->ev, size, PYSTACK_RB_FLAGS) != 0) {
+#ifdef PYSTACK_RING_FULL
+        PYSTACK_RING_FULL();
+#else
         pystack_count(PYSTACK_COUNT_RINGBUF_FULL);
+#endif
+    }
 }
 
 /* End the walk on a failed read of `addr` while reading `what` (PYSTACK_FAILED_*): the entry that
@@ -316,9 +335,12 @@ static __always_inline struct pystack_scratch *pystack_own_scratch(void)
  * program types). */
 static __always_inline void pystack_next(void *ctx, int tp, u32 slot)
 {
+#ifdef BPF_SECONDARY
     if (tp == 2)
         pystack_pe_progs.call(ctx, slot);
-    else if (tp)
+    else
+#endif
+    if (tp)
         pystack_tp_progs.call(ctx, slot);
     else
         pystack_progs.call(ctx, slot);

@@ -10,7 +10,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from recorder.core.settings import MAX_PROFILE_HZ, Settings
+from recorder.core.settings import DEFAULT_PROFILE_HZ, MAX_PROFILE_HZ, Settings
 from recorder.flight import TRIGGERS
 from store.errors import UserError
 
@@ -122,8 +122,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                        help="attach to this CUDA or NCCL library now (for processes that load it later)")
         p.add_argument("--profile-hz", type=int, metavar="N",
                        help="sample where the traced threads' CPU time goes N times a second on each CPU "
-                            f"(the on-CPU profile, off by default; 99 is a modest rate; or STALL_RECORDER_PROFILE_HZ; "
-                            f"1-{MAX_PROFILE_HZ}, 0: off)")
+                            f"(the on-CPU profile; default {DEFAULT_PROFILE_HZ}, or STALL_RECORDER_PROFILE_HZ; "
+                            f"1-{MAX_PROFILE_HZ}, 0: off; attached seconds after the recording began)")
         p.add_argument("--launch-rows", action="store_true",
                        help="one cuda_call row per kernel launch, with its duration (a return probe on every "
                             "launch: ~2x its cost; or STALL_RECORDER_LAUNCH_ROWS=1); by default launches are "

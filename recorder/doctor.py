@@ -165,6 +165,7 @@ def run_checks(pids: tuple[int, ...] = ()) -> list[Check]:
         checks.append(Check(f"tracepoint {tp}", present, "present" if present else "absent",
                             "optional: that layer falls back to the kernel log or is not observed",
                             required=False))
+    checks.append(_profile_check(root or has_caps))
     uprobes = Path("/sys/bus/event_source/devices/uprobe").exists()
     checks.append(Check("uprobes", uprobes, "available" if uprobes else "missing",
                         "use a kernel with CONFIG_UPROBE_EVENTS=y"))
@@ -191,6 +192,25 @@ def run_checks(pids: tuple[int, ...] = ()) -> list[Check]:
     checks += probe_trap_checks([p for p in (_library_path(lib) for lib in libs) if p])
     checks.append(_nvml_check())
     return checks
+
+
+def _profile_check(privileged: bool) -> Check:
+    """Whether a session's on-CPU profile can sample: its perf events, and the rate it would use."""
+    from recorder.core.settings import Settings
+    from recorder.layers.profile import perf_events_check
+
+    name = "on-CPU profile"
+    try:
+        hz = Settings.from_environment().profile_hz
+    except UserError as e:
+        return Check(name, False, str(e), "give STALL_RECORDER_PROFILE_HZ a rate from 0 to 1000", required=False)
+    if not hz:
+        return Check(name, True, "turned off (STALL_RECORDER_PROFILE_HZ=0)", required=False)
+    ok, detail = perf_events_check() if privileged else (False, "needs privileges")
+    return Check(name, ok, f"{detail}; {hz} samples a second on each CPU, attached seconds after a recording "
+                 "begins (its programs are compiled once it records)" if ok else detail,
+                 "run as root or grant CAP_PERFMON (or set kernel.perf_event_paranoid to 0 or less); without them "
+                 "a recording has no on-CPU samples", required=False)
 
 
 def _nvml_check() -> Check:

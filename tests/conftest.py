@@ -20,6 +20,18 @@ sys.path.insert(0, str(ROOT / "tests" / "native"))
 import native_libs as native_build  # noqa: E402
 
 RECORDER = [sys.executable, "-m", "recorder"]
+# The on-CPU profile is on by default, and its programs are compiled once per recording, after its
+# start, in a child of the recorder: ~2 CPU-s a recording, which on a machine of 2 CPUs made four
+# test files of real recordings 14% slower (docs/benchmarks.md). The tests that are not about it
+# record without it; those about it (and how it meets other layers) run recorders with
+# `profile_default_env()`.
+PROFILE_VARIABLE = "STALL_RECORDER_PROFILE_HZ"
+os.environ.setdefault(PROFILE_VARIABLE, "0")
+
+
+def profile_default_env() -> dict[str, str]:
+    """This environment with the on-CPU profile at its default (see PROFILE_VARIABLE)."""
+    return {k: v for k, v in os.environ.items() if k != PROFILE_VARIABLE}
 
 
 def bpf_unavailable() -> str | None:

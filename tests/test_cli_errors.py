@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RECORDER, ROOT, damage_pages, needs_bpf, run_recorder
+from conftest import RECORDER, ROOT, damage_pages, needs_bpf, profile_default_env, run_recorder
 
 from store import open_store
 
@@ -30,7 +30,7 @@ def as_nobody(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            "--inh-caps=-all", *RECORDER, *args],
                           capture_output=True, text=True, cwd="/tmp",
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": "/tmp"})
+                          env={**profile_default_env(), "PYTHONPATH": str(ROOT), "HOME": "/tmp"})
 
 
 def test_not_root_start_is_refused():
@@ -41,18 +41,22 @@ def test_not_root_doctor_says_what_is_missing():
     result = as_nobody(["doctor"])
     assert result.returncode == 1
     assert "FAIL privileges" in result.stdout and "FAIL bpf syscall" in result.stdout
+    assert "warn on-CPU profile: needs privileges -> run as root or grant CAP_PERFMON" in result.stdout
     assert result.stdout.strip().endswith("recording cannot work until the FAIL lines are fixed")
 
 
 @needs_bpf
 def test_doctor_as_root_can_record():
-    result = run_recorder("doctor", "--json")
+    result = run_recorder("doctor", "--json", env=profile_default_env())
     import json
 
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["can_record"] is True
     names = {c["name"] for c in report["checks"]}
     assert "tracepoint sched:sched_switch" in names and "uprobes" in names
+    # the on-CPU profile is on by default, at 99 samples a second, where perf events can be opened
+    profile = next(c for c in report["checks"] if c["name"] == "on-CPU profile")
+    assert profile["ok"] and "99 samples a second on each CPU" in profile["detail"], profile
 
 
 @needs_bpf

@@ -2,7 +2,9 @@
 in Python code at a known line, and whose other stalled step spins in the stand-in driver's
 cuLaunchKernel (tests/native/cuda.c, CPU time inside the library). `explain` names the line of the
 first ("in Python at cpu_steps.py:27") and the library, function and line of the second; the
-`step_cpu_profile` view attributes the samples; --profile-hz sets the rate.
+`step_cpu_profile` view attributes the samples. The recording is made with the default rate (the
+profile is on unless --profile-hz 0 turns it off); its programs attach seconds after the recording
+began, and the job runs its steps once the recorder's status file counts samples.
 
 The job runs SCHED_FIFO (conftest.realtime): on this shared machine the steps would otherwise also
 wait for the CPU behind other work, and that wait would be their cause instead."""
@@ -10,25 +12,30 @@ wait for the CPU behind other work, and that wait would be their cause instead."
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, needs_bpf, q, realtime, run_recorder, workload_output
+from conftest import RECORDER, ROOT, needs_bpf, profile_default_env, q, realtime, run_recorder, workload_output
 from test_waits_bpf import _mcp_explain, _plain
+
+from recorder.core.settings import DEFAULT_PROFILE_HZ
+from recorder.recording_files import status_path
 
 pytestmark = [needs_bpf, pytest.mark.bpf]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "cpu_steps.py")
 BURN_MS = 300
-HZ = 149  # not the default: the option reaches the perf events
+HZ = DEFAULT_PROFILE_HZ
 
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory, native) -> tuple:
     db = tmp_path_factory.mktemp("profile") / "profile.db"
-    res = run_recorder("record", "--db", str(db), "--profile-hz", str(HZ), "--", *realtime(), sys.executable,
-                       WORKLOAD, "--steps", "14",
+    res = run_recorder("record", "--db", str(db), "--", *realtime(), sys.executable,
+                       WORKLOAD, "--steps", "14", "--until-sampled", str(status_path(db)),
                        "--burn-step", "6", "--spin-step", "10", "--burn-ms", str(BURN_MS),
-                       "--libdir", str(native["libcuda.so.1"].parent), timeout=300)
+                       "--libdir", str(native["libcuda.so.1"].parent), timeout=300, env=profile_default_env())
     assert res.returncode == 0, res.stderr
     return db, workload_output(res.stdout)
 
@@ -81,11 +88,13 @@ def test_a_call_spinning_in_a_library_is_named_with_its_library_function_and_lin
                  " WHERE m.step != ? AND p.function = 'cuLaunchKernel'", (truth["spin_step"],)) == [(0,)]
 
 
-def test_the_rate_is_the_option_and_each_sample_stands_for_its_period(recording) -> None:
+def test_the_profile_is_on_by_default_and_each_sample_stands_for_its_period(recording) -> None:
     db, truth = recording
     period = 1_000_000_000 // HZ
-    assert q(db, "SELECT detail FROM capability WHERE layer = 'profile' AND probe = 'cpu-clock samples'") == [
-        (f"every {period / 1e6:.1f} ms of CPU time ({HZ} a second) on each CPU, the targets' threads only",)]
+    (detail,), = q(db, "SELECT detail FROM capability WHERE layer = 'profile' AND probe = 'cpu-clock samples'")
+    assert re.fullmatch(rf"every {period / 1e6:.1f} ms of CPU time \({HZ} a second\) on each CPU, the targets'"
+                        r" threads only; \d+\.\d s after the recording began \(its programs are compiled once it"
+                        r" records, \d+\.\d CPU-s\): no samples before", detail), detail
     assert q(db, "SELECT DISTINCT dur FROM cpu_sample") == [(period,)]
     # only the traced job's threads are sampled, and each sample has its Python stack
     assert q(db, "SELECT DISTINCT p.pid FROM cpu_sample c JOIN thread t ON t.id = c.thread_id"
@@ -99,3 +108,35 @@ def test_a_bad_rate_is_one_line_and_records_nothing(tmp_path) -> None:
     assert res.returncode != 0 and res.stderr.strip().splitlines() == [
         "recorder: --profile-hz 5000: give samples a second from 1 to 1000, or 0 for no on-CPU profile"], res.stderr
     assert not db.exists()
+
+
+def test_a_default_recording_samples_a_python_loop_at_its_line(recording) -> None:
+    """No --profile-hz: the CPU-bound burn step's samples carry their Python line."""
+    db, truth = recording
+    lines = q(db, "SELECT pf.line, count(*) FROM cpu_sample c JOIN python_stack_frame pf"
+                  " ON pf.stack_id = c.python_stack_id AND pf.depth = 0 JOIN python_code pc ON pc.id = pf.code_id"
+                  " WHERE pc.filename LIKE '%cpu_steps.py' AND pc.qualname = 'burn' GROUP BY 1")
+    assert [line for line, _ in lines] == [truth["BURN_LINE"]], lines
+
+
+def test_profile_hz_0_turns_it_off_and_a_recording_that_ends_first_says_it_has_no_samples(tmp_path) -> None:
+    """Two recordings at once (each is mostly its start's compile, one CPU each): a CPU-bound loop
+    with --profile-hz 0 has no sample and says it was turned off; a default recording of /bin/true
+    ends before the profile attached, complete, and says it has no samples."""
+    off, short = tmp_path / "off.db", tmp_path / "short.db"
+    loop = "import time\nend = time.thread_time() + 0.3\nwhile time.thread_time() < end: pass"
+    runs = [subprocess.Popen([*RECORDER, "record", "--db", str(off), "--profile-hz", "0", "--", sys.executable, "-c",
+                              loop], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+            subprocess.Popen([*RECORDER, "record", "--db", str(short), "--", "/bin/true"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=profile_default_env())]
+    for run in runs:
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+    assert q(off, "SELECT status, detail FROM capability WHERE layer = 'profile'") == [
+        ("absent", "turned off (--profile-hz 0)")]
+    assert q(off, "SELECT count(*) FROM cpu_sample") == [(0,)]
+    assert q(short, "SELECT status FROM session") == [("complete",)]
+    (status, detail), = q(short, "SELECT status, detail FROM capability WHERE layer = 'profile'")
+    assert status == "absent" and re.fullmatch(
+        r"the recording ended \d+\.\d s after it began, before the profile's programs were ready \(they are"
+        r" compiled once it records\): no samples", detail), detail

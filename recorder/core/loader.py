@@ -204,31 +204,16 @@ class Probes:
         self._layers_of_programs: dict[str, str] | None = None
         self.rings: ringbuf.RingSet | None = None  # set by open_rings() where the fast reader works
         self._skipped_seen = 0
+        self._callbacks: list[Any] = []  # add_ring()'s callbacks where BCC reads the rings
+        self._adopted: list[int] = []
 
     def cap(self, layer: str, probe: str, status: str, detail: str = "", target: str = "") -> None:
         """Record one attach decision (attached / absent / failed) for the capability table."""
         self.capabilities.append(Capability(layer, probe, status, detail, target, now_ns()))
 
     def _source(self, generated: Sequence[str]) -> str:
-        t = self.target
-        cg_id, cg_level = cgroup_identity(t.cgroup) if t.cgroup else (0, 0)
         parts = [
-            self.definitions.c_text(),
-            f"#define TARGET_MODE {t.mode}",
-            f"#define TARGET_CGROUP_ID {cg_id}ull",
-            f"#define TARGET_CGROUP_LEVEL {cg_level}",
-            f"#define SELF_TGID {os.getpid()}",
-            f"#define RING_CPUS {possible_cpus()}",
-            f"#define BLOCK_INFLIGHT_ENTRIES {self.settings.block_inflight}",
-            f"#define BLOCK_RING_PAGES {self.settings.block_ring_pages}",
-            f"#define DLOPEN_HOLD {int(self.settings.dlopen_hold)}",
-            f"#define CUDA_LATE_STACK_NS {self.settings.launch_stack_min_us * 1000}ull",
-            f"#define CUDA_STACK_SAMPLE_MASK {self.settings.launch_stack_sample - 1}u",
-            "#define CUDA_COUNT_FLUSH_NS 1000000000ull",  # a thread's launch counts are sent at least once a second
-            "#define CUDA_TALLY_THREADS 65536",
-            # the reader's wake-ups owed by programs that run with interrupts on are sent from
-            # sched_switch when the scheduler layer is loaded (bpf/common.h)
-            "#define RING_WAKE_AT_SWITCH 1" if self._loads("sched") else "",
+            *self._prelude(),
             bpf.source("common.h"),
             # pasted, not #included (BCC rewrites map syntax in the main text only), before the layers:
             # the CUDA entries end with its capture and task.bpf.c drops a recipe at exec
@@ -247,6 +232,42 @@ class Probes:
             parts.append(bpf.source(source.filename))
         parts.extend(generated)
         return "\n".join(parts)
+
+    def secondary_source(self, text: str, pystack_ring_pages: int, walker_defines: str = "") -> str:
+        """The C of a BPF object compiled after the start (recorder/core/secondary.py) that uses this
+        session's maps: the same definitions and target, the shared maps declared "extern"
+        (bpf/common.h SESSION_TABLE), the CPython walker with a ring, scratch and counts of its own
+        (`walker_defines` before it), then `text`."""
+        return "\n".join([
+            "#define BPF_SECONDARY 1",
+            *self._prelude(),
+            bpf.source("common.h"),
+            walker_defines,
+            f"#define PYSTACK_RINGBUF_PAGES {pystack_ring_pages}\n" + bpf_source(),
+            text,
+        ])
+
+    def _prelude(self) -> list[str]:
+        t = self.target
+        cg_id, cg_level = cgroup_identity(t.cgroup) if t.cgroup else (0, 0)
+        return [
+            self.definitions.c_text(),
+            f"#define TARGET_MODE {t.mode}",
+            f"#define TARGET_CGROUP_ID {cg_id}ull",
+            f"#define TARGET_CGROUP_LEVEL {cg_level}",
+            f"#define SELF_TGID {os.getpid()}",
+            f"#define RING_CPUS {possible_cpus()}",
+            f"#define BLOCK_INFLIGHT_ENTRIES {self.settings.block_inflight}",
+            f"#define BLOCK_RING_PAGES {self.settings.block_ring_pages}",
+            f"#define DLOPEN_HOLD {int(self.settings.dlopen_hold)}",
+            f"#define CUDA_LATE_STACK_NS {self.settings.launch_stack_min_us * 1000}ull",
+            f"#define CUDA_STACK_SAMPLE_MASK {self.settings.launch_stack_sample - 1}u",
+            "#define CUDA_COUNT_FLUSH_NS 1000000000ull",  # a thread's launch counts are sent at least once a second
+            "#define CUDA_TALLY_THREADS 65536",
+            # the reader's wake-ups owed by programs that run with interrupts on are sent from
+            # sched_switch when the scheduler layer is loaded (bpf/common.h)
+            "#define RING_WAKE_AT_SWITCH 1" if self._loads("sched") else "",
+        ]
 
     def _loads(self, layer: str) -> bool:
         """Whether the session compiles `layer`'s BPF source (its required tracepoints exist)."""
@@ -317,6 +338,25 @@ class Probes:
                 return 0
 
             table.open_ring_buffer(callback)
+
+    def add_ring(self, fd: int, data_size: int, sink: Callable[[bytes], None]) -> None:
+        """Read one more ring buffer (of a BPF object compiled after the start, by its fd) from now on."""
+        if self.rings is not None:
+            self.rings.add(fd, data_size, sink)
+            return
+        from bcc.libbcc import _RINGBUF_CB_TYPE  # BCC's own callback type
+
+        def callback(ctx, data, size, _sink=sink):
+            _sink(ctypes.string_at(data, size))
+            return 0
+
+        fn = _RINGBUF_CB_TYPE(callback)
+        self._callbacks.append(fn)  # BCC's reader calls it for as long as the session runs
+        self.bpf._open_ring_buffer(fd, fn)
+
+    def adopt(self, fds: Sequence[int]) -> None:
+        """File descriptors (of maps and programs of a later BPF object) closed with the session's maps."""
+        self._adopted.extend(fds)
 
     def poll(self, timeout_ms: int) -> None:
         """Wait up to timeout_ms for a record, then read every ring to the end. BCC's poll reads
@@ -406,6 +446,9 @@ class Probes:
             self.rings = None
         detach_all(self.bpf)
         self.bpf.cleanup()
+        for fd in self._adopted:
+            os.close(fd)
+        self._adopted = []
 
 
 DETACH_THREADS = 32

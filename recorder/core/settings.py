@@ -27,7 +27,7 @@ names the variable and says what to give instead.
                                          their entry, one trap each, and sampled (off unless 1/on/yes/true;
                                          `record`/`start` --launch-rows set it)
     STALL_RECORDER_PROFILE_HZ=N          sample the traced threads' on-CPU stacks N times a second on each
-                                         CPU (1-1000; default 0, off: opt in with 99, a modest rate;
+                                         CPU (1-1000, default 99; 0 turns the on-CPU profile off;
                                          `record`/`start` --profile-hz sets it)
     STALL_RECORDER_DLOPEN_HOLD=0         do not stop a process at the dlopen of a CUDA/NCCL library until
                                          its probes are attached (on unless 0/off/no/false)
@@ -54,12 +54,12 @@ DEFAULT_INFLIGHT_MAX_AGE_S = 120
 # (bpf/cuda.bpf.c). 100 us is below the smallest excess a slow call must have (slow_call_rule).
 DEFAULT_LAUNCH_STACK_MIN_US = 100
 DEFAULT_LAUNCH_STACK_SAMPLE = 64
-# The on-CPU profile's samples a second on each CPU: a prime, so the samples do not keep step with a
-# job's own periodic work (a 10 ms timer, a 100 Hz loop), and few enough that a sample's cost (its
-# stacks, a few us) is ~0.05% of a busy CPU.
-# Off by default for now: with samples on, the walker's per-thread state is shared with the event
-# stacks' reads, and a job attached while running lost its calls' Python lines on a busy machine
-DEFAULT_PROFILE_HZ = 0
+# The on-CPU profile's samples a second on each CPU, on by default: 99, not 100, so the samples do not
+# keep step with a job's own periodic work (a 10 ms timer, a 100 Hz loop), as sampling profilers of
+# whole hosts commonly do; few enough that a traced thread's samples (their stacks, ~11 us each) cost
+# ~0.1% of its CPU, enough that a 100 ms excess on the CPU gets ~10 samples (docs/benchmarks.md,
+# "On-CPU profile").
+DEFAULT_PROFILE_HZ = 99
 MAX_PROFILE_HZ = 1000
 
 # Shorter waits inside a syscall get no Python stack: they are a busy job's many small ones

@@ -7,6 +7,10 @@
  * walker's perf event copy (bpf/pystack.h, PYSTACK_CAPTURE_PE), its Python stack, joined by
  * (ts, pid, tid). CPU time only: a thread off the CPU is never interrupted, so it is never sampled.
  *
+ * Compiled after the session's start, as a BPF object of its own (recorder/core/secondary.py,
+ * BPF_SECONDARY): the targets, the drop counters and the walker's recipes are the session's maps
+ * ("extern"), its rings, stack map, walker scratch and program array its own.
+ *
  * Nothing here reads a kernel struct: the interrupted instruction pointer comes from the perf
  * event's own context, the rest from helpers. */
 #include <uapi/linux/bpf_perf_event.h>
