@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,22 @@ class Wanted:
     arrays: dict[str, tuple[str, ...]]
     array_type: int
     shared: str = "targets"  # a map of the session's the child checks it refers to
+
+
+def _close_files(keep: int) -> None:
+    """Close the regular files the child inherited (the recording, its log, its lock: a lock held
+    through a shared open file stays held while any copy is open, so a recorder killed while this
+    child compiles would otherwise leave its lock held until the compile ends). Its BPF maps and
+    programs, the channel and stdio stay."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2 or fd == keep:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+        except OSError:  # the listing's own descriptor, closed since
+            continue
 
 
 def map_id(fd: int) -> int | None:
@@ -82,6 +99,7 @@ class Secondary:
     def _child(self, sock: socket.socket) -> None:
         status = 1
         try:
+            _close_files(keep=sock.fileno())
             os.nice(CHILD_NICE)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C stops the session, which ends this
