@@ -101,6 +101,12 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
  * stops the process (SIGSTOP) and sends the event marked held (child_tid = 1): user space attaches
  * and lets it go on (SIGCONT, recorder/layers/task.py). STALL_RECORDER_DLOPEN_HOLD=0 turns it off. */
 BPF_HASH(dlopen_traced, u32, u8, 4096);
+/* When user space last said it reads the task events (CLOCK_MONOTONIC ns, bpf_ktime_get_ns's
+ * clock; 0: it stopped reading). A dlopen is held only while that is recent: a stop nobody would
+ * end (a recorder stopping, its probes still attached while they are detached, or one killed)
+ * must never be sent. recorder/layers/task.py writes it at every flush and 0 at the stop. */
+BPF_ARRAY(task_reader_alive, u64, 1);
+#define TASK_READER_ALIVE_NS 3000000000ULL
 
 #if DLOPEN_HOLD
 static __always_inline int name_at(const char *name, u32 at, const char *prefix, u32 len)
@@ -171,8 +177,13 @@ int task_dlopen_return(struct pt_regs *ctx)
         return 0;
     u32 tid = (u32)id;
     u32 hold = dlopen_traced.lookup(&tid) != 0;
-    if (hold)
+    if (hold) {
         dlopen_traced.delete(&tid);
+        int zero = 0;
+        u64 *alive = task_reader_alive.lookup(&zero);
+        if (!alive || *alive == 0 || bpf_ktime_get_ns() - *alive > TASK_READER_ALIVE_NS)
+            hold = 0; /* nobody reads: the event goes out, the process runs on */
+    }
     if (PT_REGS_RC(ctx) == 0)
         return 0;
     struct task_event *e = task_reserve(TASK_DLOPEN, id >> 32, tid, hold);

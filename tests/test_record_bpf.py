@@ -99,6 +99,47 @@ def test_library_loaded_after_start_is_traced(tmp_path, native):
     assert ("runtime", "dlopen") in found
 
 
+DLOPENER = """
+import ctypes, shutil, sys, time
+from pathlib import Path
+lib, folder = sys.argv[1], Path(sys.argv[2])
+for n in (1, 2):
+    while not (folder / f"go{n}").exists():
+        time.sleep(0.01)
+    copy = folder / f"{n}" / "libcudart.so.12"  # a file of its own: each dlopen opens it
+    copy.parent.mkdir()
+    shutil.copy(lib, copy)
+    ctypes.CDLL(str(copy))
+    (folder / f"done{n}").write_text("")
+"""
+
+
+def test_a_dlopen_after_the_stop_is_never_held(tmp_path, native):
+    """A process that opens a CUDA library is held at its dlopen's return until the recorder has
+    attached to it. After the stop the probes stay attached for seconds (they are detached in the
+    background), with nobody reading: a dlopen then must not stop the process for good."""
+    db = tmp_path / "r.db"
+    proc = subprocess.Popen([sys.executable, "-c", DLOPENER, str(native["libcudart.so.12"]), str(tmp_path)])
+    try:
+        run_recorder("start", "-p", str(proc.pid), "--db", str(db), check=True)
+        (tmp_path / "go1").touch()  # while recording: held, attached, let go
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "done1").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the dlopen while recording never returned"
+            time.sleep(0.05)
+        run_recorder("stop", "--db", str(db), check=True)
+        (tmp_path / "go2").touch()  # right after the stop: the probes are still being detached
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "done2").exists():
+            state = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            assert time.monotonic() < deadline, f"the dlopen after the stop never returned (state {state})"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert ("runtime", "dlopen") in q(db, "SELECT kind, found_by FROM library")
+
+
 def test_fork_and_exec_are_followed(tmp_path, native):
     """The recorded command is a shell that forks and execs python: its calls are recorded."""
     db = tmp_path / "r.db"

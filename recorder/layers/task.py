@@ -14,6 +14,7 @@ import os
 import signal
 
 from recorder.core.capability import failure
+from recorder.core.clock import now_ns
 from recorder.core.events import Layout, Loss, Records
 from recorder.core.identity import read_tgid
 from recorder.core.layer import BaseLayer, BpfSource, Context, Phase, ProcessHooks, Sink
@@ -27,6 +28,7 @@ SOURCES = (BpfSource("task", "task.bpf.c",
 # a process that opens a CUDA/NCCL library is held at its dlopen's return until the library's
 # probes are attached (bpf/task.bpf.c task_openat)
 OPENAT = "syscalls:sys_enter_openat"
+ALIVE_EVERY_NS = 200_000_000  # the reader says it reads at most this often (the program trusts 3 s)
 TASK = Layout(
     "task_event",
     (
@@ -64,6 +66,7 @@ class TaskLayer(BaseLayer):
         self._deferred_exits: list[tuple] = []  # exit records retired at the next flush
         self._batch_exits: list[tuple] = []
         self.held: set[int] = set()  # processes stopped at a dlopen return, until resumed
+        self._alive_said = 0  # when the task events' reader last said it reads (task_reader_alive)
 
     def bpf_text(self) -> str:
         offset = tracepoint_field_offset(OPENAT, "filename")
@@ -79,8 +82,19 @@ class TaskLayer(BaseLayer):
                 "}\n"
                 "#endif\n")
 
+    def _reader_alive(self, ts: int) -> None:
+        """Tell the dlopen program the events are read (ts) or no longer (0): it holds a process
+        only while they are (bpf/task.bpf.c, task_reader_alive)."""
+        try:
+            table = self.context.probes.bpf["task_reader_alive"]
+            table[table.Key(0)] = table.Leaf(ts)
+        except (KeyError, OSError):  # the map refused: holds stop within seconds, nothing is stopped for good
+            return
+        self._alive_said = ts
+
     def attach(self) -> None:
         probes = self.context.probes
+        self._reader_alive(now_ns())
         probes.attach_dlopen()
         if not probes.settings.dlopen_hold:
             probes.cap("task", "dlopen hold", "absent", "STALL_RECORDER_DLOPEN_HOLD is off: the first calls after "
@@ -104,6 +118,9 @@ class TaskLayer(BaseLayer):
 
     def flush(self) -> None:
         """Forks, execs and dlopens of this batch now; its exits are kept for the next `retire()`."""
+        now = now_ns()
+        if self._alive_said and now - self._alive_said >= ALIVE_EVERY_NS:
+            self._reader_alive(now)
         self.context.events["task"] += len(self.raw)
         tasks = list(TASK.iter_unpack(b"".join(self.raw))) if self.raw else []
         self.raw.clear()
@@ -129,6 +146,11 @@ class TaskLayer(BaseLayer):
         except ProcessLookupError:  # it ended meanwhile
             pass
         self.held.discard(pid)
+
+    def stop(self) -> None:
+        """The stop began: no dlopen is held from now on (the events are read once more, and the
+        probes may stay attached for seconds while they are detached, with nobody reading)."""
+        self._reader_alive(0)
 
     def finish(self, ts: int) -> None:
         """The last exits, once nothing is held back; no process is left stopped."""
