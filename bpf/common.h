@@ -148,9 +148,18 @@ static __always_inline u64 ring_wake_deferred_as(u64 flags, u64 urgency)
 #define PYSTACK_RB_FLAGS ring_wakeup_flags(RING_PYSTACK, RING_QUIET(PYSTACK_RINGBUF_PAGES, sizeof(struct pystack_event)))
 #endif
 
+/* 1 once the session stopped: its probes stay attached for seconds while they are detached in the
+ * background (recorder/core/loader.py, detach_all), and must cost the host nothing meanwhile (a
+ * program still walking stacks then makes the next session's nested programs skip). */
+BPF_ARRAY(session_stopped, u32, 1);
+
 static __always_inline int is_target(u32 tgid)
 {
     if (tgid == SELF_TGID || tgid == 0)
+        return 0;
+    int stopped_key = 0;
+    u32 *stopped = session_stopped.lookup(&stopped_key);
+    if (stopped && *stopped)
         return 0;
 #if TARGET_MODE == MODE_ALL
     return 1;

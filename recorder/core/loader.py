@@ -441,6 +441,11 @@ class Probes:
         process is done with its probes at once, and the helper's exit detaches them after. A
         process that exits without this closes them in its own exit, one after the other, in the
         D state."""
+        try:  # no program of the session does anything from now on (bpf/common.h, session_stopped)
+            table = self.bpf["session_stopped"]
+            table[table.Key(0)] = table.Leaf(1)
+        except (KeyError, OSError):  # a session compiled without it: the programs run until detached
+            pass
         if self.rings is not None:
             self.rings.close()
             self.rings = None

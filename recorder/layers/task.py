@@ -85,6 +85,8 @@ class TaskLayer(BaseLayer):
     def _reader_alive(self, ts: int) -> None:
         """Tell the dlopen program the events are read (ts) or no longer (0): it holds a process
         only while they are (bpf/task.bpf.c, task_reader_alive)."""
+        if self.context.probes is None:  # a session that failed before its probes were made
+            return
         try:
             table = self.context.probes.bpf["task_reader_alive"]
             table[table.Key(0)] = table.Leaf(ts)
